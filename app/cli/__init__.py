@@ -1,0 +1,20 @@
+"""The ``memeflow`` command line. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import click
+
+from app.cli import db as _db
+from app.cli import services as _services
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="memeflow")
+def main() -> None:
+    """memeflow: images in, searchable knowledge out (PostgreSQL decides, Celery hints)."""
+
+
+main.add_command(_db.db)
+main.add_command(_services.up)
+main.add_command(_services.services_status)
+main.add_command(_services.services_stop)

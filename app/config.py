@@ -1,0 +1,156 @@
+"""Typed settings, read once from ``MEMEFLOW_*`` environment variables.
+
+Every interval is configurable (fractional seconds allowed) so that tests run in milliseconds
+without sleeping, and every process — API, workers, beat, CLI — reads the same variables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["Settings", "get_settings", "reset_settings"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class SettingsError(ValueError):
+    """A MEMEFLOW_* variable has a value that cannot be used."""
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingsError(f"{name} must be a boolean (1/0/true/false), got {raw!r}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All runtime configuration. Field ``foo_bar`` is read from ``MEMEFLOW_FOO_BAR``."""
+
+    database_url: str | None = None
+    broker_url: str | None = None
+    var_dir: Path = Path("./var")
+    storage_dir: Path | None = None
+    api_host: str = "127.0.0.1"
+    api_port: int = 5000
+    flower_port: int = 5555
+    flower_basic_auth: str | None = None
+    metrics_port: int = 0
+    auth: str = "none"
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    lease_s: float = 60.0
+    heartbeat_s: float = 20.0
+    sweep_interval_s: float = 15.0
+    rehint_grace_s: float = 30.0
+    backoff_base_s: float = 2.0
+    backoff_max_s: float = 300.0
+    max_attempts: int = 5
+    agent_lane_limit: int = 4
+    agent_resource_limit: int = 0
+    embedding_batch_size: int = 16
+    sweep_batch_limit: int = 500
+    batch_page_size: int = 500
+    batch_backlog_threshold: int = 2000
+    visual_provider: str = "perceptual-v1"
+    agent_provider: str = "local-ocr"
+    text_provider: str = "all-MiniLM-L6-v2"
+    agent_base_url: str = "http://127.0.0.1:11434/v1"
+    agent_model: str = "gpt-4o-mini"
+    agent_api_key: str | None = None
+    agent_timeout_s: float = 60.0
+    agent_lookup_url: str | None = None
+    open_clip_checkpoint: str | None = None
+    open_clip_model: str = "ViT-B-32"
+    operation_policy: str = "allow-all"
+    agent_daily_quota: int = 1000
+    log_json: bool = True
+    log_level: str = "INFO"
+
+    @property
+    def storage_path(self) -> Path:
+        return (self.storage_dir or self.var_dir / "storage").resolve()
+
+    @property
+    def agent_results_path(self) -> Path:
+        return (self.var_dir / "agent-results").resolve()
+
+    @property
+    def uses_embedded_services(self) -> bool:
+        return self.database_url is None or self.broker_url is None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+        """Build settings from ``env`` (default ``os.environ``); ``overrides`` win."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(cls):
+            name = f"MEMEFLOW_{f.name.upper()}"
+            if name not in env:
+                continue
+            raw = env[name]
+            values[f.name] = _convert(name, f, raw)
+        values.update(overrides)
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.auth not in ("none", "token"):
+            raise SettingsError(f"MEMEFLOW_AUTH must be 'none' or 'token', got {self.auth!r}")
+        if self.lease_s <= 0 or self.heartbeat_s <= 0 or self.heartbeat_s >= self.lease_s:
+            raise SettingsError("need 0 < MEMEFLOW_HEARTBEAT_S < MEMEFLOW_LEASE_S")
+        if self.max_attempts < 1:
+            raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
+        if self.agent_lane_limit < 0 or self.agent_resource_limit < 0:
+            raise SettingsError("lane limits must be >= 0 (0 = unlimited)")
+        if self.operation_policy not in ("allow-all", "quota"):
+            raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
+
+    def replace(self, **changes: object) -> "Settings":
+        new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        new.validate()
+        return new
+
+
+def _convert(name: str, f: dataclasses.Field, raw: str) -> object:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind.startswith("bool"):
+            return _bool(name, raw)
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        if kind.startswith("Path"):
+            return Path(raw) if raw else None
+    except ValueError as exc:
+        raise SettingsError(f"{name}: {exc}") from None
+    return raw or None if "None" in kind else raw
+
+
+_settings: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment on first use."""
+    global _settings
+    if _settings is None:
+        _settings = Settings.from_env()
+    return _settings
+
+
+def reset_settings(settings: Settings | None = None) -> None:
+    """Replace (or forget) the cached settings; for tests and the CLI."""
+    global _settings
+    _settings = settings
+
+

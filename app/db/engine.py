@@ -1,0 +1,71 @@
+"""Engine construction and small schema helpers (vector indexes, migration head check)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import Connection
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+_SAFE_MODEL = re.compile(r"[^a-z0-9]+")
+
+
+def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False) -> Engine:
+    """An engine for ``url`` with short timeouts; statements never wait minutes on a lock."""
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        echo=echo,
+        connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
+    )
+
+
+def vector_index_name(table: str, model: str, dims: int) -> str:
+    slug = _SAFE_MODEL.sub("_", model.lower()).strip("_")[:30]
+    return f"ix_{table}_hnsw_{slug}_{dims}"
+
+
+def ensure_vector_index(conn: Connection, table: str, model: str, dims: int) -> str:
+    """Create the per-model partial HNSW expression index if missing (SPEC §3: models coexist)."""
+    if table not in ("visual_embeddings", "text_embeddings"):
+        raise ValueError(f"no vector column on {table}")
+    name = vector_index_name(table, model, int(dims))
+    literal = model.replace("'", "''")
+    conn.execute(
+        text(
+            f'CREATE INDEX IF NOT EXISTS "{name}" ON {table} '
+            f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
+            f"WHERE model = '{literal}' AND dims = {int(dims)}"
+        )
+    )
+    return name
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade_to_head(url: str) -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), "head")
+
+
+def migration_status(conn: Connection) -> tuple[str | None, str]:
+    """(current revision in the database, head revision of the code)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config(str(conn.engine.url)))
+    current = MigrationContext.configure(conn).get_current_revision()
+    return current, script.get_current_head() or ""

@@ -1,0 +1,110 @@
+"""Status vocabularies. Each enum is mirrored by a CHECK constraint (tests compare the two)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    VISUAL = "visual"
+    AGENT = "agent"
+    TEXT_EMBEDDING = "text_embedding"
+
+
+STAGE_ORDER: tuple[Stage, ...] = (Stage.VISUAL, Stage.AGENT, Stage.TEXT_EMBEDDING)
+
+
+class Lane(StrEnum):
+    VISUAL = "visual"
+    AGENT = "agent"
+    EMBEDDING = "embedding"
+
+
+STAGE_LANE: dict[Stage, Lane] = {
+    Stage.VISUAL: Lane.VISUAL,
+    Stage.AGENT: Lane.AGENT,
+    Stage.TEXT_EMBEDDING: Lane.EMBEDDING,
+}
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    UNKNOWN_EXECUTION = "unknown_execution"
+    TARGET_CHANGED = "target_changed"
+    SUPERSEDED = "superseded"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_JOB_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+# Terminal outcomes that wait for a human: auto mode returns them instead of retrying.
+NEEDS_HUMAN_JOB_STATUSES = (JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION)
+
+
+class StageStatus(StrEnum):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    REUSED = "reused"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    UNKNOWN_EXECUTION = "unknown_execution"
+    CANCELLED = "cancelled"
+
+
+class TaskStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_TASK_STATUSES = (TaskStatus.QUEUED, TaskStatus.RUNNING)
+
+
+class AttemptState(StrEnum):
+    PREPARED = "prepared"
+    EXTERNAL_STARTED = "external_started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNKNOWN_EXECUTION = "unknown_execution"
+
+
+class GrantState(StrEnum):
+    ACQUIRED = "acquired"
+    COMMITTED = "committed"
+    RELEASED = "released"
+    UNKNOWN = "unknown"
+
+
+class ContextStatus(StrEnum):
+    PENDING = "pending"
+    READY = "ready"
+    EDITED = "edited"
+
+
+class JobMode(StrEnum):
+    AUTO = "auto"
+    EXPLICIT = "explicit"
+    FULL_RETRY = "full_retry"
+
+
+class ReverseImagePolicy(StrEnum):
+    FORBID = "forbid"
+    AUTO = "auto"
+
+
+class BatchStatus(StrEnum):
+    SEEDING = "seeding"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
+class TextEmbeddingStatus(StrEnum):
+    READY = "ready"

@@ -1,0 +1,415 @@
+"""SQLAlchemy 2.0 models: the whole schema of SPEC §3. No behaviour beyond declaration.
+
+Tenant rows carry ``scope_id`` and point at each other through composite ``(scope_id, …)``
+foreign keys, so a row can never reference another scope's data. Every status column has a
+CHECK constraint generated from :mod:`app.db.enums`; the invariants the orchestrator relies on
+(one active job per image, one active task per dedupe key) are partial unique indexes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pgvector.sqlalchemy import Vector
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from app.db import enums as E
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# A scope id: 1..128 chars, no slash, backslash or control characters, not "." or "..".
+SCOPE_ID_PATTERN = r"^[^/\\\x01-\x1f\x7f]{1,128}$"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def status_check(column: str, enum: type[StrEnum], name: str | None = None) -> CheckConstraint:
+    values = ", ".join(f"'{m.value}'" for m in enum)
+    return CheckConstraint(f"{column} IN ({values})", name=name or f"{column}_valid")
+
+
+def _now() -> Any:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def _uuid_pk() -> Any:
+    return mapped_column(UUID(as_uuid=True), primary_key=True, default=uuid.uuid4)
+
+
+def _scope_col() -> Any:
+    return mapped_column(String(128), nullable=False)
+
+
+class Scope(Base):
+    __tablename__ = "scopes"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    storage_namespace: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False, unique=True)
+    created_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        CheckConstraint(f"id ~ '{SCOPE_ID_PATTERN}' AND id NOT IN ('.', '..')", name="id_valid"),
+    )
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    token_sha256: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "name"),
+    )
+
+
+class Image(Base):
+    __tablename__ = "images"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    extension: Mapped[str] = mapped_column(String(8), nullable=False)
+    media_type: Mapped[str] = mapped_column(String(40), nullable=False)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    width: Mapped[int] = mapped_column(Integer, nullable=False)
+    height: Mapped[int] = mapped_column(Integer, nullable=False)
+    storage_key: Mapped[str] = mapped_column(Text, nullable=False)
+    display_name: Mapped[str | None] = mapped_column(Text)
+    context: Mapped[dict | None] = mapped_column(JSONB)
+    context_status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="pending")
+    context_provenance: Mapped[dict | None] = mapped_column(JSONB)
+    metadata_hash: Mapped[str | None] = mapped_column(String(64))
+    revision: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "id"),
+        UniqueConstraint("scope_id", "sha256"),
+        status_check("context_status", E.ContextStatus),
+        Index("ix_images_scope_page", "scope_id", "created_at", "id"),
+    )
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="seeding")
+    select_all: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    requested_ids: Mapped[list[uuid.UUID] | None] = mapped_column(ARRAY(UUID(as_uuid=True)))
+    reverse_image_policy: Mapped[str] = mapped_column(String(8), nullable=False)
+    seed_cursor: Mapped[dict | None] = mapped_column(JSONB)
+    total: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "id"),
+        status_check("status", E.BatchStatus),
+        status_check("reverse_image_policy", E.ReverseImagePolicy),
+        Index("ix_batches_active", "updated_at", postgresql_where=text("status IN ('seeding', 'running')")),
+    )
+
+
+class ProcessingJob(Base):
+    __tablename__ = "processing_jobs"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    image_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    revision: Mapped[int] = mapped_column(Integer, nullable=False)
+    image_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    metadata_hash: Mapped[str | None] = mapped_column(String(64))
+    config: Mapped[dict] = mapped_column(JSONB, nullable=False)
+    config_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    reverse_image_policy: Mapped[str] = mapped_column(String(8), nullable=False)
+    mode: Mapped[str] = mapped_column(String(16), nullable=False)
+    force_stages: Mapped[list[str]] = mapped_column(ARRAY(Text), nullable=False, server_default="{}")
+    status: Mapped[str] = mapped_column(String(24), nullable=False)
+    current_stage: Mapped[str | None] = mapped_column(String(24))
+    error: Mapped[dict | None] = mapped_column(JSONB)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id", "image_id"], ["images.scope_id", "images.id"], ondelete="CASCADE"),
+        ForeignKeyConstraint(["scope_id", "batch_id"], ["batches.scope_id", "batches.id"]),
+        UniqueConstraint("scope_id", "id"),
+        UniqueConstraint("scope_id", "image_id", "revision"),
+        status_check("status", E.JobStatus),
+        status_check("mode", E.JobMode),
+        status_check("reverse_image_policy", E.ReverseImagePolicy),
+        CheckConstraint(
+            "current_stage IS NULL OR current_stage IN ('visual', 'agent', 'text_embedding')",
+            name="current_stage_valid",
+        ),
+        Index(
+            "uq_processing_jobs_one_active_per_image", "image_id", unique=True,
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_processing_jobs_active", "updated_at", postgresql_where=text("status IN ('queued', 'running')")),
+        Index("ix_processing_jobs_scope_page", "scope_id", "created_at", "id"),
+        Index("ix_processing_jobs_image", "scope_id", "image_id", "revision"),
+        Index("ix_processing_jobs_batch", "batch_id", "status", postgresql_where=text("batch_id IS NOT NULL")),
+        Index(
+            "ix_processing_jobs_needs_human", "updated_at",
+            postgresql_where=text("status IN ('blocked', 'unknown_execution', 'failed')"),
+        ),
+    )
+
+
+class JobStage(Base):
+    __tablename__ = "job_stages"
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(24), primary_key=True)
+    scope_id: Mapped[str] = _scope_col()
+    position: Mapped[int] = mapped_column(SmallInteger, nullable=False)
+    status: Mapped[str] = mapped_column(String(24), nullable=False, server_default="pending")
+    input_fingerprint: Mapped[str | None] = mapped_column(String(64))
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    error: Mapped[dict | None] = mapped_column(JSONB)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["scope_id", "job_id"], ["processing_jobs.scope_id", "processing_jobs.id"], ondelete="CASCADE"
+        ),
+        status_check("status", E.StageStatus),
+        status_check("stage", E.Stage),
+    )
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    job_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    stage: Mapped[str] = mapped_column(String(24), nullable=False)
+    lane: Mapped[str] = mapped_column(String(16), nullable=False)
+    resource_key: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
+    payload: Mapped[dict] = mapped_column(JSONB, nullable=False)
+    input_fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    dedupe_key: Mapped[str] = mapped_column(String(64), nullable=False)
+    image_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    image_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    priority: Mapped[int] = mapped_column(SmallInteger, nullable=False, server_default="0")
+    available_at: Mapped[datetime] = _now()
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claim_generation: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    max_attempts: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_hint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
+    grant_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    error: Mapped[dict | None] = mapped_column(JSONB)
+    result: Mapped[dict | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["scope_id", "job_id"], ["processing_jobs.scope_id", "processing_jobs.id"], ondelete="CASCADE"
+        ),
+        ForeignKeyConstraint(["scope_id", "image_id"], ["images.scope_id", "images.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "id"),
+        status_check("status", E.TaskStatus),
+        status_check("lane", E.Lane),
+        status_check("stage", E.Stage),
+        CheckConstraint("attempt_count >= 0 AND max_attempts >= 1", name="attempts_valid"),
+        Index(
+            "uq_tasks_active_dedupe", "scope_id", "dedupe_key", unique=True,
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        # claimable in lane: fairness order within (lane, resource_key, scope)
+        Index(
+            "ix_tasks_claimable", "lane", "resource_key", "scope_id", text("priority DESC"), "created_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        Index("ix_tasks_queued_due", "lane", "available_at", postgresql_where=text("status = 'queued'")),
+        # due for re-hint
+        Index(
+            "ix_tasks_rehint", text("last_hint_at NULLS FIRST"), postgresql_where=text("status = 'queued'")
+        ),
+        # lease expired
+        Index("ix_tasks_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        Index("ix_tasks_job", "job_id"),
+        Index("ix_tasks_image", "scope_id", "image_id"),
+    )
+
+
+class TaskAttempt(Base):
+    __tablename__ = "task_attempts"
+    attempt_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scope_id: Mapped[str] = _scope_col()
+    task_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    attempt_no: Mapped[int] = mapped_column(Integer, nullable=False)
+    claim_generation: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    state: Mapped[str] = mapped_column(String(24), nullable=False)
+    input_digest: Mapped[str] = mapped_column(String(64), nullable=False)
+    target_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    provider_request_id: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[dict | None] = mapped_column(JSONB)
+    error: Mapped[dict | None] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id", "task_id"], ["tasks.scope_id", "tasks.id"], ondelete="CASCADE"),
+        UniqueConstraint("task_id", "attempt_no"),
+        status_check("state", E.AttemptState),
+        Index("ix_task_attempts_open", "task_id", postgresql_where=text("state = 'external_started'")),
+    )
+
+
+class LaneSlot(Base):
+    __tablename__ = "lane_slots"
+    lane: Mapped[str] = mapped_column(String(16), primary_key=True)
+    resource_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    slot_no: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    claim_generation: Mapped[int | None] = mapped_column(BigInteger)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["task_id"], ["tasks.id"], ondelete="SET NULL"),
+        status_check("lane", E.Lane),
+        Index("ix_lane_slots_task", "task_id", postgresql_where=text("task_id IS NOT NULL")),
+    )
+
+
+class LaneFairness(Base):
+    __tablename__ = "lane_fairness"
+    lane: Mapped[str] = mapped_column(String(16), primary_key=True)
+    resource_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    scope_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    last_dispatch_seq: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        status_check("lane", E.Lane),
+    )
+
+
+class OperationGrant(Base):
+    __tablename__ = "operation_grants"
+    id: Mapped[uuid.UUID] = _uuid_pk()
+    scope_id: Mapped[str] = _scope_col()
+    operation: Mapped[str] = mapped_column(String(64), nullable=False)
+    idempotency_key: Mapped[str] = mapped_column(String(128), nullable=False)
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    retry_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "operation", "idempotency_key"),
+        status_check("state", E.GrantState),
+        Index("ix_operation_grants_usage", "scope_id", "operation", "created_at"),
+    )
+
+
+class VisualEmbedding(Base):
+    __tablename__ = "visual_embeddings"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    scope_id: Mapped[str] = _scope_col()
+    image_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    image_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    preprocess_version: Mapped[str] = mapped_column(Text, nullable=False)
+    dims: Mapped[int] = mapped_column(Integer, nullable=False)
+    embedding: Mapped[Any] = mapped_column(Vector(), nullable=False)
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id", "image_id"], ["images.scope_id", "images.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "image_id", "model", "preprocess_version", "image_sha256"),
+        CheckConstraint("dims > 0 AND vector_dims(embedding) = dims", name="dims_match"),
+    )
+
+
+class TextEmbedding(Base):
+    __tablename__ = "text_embeddings"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    scope_id: Mapped[str] = _scope_col()
+    image_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    image_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    metadata_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    dims: Mapped[int] = mapped_column(Integer, nullable=False)
+    document_version: Mapped[str] = mapped_column(String(32), nullable=False)
+    document: Mapped[str] = mapped_column(Text, nullable=False)
+    embedding: Mapped[Any] = mapped_column(Vector(), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="ready")
+    task_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id", "image_id"], ["images.scope_id", "images.id"], ondelete="CASCADE"),
+        UniqueConstraint("scope_id", "image_id", "image_sha256", "metadata_hash", "model"),
+        status_check("status", E.TextEmbeddingStatus),
+        CheckConstraint("dims > 0 AND vector_dims(embedding) = dims", name="dims_match"),
+        Index("ix_text_embeddings_scope_model", "scope_id", "model"),
+    )
+
+
+class BatchItem(Base):
+    __tablename__ = "batch_items"
+    batch_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    image_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    scope_id: Mapped[str] = _scope_col()
+    job_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    created_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id", "batch_id"], ["batches.scope_id", "batches.id"], ondelete="CASCADE"),
+        ForeignKeyConstraint(["scope_id", "image_id"], ["images.scope_id", "images.id"], ondelete="CASCADE"),
+        ForeignKeyConstraint(
+            ["scope_id", "job_id"], ["processing_jobs.scope_id", "processing_jobs.id"], ondelete="CASCADE"
+        ),
+        Index("ix_batch_items_job", "job_id"),
+    )
+
+
+class OpsCounter(Base):
+    """Per-minute counters of rare operational events (fencing rejections, re-hints) for /ops."""
+
+    __tablename__ = "ops_counters"
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")

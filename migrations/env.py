@@ -1,0 +1,48 @@
+"""Alembic environment: the URL comes from the Alembic config (set by app.db.engine) or settings."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from app.db.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    url = config.get_main_option("sqlalchemy.url")
+    if url:
+        return url
+    from app.config import get_settings
+    from app.runtime import resolve_urls
+
+    return resolve_urls(get_settings()).database_url
+
+
+def _include_object(obj, name, type_, reflected, compare_to):
+    # Per-model HNSW indexes are created at run time (ensure_vector_index), not by the models.
+    if type_ == "index" and name and "_hnsw_" in name:
+        return False
+    return True
+
+
+def run_migrations_online() -> None:
+    engine = create_engine(_url(), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection, target_metadata=target_metadata, include_object=_include_object,
+            compare_type=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run_migrations_online()

@@ -1,0 +1,37 @@
+"""Embedded services: start, answer, stop, restart on the same data without loss, reuse on 2nd start."""
+
+from __future__ import annotations
+
+import psycopg2
+import redis
+
+from app.embedded import EmbeddedServices
+
+
+def test_start_stop_restart_keeps_data_and_second_start_reuses(tmp_path):
+    svc = EmbeddedServices(tmp_path / "var", fast_unsafe=True)
+    urls = svc.start()
+    try:
+        again = EmbeddedServices(tmp_path / "var").start()  # a second start while running
+        assert again == urls
+        pg_pid = svc.postgres_pid()
+        conn = psycopg2.connect(urls.database_url.replace("+psycopg2", ""))
+        with conn, conn.cursor() as cur:
+            cur.execute("CREATE TABLE keep (v text); INSERT INTO keep VALUES ('kept')")
+        conn.close()
+        r = redis.Redis.from_url(urls.broker_url)
+        r.set("k", "v")
+        r.close()
+        svc.stop()
+        assert svc.urls() is None and svc.postgres_pid() is None and svc.redis_pid() is None
+        urls2 = svc.start()
+        assert svc.postgres_pid() not in (None, pg_pid)
+        conn = psycopg2.connect(urls2.database_url.replace("+psycopg2", ""))
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT v FROM keep")
+            assert cur.fetchall() == [("kept",)]
+        conn.close()
+        assert redis.Redis.from_url(urls2.broker_url).ping()
+    finally:
+        svc.stop()
+    assert svc.urls() is None

@@ -1,0 +1,214 @@
+"""The migrated schema: migrations round-trip, match the models, and enforce the invariants."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DataError, IntegrityError
+
+from app.db import enums as E
+from app.db.engine import alembic_config, ensure_vector_index
+from app.db.models import Base
+
+STATUS_CHECKS = {
+    ("processing_jobs", "status"): E.JobStatus,
+    ("processing_jobs", "mode"): E.JobMode,
+    ("processing_jobs", "reverse_image_policy"): E.ReverseImagePolicy,
+    ("job_stages", "status"): E.StageStatus,
+    ("job_stages", "stage"): E.Stage,
+    ("tasks", "status"): E.TaskStatus,
+    ("tasks", "lane"): E.Lane,
+    ("tasks", "stage"): E.Stage,
+    ("task_attempts", "state"): E.AttemptState,
+    ("operation_grants", "state"): E.GrantState,
+    ("images", "context_status"): E.ContextStatus,
+    ("batches", "status"): E.BatchStatus,
+    ("batches", "reverse_image_policy"): E.ReverseImagePolicy,
+    ("text_embeddings", "status"): E.TextEmbeddingStatus,
+    ("lane_slots", "lane"): E.Lane,
+    ("lane_fairness", "lane"): E.Lane,
+}
+
+
+def _include(obj, name, type_, reflected, compare_to):
+    return not (type_ == "index" and name and "_hnsw_" in name)
+
+
+def test_upgrade_downgrade_upgrade_and_models_match(fresh_db):
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "head")
+    command.downgrade(cfg, "base")
+    eng = create_engine(url)
+    with eng.connect() as conn:
+        left = conn.execute(text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")).scalar()
+    assert left == 1  # only alembic_version remains
+    command.upgrade(cfg, "head")
+    with eng.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"include_object": _include, "compare_type": True})
+        diff = compare_metadata(ctx, Base.metadata)
+    eng.dispose()
+    assert diff == []
+
+
+def test_every_status_enum_equals_its_check_constraint(engine):
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT rel.relname, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+                "JOIN pg_class rel ON rel.oid = c.conrelid WHERE c.contype = 'c'"
+            )
+        ).all()
+    for (table, column), enum in STATUS_CHECKS.items():
+        defs = [d for t, d in rows if t == table and re.search(rf"\({column}\)?::text = ", d) and "vector_dims" not in d]
+        assert len(defs) == 1, (table, column, defs)
+        values = set(re.findall(r"'([^']+)'::", defs[0]))
+        assert values == {m.value for m in enum}, (table, column)
+
+
+@pytest.fixture()
+def conn(engine):
+    with engine.connect() as c:
+        yield c
+
+
+def _scope(conn, sid="s1"):
+    conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns)"), {"id": sid, "ns": uuid.uuid4()})
+    conn.commit()
+    return sid
+
+
+def _image(conn, scope, sha=None):
+    iid = uuid.uuid4()
+    conn.execute(
+        text(
+            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key)"
+            " VALUES (:id, :s, :sha, '.png', 'image/png', 10, 1, 1, 'k')"
+        ),
+        {"id": iid, "s": scope, "sha": sha or uuid.uuid4().hex * 2},
+    )
+    conn.commit()
+    return iid
+
+
+def _job(conn, scope, image, revision=1, status="queued"):
+    jid = uuid.uuid4()
+    conn.execute(
+        text(
+            "INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,"
+            " reverse_image_policy, mode, status) VALUES (:id, :s, :i, :r, 'x', '{}', 'h', 'forbid', 'auto', :st)"
+        ),
+        {"id": jid, "s": scope, "i": image, "r": revision, "st": status},
+    )
+    conn.commit()
+    return jid
+
+
+def _task(conn, scope, job, image, dedupe="d1", status="queued"):
+    conn.execute(
+        text(
+            "INSERT INTO tasks (scope_id, id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,"
+            " image_sha256, status, max_attempts) VALUES (:s, :id, :j, 'visual', 'visual', '{}', 'f', :d, :i, 'x',"
+            " :st, 3)"
+        ),
+        {"s": scope, "id": uuid.uuid4(), "j": job, "i": image, "d": dedupe, "st": status},
+    )
+    conn.commit()
+
+
+def test_job_cannot_point_at_image_of_another_scope(conn):
+    a, b = _scope(conn, "a"), _scope(conn, "b")
+    img = _image(conn, a)
+    with pytest.raises(IntegrityError, match="fk_processing_jobs"):
+        _job(conn, b, img)
+
+
+def test_task_cannot_point_at_job_of_another_scope(conn):
+    a, b = _scope(conn, "a"), _scope(conn, "b")
+    img_a, img_b = _image(conn, a), _image(conn, b)
+    job = _job(conn, a, img_a)
+    with pytest.raises(IntegrityError, match="fk_tasks"):
+        _task(conn, b, job, img_b)
+
+
+def test_two_active_jobs_for_one_image_rejected(conn):
+    s = _scope(conn)
+    img = _image(conn, s)
+    _job(conn, s, img, 1, "running")
+    _job(conn, s, img, 2, "failed")  # terminal jobs may coexist
+    with pytest.raises(IntegrityError, match="uq_processing_jobs_one_active_per_image"):
+        _job(conn, s, img, 3, "queued")
+
+
+def test_two_active_tasks_with_one_dedupe_key_rejected(conn):
+    s = _scope(conn)
+    img = _image(conn, s)
+    job = _job(conn, s, img)
+    _task(conn, s, job, img, "k", "running")
+    _task(conn, s, job, img, "k", "succeeded")
+    with pytest.raises(IntegrityError, match="uq_tasks_active_dedupe"):
+        _task(conn, s, job, img, "k", "queued")
+
+
+def test_unknown_status_rejected(conn):
+    s = _scope(conn)
+    img = _image(conn, s)
+    with pytest.raises(IntegrityError, match="ck_processing_jobs_status_valid"):
+        _job(conn, s, img, status="sleeping")
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "a/b", "a\\b", "tab\there", "x" * 129, "bell\x07"])
+def test_invalid_scope_id_rejected(conn, bad):
+    with pytest.raises((IntegrityError, DataError), match="ck_scopes_id_valid|too long"):
+        _scope(conn, bad)
+
+
+def test_valid_scope_ids_accepted(conn):
+    for good in ["local", "tenant-42", "Team Ü", "x" * 128, "..."]:
+        _scope(conn, good)
+
+
+def test_vectors_of_two_dims_side_by_side_and_hnsw_index_used(conn):
+    s = _scope(conn)
+    images = [_image(conn, s) for _ in range(30)]
+    for n, img in enumerate(images):
+        for model, dims in (("small-model", 3), ("big-model", 5)):
+            vec = [float((n * 7 + k) % 11) + 1.0 for k in range(dims)]
+            conn.execute(
+                text(
+                    "INSERT INTO visual_embeddings (scope_id, image_id, image_sha256, model, preprocess_version, dims,"
+                    " embedding) VALUES (:s, :i, 'x', :m, 'v1', :d, :v)"
+                ),
+                {"s": s, "i": img, "m": model, "d": dims, "v": str(vec)},
+            )
+    ensure_vector_index(conn, "visual_embeddings", "small-model", 3)
+    ensure_vector_index(conn, "visual_embeddings", "big-model", 5)
+    conn.commit()
+    counts = conn.execute(text("SELECT dims, count(*) FROM visual_embeddings GROUP BY dims ORDER BY dims")).all()
+    assert counts == [(3, 30), (5, 30)]
+    with pytest.raises(IntegrityError, match="dims_match"):
+        conn.execute(
+            text(
+                "INSERT INTO visual_embeddings (scope_id, image_id, image_sha256, model, preprocess_version, dims,"
+                " embedding) VALUES (:s, :i, 'y', 'big-model', 'v1', 5, '[1,2,3]')"
+            ),
+            {"s": s, "i": images[0]},
+        )
+    conn.rollback()
+    conn.execute(text("SET enable_seqscan = off"))
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            text(
+                "EXPLAIN SELECT image_id FROM visual_embeddings WHERE model = 'big-model' AND dims = 5 "
+                "ORDER BY embedding::vector(5) <=> '[1,2,3,4,5]'::vector(5) LIMIT 5"
+            )
+        )
+    )
+    assert "ix_visual_embeddings_hnsw_big_model_5" in plan, plan
