@@ -1,0 +1,29 @@
+"""Prometheus metrics (``memeflow_`` prefix). Counters are process-local; the API serves its own
+at ``/metrics`` and each worker process serves its own port (``MEMEFLOW_METRICS_PORT``), or the
+multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set. DB-truth gauges (queue depth, oldest
+queued age) are refreshed from PostgreSQL by the sweep and by ``/metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CLAIMS = Counter("memeflow_claims_total", "Successful task claims", ["lane"])
+EMPTY_CLAIMS = Counter("memeflow_empty_claims_total", "Claims that found nothing (stale/duplicate hints)", ["lane"])
+COMPLETIONS = Counter("memeflow_completions_total", "Task completions by outcome", ["lane", "outcome"])
+FENCING_REJECTIONS = Counter(
+    "memeflow_fencing_rejections_total", "Fenced writes rejected (zero rows updated)", ["operation"]
+)
+REHINTS = Counter("memeflow_rehints_total", "Hints re-published by the sweep", ["reason"])
+HINTS_PUBLISHED = Counter("memeflow_hints_published_total", "Hints published to the broker", ["lane"])
+HINT_PUBLISH_FAILURES = Counter("memeflow_hint_publish_failures_total", "Hints the broker did not take", ["lane"])
+STAGE_DURATION = Histogram(
+    "memeflow_stage_duration_seconds", "Time from claim to completion per stage", ["stage"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+SWEEP_DURATION = Histogram("memeflow_sweep_duration_seconds", "Reconcile sweep duration")
+QUEUE_DEPTH = Gauge("memeflow_queue_depth", "Queued tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
+RUNNING_TASKS = Gauge("memeflow_running_tasks", "Running tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
+OLDEST_QUEUED_AGE = Gauge(
+    "memeflow_oldest_queued_age_seconds", "Age of the oldest due queued task per lane", ["lane"],
+    multiprocess_mode="max",
+)
