@@ -67,7 +67,8 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decode
                 width, height = im.size
                 if width <= 0 or height <= 0 or width * height > max_pixels:
                     raise PermanentError(
-                        f"image dimensions {width}x{height} exceed the limit of {max_pixels} pixels",
+                        f"image dimensions {width}x{height} exceed the limit "
+                        f"of {max_pixels} pixels",
                         code="invalid_image",
                     )
                 animated = bool(getattr(im, "is_animated", False))

@@ -30,7 +30,10 @@ _TEXT = {
     "deterministic": "app.stages.text.deterministic:DeterministicTextProvider",
 }
 _UNAVAILABLE = {
-    ("visual", "open_clip"): "the open_clip visual provider is not built yet: open_clip_torch needs "
+    (
+        "visual",
+        "open_clip",
+    ): "the open_clip visual provider is not built yet: open_clip_torch needs "
     "a torchvision matching torch 2.13.0+cpu, which these machines do not have",
 }
 
@@ -49,7 +52,10 @@ def get_agent_provider(name: str, **options: Any) -> AgentProvider:
 
 
 def get_text_provider(name: str, **options: Any) -> TextEmbeddingProvider:
-    """The text provider ``name`` (all-MiniLM-L6-v2 | local model directory | deterministic | module:Class)."""
+    """The text provider ``name``.
+
+    all-MiniLM-L6-v2 | a local sentence-transformers directory | deterministic | module:Class.
+    """
     if name not in _TEXT and ":" not in name and Path(name).is_dir():
         options = {**options, "model_path": name}
         return _get("text", name, {name: _TEXT["all-MiniLM-L6-v2"]}, options)

@@ -17,7 +17,9 @@ class DeterministicAgent:
 
     def __init__(self, *, results_dir: str, **_: Any) -> None:
         if not results_dir:
-            raise ValueError("deterministic agent needs results_dir (where attempt results are kept)")
+            raise ValueError(
+                "deterministic agent needs results_dir (where attempt results are kept)"
+            )
         self.records = ResultRecords(results_dir)
 
     def config(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ _THUMB_SIDE = 64
 
 
 def dominant_colors(image: Image.Image, count: int = 3) -> list[str]:
-    """Return up to ``count`` dominant colours as ``#rrggbb``, most frequent first (deterministic)."""
+    """Return up to ``count`` dominant colours as ``#rrggbb``, most frequent first."""
     thumb = image.convert("RGB").resize((_THUMB_SIDE, _THUMB_SIDE), Image.Resampling.BOX)
     quantised = thumb.quantize(colors=max(count, 1) * 2, method=Image.Quantize.MEDIANCUT)
     palette = quantised.getpalette() or []

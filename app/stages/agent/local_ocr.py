@@ -1,4 +1,4 @@
-"""``local-ocr`` agent: reads the text in an image with RapidOCR (ONNX, offline) and builds context."""
+"""``local-ocr`` agent: reads image text with RapidOCR (ONNX, offline), builds context."""
 
 from __future__ import annotations
 

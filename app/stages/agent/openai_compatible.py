@@ -2,12 +2,12 @@
 
 Error classification is what keeps paid calls from being silently repeated (SPEC §4.5):
 
-* connection refused / DNS failure / connect timeout -> RetryableError(not_executed=True)
-* HTTP 429                                          -> RetryableError(agent_rate_limited, not_executed=True)
-* HTTP 5xx                                          -> RetryableError(agent_server_error, not_executed=False)
-* other HTTP 4xx                                    -> PermanentError(agent_request_rejected)
-* read timeout or connection lost after sending     -> OutcomeUnknownError(agent_outcome_unknown)
-* 200 whose answer is not the JSON context          -> PermanentError(agent_bad_output)
+* refused / DNS / connect timeout -> RetryableError(not_executed=True)
+* HTTP 429                         -> RetryableError(agent_rate_limited, not_executed=True)
+* HTTP 5xx                         -> RetryableError(agent_server_error, not_executed=False)
+* other HTTP 4xx                   -> PermanentError(agent_request_rejected)
+* read timeout / lost after send   -> OutcomeUnknownError(agent_outcome_unknown)
+* 200 but not the JSON context     -> PermanentError(agent_bad_output)
 """
 
 from __future__ import annotations
@@ -40,13 +40,17 @@ PROMPT = (
     "lowercase strings)."
 )
 POLICY_PROMPTS = {
-    "forbid": "Do not search for, name or guess the source of this image; describe only what is visible.",
-    "auto": "You may name a well-known meme template or source if you recognise it with confidence.",
+    "forbid": (
+        "Do not search for, name or guess the source of this image; describe only what is visible."
+    ),
+    "auto": (
+        "You may name a well-known meme template or source if you recognise it with confidence."
+    ),
 }
 
 
 def parse_context(content: str) -> dict[str, Any]:
-    """Validate the model's JSON answer into title/description/ocr_text/tags (extra keys ignored)."""
+    """Validate the model's JSON into title/description/ocr_text/tags (extra keys dropped)."""
     text = content.strip()
     fenced = _FENCE.match(text)
     if fenced:
@@ -106,7 +110,7 @@ def _sent_nothing(exc: requests.ConnectionError) -> bool:
 
 
 class OpenAICompatibleAgent:
-    """Calls ``{base_url}/chat/completions`` with the image as a data URL and parses JSON context."""
+    """Calls ``{base_url}/chat/completions`` (image as data URL), parses the JSON."""
 
     name = "openai-compatible"
 
@@ -228,7 +232,9 @@ class OpenAICompatibleAgent:
         try:
             payload = response.json()
         except ValueError as exc:
-            raise PermanentError("agent response body is not JSON", code="agent_bad_output") from exc
+            raise PermanentError(
+                "agent response body is not JSON", code="agent_bad_output"
+            ) from exc
         context, model, completion_id = parse_completion(payload)
         context["facts"] = visual_facts(image) if image is not None else {}
         request_id = response.headers.get("x-request-id") or completion_id

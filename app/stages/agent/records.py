@@ -30,12 +30,14 @@ class ResultRecords:
         self.results_dir = Path(results_dir)
 
     def write(self, attempt_id: str, result: AgentResult) -> Path:
-        """Persist ``result`` durably before the caller returns it; readers never see a torn file."""
+        """Persist ``result`` durably before it is returned; readers never see a torn file."""
         check_attempt_id(attempt_id)
         self.results_dir.mkdir(parents=True, exist_ok=True)
         target = self.results_dir / f"{attempt_id}.json"
         payload = json.dumps(result.to_json(), ensure_ascii=False, sort_keys=True).encode("utf-8")
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{attempt_id}.", suffix=".tmp", dir=self.results_dir)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{attempt_id}.", suffix=".tmp", dir=self.results_dir
+        )
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)

@@ -69,8 +69,9 @@ class SentenceTransformerProvider:
         if self._dims is None:
             model = self._load()
             # sentence-transformers >= 6 renamed the method; keep working with both.
-            getter = getattr(model, "get_embedding_dimension", None) or getattr(
-                model, "get_sentence_embedding_dimension"
+            getter = (
+                getattr(model, "get_embedding_dimension", None)
+                or model.get_sentence_embedding_dimension
             )
             self._dims = int(getter())
         return self._dims

@@ -18,7 +18,12 @@ class CountingVisualProvider:
         INSTANCES.append(self)
 
     def config(self) -> dict[str, Any]:
-        return {"provider": "counting", "model": "counting-v1", "preprocess_version": "1", "dims": 2}
+        return {
+            "provider": "counting",
+            "model": "counting-v1",
+            "preprocess_version": "1",
+            "dims": 2,
+        }
 
     def embed(self, images: list) -> list[list[float]]:
         self.calls += 1

@@ -18,7 +18,9 @@ def _png_header_claiming(width: int, height: int) -> bytes:
     """A PNG whose IHDR claims ``width`` x ``height`` but carries one tiny IDAT (a cheap bomb)."""
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (

@@ -1,4 +1,4 @@
-"""openai-compatible agent against a real local HTTP server speaking the chat-completions protocol."""
+"""openai-compatible agent against a real local HTTP server (chat-completions protocol)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,11 @@ class FakeServer:
                 if parts[1] == "lookup-broken":
                     self._send(503, {"error": "down"})
                     return
-                seen = {r["headers"].get("Idempotency-Key") for r in fake.requests if r["mode"] == "good"}
+                seen = {
+                    r["headers"].get("Idempotency-Key")
+                    for r in fake.requests
+                    if r["mode"] == "good"
+                }
                 if parts[2] in seen:
                     self._send(200, completion(json.dumps(GOOD_CONTEXT)))
                 else:
@@ -116,7 +120,9 @@ def image():
 
 
 def _describe(agent, image, attempt_id=None):
-    return agent.describe(image, attempt_id=attempt_id or uuid.uuid4().hex, reverse_image_policy="forbid")
+    return agent.describe(
+        image, attempt_id=attempt_id or uuid.uuid4().hex, reverse_image_policy="forbid"
+    )
 
 
 def test_good_answer_is_parsed_and_request_is_well_formed(server, image):

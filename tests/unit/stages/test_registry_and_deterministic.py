@@ -16,7 +16,12 @@ from app.stages.base import (
     VisualProvider,
     config_hash,
 )
-from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError, StageError
+from app.stages.errors import (
+    OutcomeUnknownError,
+    PermanentError,
+    RetryableError,
+    StageError,
+)
 
 from . import fakes
 from .helpers import decoded, random_scene
@@ -59,7 +64,9 @@ def test_custom_class_by_module_path():
 
 
 def test_text_provider_by_local_directory(tmp_path):
-    provider = registry.get_text_provider(str(tmp_path))  # loads lazily, so an empty dir is fine here
+    provider = registry.get_text_provider(
+        str(tmp_path)
+    )  # loads lazily, so an empty dir is fine here
     assert provider.model_path == tmp_path
 
 
@@ -121,16 +128,20 @@ def test_config_hash_is_canonical():
     assert config_hash({"a": 1}) != config_hash({"a": 2})
     import hashlib
 
-    assert config_hash({"b": [1, 2], "a": "é"}) == hashlib.sha256(
-        '{"a":"é","b":[1,2]}'.encode()
-    ).hexdigest()
+    assert (
+        config_hash({"b": [1, 2], "a": "é"})
+        == hashlib.sha256('{"a":"é","b":[1,2]}'.encode()).hexdigest()
+    )
 
 
 def test_errors_carry_stable_codes_and_survive_pickling():
     err = RetryableError("x", code="agent_rate_limited", not_executed=True, retry_after_s=3)
     back = pickle.loads(pickle.dumps(err))
     assert (back.code, back.message, back.not_executed, back.retry_after_s) == (
-        "agent_rate_limited", "x", True, 3
+        "agent_rate_limited",
+        "x",
+        True,
+        3,
     )
     assert OutcomeUnknownError().code == "agent_outcome_unknown"
     assert isinstance(PermanentError("m", code="invalid_image"), StageError)

@@ -7,7 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from app.stages.text.sentence_transformer import SentenceTransformerProvider, minilm_path
+from app.stages.text.sentence_transformer import (
+    SentenceTransformerProvider,
+    minilm_path,
+)
 
 
 @pytest.fixture(scope="module")
