@@ -80,11 +80,13 @@ def take_free_txn(
     """Take one free slot below ``limit``; slots other claimers are taking right now are skipped."""
     row = conn.execute(
         text(
-            "UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp,"
-            " updated_at = :now FROM (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk"
+            # a CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row
+            "WITH pick AS (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk"
             "  AND slot_no < :limit AND (ls.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t"
             "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
-            "  ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED) pick"
+            "  ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            " UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp,"
+            " updated_at = :now FROM pick"
             " WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = pick.slot_no RETURNING s.slot_no"
         ),
         {"lane": lane, "rk": resource_key, "limit": limit, "t": task_id, "gen": gen, "exp": expires, "now": now},
@@ -117,11 +119,12 @@ def release_orphans_txn(conn: Connection, now: datetime) -> int:
     """Free slots whose holder is not running with that generation, or whose lease expired."""
     return conn.execute(
         text(
-            "UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
-            " updated_at = :now FROM (SELECT lane, resource_key, slot_no FROM lane_slots ls"
+            "WITH o AS (SELECT lane, resource_key, slot_no FROM lane_slots ls"
             "  WHERE ls.task_id IS NOT NULL AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t"
             "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
-            "  FOR UPDATE SKIP LOCKED) o"
+            "  FOR UPDATE SKIP LOCKED)"
+            " UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
+            " updated_at = :now FROM o"
             " WHERE s.lane = o.lane AND s.resource_key = o.resource_key AND s.slot_no = o.slot_no"
         ),
         {"now": now},
