@@ -18,3 +18,8 @@ main.add_command(_db.db)
 main.add_command(_services.up)
 main.add_command(_services.services_status)
 main.add_command(_services.services_stop)
+
+from app.cli import admin as _admin  # noqa: E402
+
+main.add_command(_admin.scopes)
+main.add_command(_admin.tokens)
