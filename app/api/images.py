@@ -80,7 +80,7 @@ class Images(MethodView):
     @blp.response(200, S.ImageListSchema)
     @blp.doc(responses=_error_docs({422: "invalid_cursor"}))
     def get(self, args):
-        """List images of the scope, newest first (keyset pagination)."""
+        """List images of the scope, oldest first (keyset pagination)."""
         svc = services()
         after = svc.cursors.decode(args.get("cursor"), "images")
         items, next_key = svc.orchestrator.list_images(scope_id(), after=after, limit=args["limit"])

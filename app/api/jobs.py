@@ -21,7 +21,7 @@ class Jobs(MethodView):
     @blp.response(200, S.JobListSchema)
     @blp.doc(responses=_error_docs({422: "invalid_cursor / validation_error"}))
     def get(self, args):
-        """List jobs of the scope, newest first, optionally by status and image."""
+        """List jobs of the scope, oldest first, optionally by status and image."""
         svc = services()
         after = svc.cursors.decode(args.get("cursor"), "jobs")
         items, next_key = svc.orchestrator.list_jobs(

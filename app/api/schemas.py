@@ -16,6 +16,15 @@ STAGES = [s.value for s in STAGE_ORDER]
 MAX_IMAGE_IDS = 10_000
 
 
+class DateTime(fields.DateTime):
+    """ISO-8601 timestamp; passes through values the orchestrator already rendered as strings."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        if isinstance(value, str):
+            return value
+        return super()._serialize(value, attr, obj, **kwargs)
+
+
 class StrictSchema(Schema):
     class Meta:
         unknown = RAISE
@@ -44,11 +53,10 @@ class ErrorInfoSchema(Schema):
 class ContextSchema(StrictSchema):
     """Editable context keys; anything else is rejected (422)."""
 
-    title = fields.String(allow_none=True, validate=validate.Length(max=500))
-    description = fields.String(allow_none=True, validate=validate.Length(max=10_000))
-    ocr_text = fields.String(allow_none=True, validate=validate.Length(max=20_000))
+    title = fields.String(validate=validate.Length(max=500))
+    description = fields.String(validate=validate.Length(max=10_000))
+    ocr_text = fields.String(validate=validate.Length(max=20_000))
     tags = fields.List(fields.String(validate=validate.Length(min=1, max=100)), validate=validate.Length(max=100))
-    language = fields.String(allow_none=True, validate=validate.Length(max=32))
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -70,8 +78,8 @@ class ImageSchema(Schema):
     context_status = fields.String(validate=validate.OneOf([s.value for s in ContextStatus]))
     metadata_hash = fields.String(allow_none=True)
     revision = fields.Integer()
-    created_at = fields.DateTime()
-    updated_at = fields.DateTime()
+    created_at = DateTime()
+    updated_at = DateTime()
     latest_job = fields.Nested(JobRefSchema, allow_none=True)
 
 
@@ -113,8 +121,8 @@ class StageSchema(Schema):
     task_id = fields.UUID(allow_none=True)
     attempt_count = fields.Integer()
     error = fields.Nested(ErrorInfoSchema, allow_none=True)
-    retry_at = fields.DateTime(allow_none=True)
-    updated_at = fields.DateTime(allow_none=True)
+    retry_at = DateTime(allow_none=True)
+    updated_at = DateTime(allow_none=True)
 
 
 class JobSchema(Schema):
@@ -128,11 +136,11 @@ class JobSchema(Schema):
     current_stage = fields.String(allow_none=True)
     progress = fields.Float()
     error = fields.Nested(ErrorInfoSchema, allow_none=True)
-    retry_at = fields.DateTime(allow_none=True)
+    retry_at = DateTime(allow_none=True)
     batch_id = fields.UUID(allow_none=True)
-    created_at = fields.DateTime()
-    updated_at = fields.DateTime()
-    completed_at = fields.DateTime(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+    completed_at = DateTime(allow_none=True)
     stages = fields.List(fields.Nested(StageSchema))
 
 
@@ -174,8 +182,8 @@ class AttemptSchema(Schema):
     state = fields.String()
     claim_generation = fields.Integer()
     error = fields.Dict(allow_none=True)
-    created_at = fields.DateTime()
-    updated_at = fields.DateTime()
+    created_at = DateTime()
+    updated_at = DateTime()
 
 
 class TaskSchema(Schema):
@@ -188,16 +196,16 @@ class TaskSchema(Schema):
     priority = fields.Integer()
     attempt_count = fields.Integer()
     max_attempts = fields.Integer()
-    available_at = fields.DateTime(allow_none=True)
-    lease_expires_at = fields.DateTime(allow_none=True)
+    available_at = DateTime(allow_none=True)
+    lease_expires_at = DateTime(allow_none=True)
     claim_generation = fields.Integer()
     cancel_requested = fields.Boolean()
     error = fields.Dict(allow_none=True)
     result = fields.Dict(allow_none=True)
-    created_at = fields.DateTime()
-    updated_at = fields.DateTime()
-    started_at = fields.DateTime(allow_none=True)
-    completed_at = fields.DateTime(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+    started_at = DateTime(allow_none=True)
+    completed_at = DateTime(allow_none=True)
     attempts = fields.List(fields.Nested(AttemptSchema))
 
 
@@ -221,9 +229,9 @@ class BatchSchema(Schema):
     counts = fields.Dict(keys=fields.String(), values=fields.Integer())
     progress = fields.Float()
     reverse_image_policy = fields.String()
-    created_at = fields.DateTime()
-    updated_at = fields.DateTime()
-    completed_at = fields.DateTime(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+    completed_at = DateTime(allow_none=True)
 
 
 class BatchEnvelopeSchema(Schema):
