@@ -3,7 +3,7 @@
 # Installs only what is missing; a no-op on a machine that has them.
 set -euo pipefail
 need=()
-for pkg in fonts-dejavu-core; do
+for pkg in fonts-dejavu-core fonts-wqy-microhei; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
