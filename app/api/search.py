@@ -20,15 +20,17 @@ blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", descrip
 
 
 def _text_provider() -> Any:
-    from app.stages.registry import get_text_provider
+    """The same text provider (name and options) the embedding workers use."""
+    from app.worker.providers import Providers
 
-    return get_text_provider(services().settings.text_provider)
+    return Providers(services().settings).text
 
 
 def _visual_provider() -> Any:
-    from app.stages.registry import get_visual_provider
+    """The same visual provider (name and options) the visual workers use."""
+    from app.worker.providers import Providers
 
-    return get_visual_provider(services().settings.visual_provider)
+    return Providers(services().settings).visual
 
 
 @blp.route("/text")

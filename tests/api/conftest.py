@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import io
-import threading
 from typing import Any
 
 import pytest
 from PIL import Image
 
 from app.api import create_app
+from app.orchestrator import Orchestrator, RecordingPublisher
 from app.auth import LocalScopeResolver, TokenScopeResolver, create_scope, create_token
 from app.storage import FileStore
-
-
-class RecordingPublisher:
-    """Collects published hints (thread-safe) instead of sending them to a broker."""
-
-    def __init__(self) -> None:
-        self.hints: list[Any] = []
-        self._lock = threading.Lock()
-
-    def publish(self, hints: list[Any]) -> None:
-        with self._lock:
-            self.hints.extend(hints)
 
 
 def png_bytes(color: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int] = (32, 24), fmt: str = "PNG") -> bytes:
@@ -33,20 +21,7 @@ def png_bytes(color: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int]
 
 
 @pytest.fixture()
-def orch(engine, settings):
-    try:
-        from app.orchestrator import Orchestrator
-    except ImportError:  # TEMP until the orchestrator lands
-        class Orchestrator:  # type: ignore[no-redef]
-            def __init__(self, engine, settings):
-                self.engine = engine
-
-            def ensure_scope(self, scope_id):
-                return create_scope(self.engine, scope_id)[1]
-
-            def list_images(self, scope_id, after=None, limit=20):
-                return [], None
-
+def orch(engine, settings) -> Orchestrator:
     return Orchestrator(engine, settings)
 
 
