@@ -11,8 +11,8 @@ import os
 import re
 import tempfile
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 _KEY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[0-9a-f]{64}\.[a-z0-9]{1,6}$")
 _TMP_PREFIX = ".tmp-"
@@ -86,7 +86,7 @@ class FileStore:
         _fsync_dir(self.path(key).parent)
         return True
 
-    def keys(self) -> Iterator[str]:
+    def iter_keys(self) -> Iterator[str]:
         """Every complete file key under the root (temp files excluded)."""
         if not self.root.is_dir():
             return
@@ -101,7 +101,7 @@ class FileStore:
     def orphans(self, referenced: Iterable[str]) -> list[str]:
         """Keys of files no image row references (``referenced`` = all images.storage_key)."""
         known = set(referenced)
-        return [k for k in self.keys() if k not in known]
+        return [k for k in self.iter_keys() if k not in known]
 
     def stale_temp_files(self) -> list[Path]:
         """Temp files left by a crash mid-write (safe to remove once no writer is running)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flask import Flask, jsonify
 from marshmallow import ValidationError

@@ -142,7 +142,6 @@ class ImageById(MethodView):
         """Delete the image, its jobs, tasks and artifacts; the file goes after the commit."""
         key = services().orchestrator.delete_image(scope_id(), image_id)
         release_file(key)
-        return None
 
 
 @blp.route("/<uuid:image_id>/content")

@@ -7,9 +7,24 @@ is generated from these same classes by flask-smorest.
 
 from __future__ import annotations
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import (
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates_schema,
+)
 
-from app.db.enums import STAGE_ORDER, BatchStatus, ContextStatus, JobMode, JobStatus, ReverseImagePolicy, StageStatus
+from app.db.enums import (
+    STAGE_ORDER,
+    BatchStatus,
+    ContextStatus,
+    JobMode,
+    JobStatus,
+    ReverseImagePolicy,
+    StageStatus,
+)
 
 POLICIES = [p.value for p in ReverseImagePolicy]
 STAGES = [s.value for s in STAGE_ORDER]

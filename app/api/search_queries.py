@@ -8,11 +8,11 @@ integer literal because the index expression is ``embedding::vector(<dims>)``.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Sequence
-
-from sqlalchemy import Engine, text
+from collections.abc import Sequence
+from typing import Any
 
 from pgvector import Vector
+from sqlalchemy import Engine, text
 
 IMAGE_COLUMNS = (
     "i.id, i.display_name, i.sha256, i.media_type, i.size_bytes, i.width, i.height, i.context, "

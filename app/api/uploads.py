@@ -54,7 +54,7 @@ def _decode(data: bytes, media_type: str, max_pixels: int) -> tuple[int, int, An
     if decode_image is not None:
         try:
             decoded = decode_image(data, max_pixels=max_pixels)
-        except Exception as exc:  # PermanentError(code="invalid_image") and friends
+        except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) and any decoder error
             raise ApiError(422, "invalid_image", str(exc) or "cannot decode image") from None
         return decoded.width, decoded.height, decoded
     from PIL import Image  # pragma: no cover - fallback
@@ -70,7 +70,7 @@ def _decode(data: bytes, media_type: str, max_pixels: int) -> tuple[int, int, An
                 im.load()
     except ApiError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is invalid input
         raise ApiError(422, "invalid_image", f"cannot decode image: {exc}") from None
     return w, h, None
 
@@ -103,11 +103,11 @@ def parse_multipart(form_schema: Schema, settings: Any, *, file_required: bool =
     if request.mimetype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send the image as multipart/form-data with a 'file' part")
     form = request.form  # parses the stream; 413 raised here when over the limit
-    unknown_files = [k for k in request.files.keys() if k != "file"]
+    unknown_files = [k for k in request.files if k != "file"]
     if unknown_files:
         raise validation_error({k: ["Unknown field."] for k in unknown_files})
     raw: dict[str, Any] = {}
-    for key in form.keys():
+    for key in form:
         if key == "file":  # a text field named "file" is not a file part
             continue
         values = form.getlist(key)

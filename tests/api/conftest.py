@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from app.api import create_app
-from app.orchestrator import Orchestrator, RecordingPublisher
 from app.auth import LocalScopeResolver, TokenScopeResolver, create_scope, create_token
+from app.orchestrator import Orchestrator, RecordingPublisher
 from app.storage import FileStore
 
 

@@ -56,4 +56,4 @@ def test_parallel_identical_uploads(app, engine, store):
         assert conn.execute(text("SELECT count(*) FROM images")).scalar_one() == 1
         assert conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one() == 1
         assert conn.execute(text("SELECT count(*) FROM tasks")).scalar_one() == 1
-    assert len(list(store.keys())) == 1 and not store.stale_temp_files()
+    assert len(list(store.iter_keys())) == 1 and not store.stale_temp_files()

@@ -37,7 +37,7 @@ def test_upload_creates_image_job_and_hint(client, publisher, store, engine):
     assert job["status"] == "queued" and [s["stage"] for s in job["stages"]] == ["visual", "agent", "text_embedding"]
     assert job["reverse_image_policy"] == "forbid" and job["mode"] == "auto"
     assert [h.lane for h in publisher.published] == ["visual"]
-    assert list(store.keys()) and store.read(next(store.keys())) == data
+    assert list(store.iter_keys()) and store.read(next(store.iter_keys())) == data
 
     again = upload(client, data)
     assert again.status_code == 200
@@ -120,7 +120,7 @@ def test_replace_content(client, store):
     assert out["job"]["id"] != old_job and out["job"]["image_sha256"] == out["image"]["sha256"]
     assert client.get(f"/api/v1/jobs/{old_job}").get_json()["status"] == "target_changed"
     assert client.get(f"/api/v1/images/{image_id}/content").data == new
-    assert [store.read(k) for k in store.keys()] == [new]  # the old file went after the commit
+    assert [store.read(k) for k in store.iter_keys()] == [new]  # the old file went after the commit
     bad = client.put(f"/api/v1/images/{image_id}/content", data={"file": (io.BytesIO(b"nope"), "n.png")},
                      content_type="multipart/form-data")
     assert (bad.status_code, bad.get_json()["error"]) == (415, "unsupported_media_type")
@@ -178,7 +178,7 @@ def test_full_pipeline_patch_process_and_delete(client, orch, publisher, store, 
                  f"/api/v1/images/{image_id}/content"):
         assert client.get(path).status_code == 404, path
     assert client.delete(f"/api/v1/images/{image_id}").status_code == 404
-    assert list(store.keys()) == []
+    assert list(store.iter_keys()) == []
 
 
 def test_process_conflict_and_unknown_image(client):

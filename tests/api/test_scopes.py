@@ -7,7 +7,7 @@ import io
 from sqlalchemy import text
 
 from tests.api.conftest import png_bytes, upload
-from tests.api.test_images import wait_job
+from tests.conftest import poll_until
 from tests.support.pipeline import Workers
 
 
@@ -15,16 +15,17 @@ def test_scopes_never_see_each_other(token_app, tokens, orch, publisher, engine)
     c = token_app.test_client()
     A = {"Authorization": f"Bearer {tokens['alpha']}"}
     B = {"Authorization": f"Bearer {tokens['beta']}"}
+
+    def job_a() -> dict:
+        return c.get(f"/api/v1/jobs/{a['job']['id']}", headers=A).get_json()
+
     data = png_bytes((9, 99, 199))
     with Workers(orch, publisher, n=2):
         a = upload(c, data, headers=A).get_json()
         assert a["created"] is True
-        wait_job_a = lambda: c.get(f"/api/v1/jobs/{a['job']['id']}", headers=A).get_json()  # noqa: E731
-        from tests.conftest import poll_until
-
-        poll_until(lambda: wait_job_a()["status"] == "succeeded", what="alpha job")
+        poll_until(lambda: job_a()["status"] == "succeeded", what="alpha job")
     image_id, job_id = a["image"]["id"], a["job"]["id"]
-    task_id = wait_job_a()["stages"][0]["task_id"]
+    task_id = job_a()["stages"][0]["task_id"]
 
     # identical bytes in another scope are a different image
     b = upload(c, data, headers=B, process=False).get_json()

@@ -20,7 +20,7 @@ def test_store_write_read_delete_orphans(tmp_path):
     assert store.read(key) == b"one"
     other = storage_key(ns, "b" * 64, "jpg")
     store.write(other, b"two")
-    assert sorted(store.keys()) == sorted([key, other])
+    assert sorted(store.iter_keys()) == sorted([key, other])
     assert store.orphans([key]) == [other]
     assert store.delete(other) is True and store.delete(other) is False
     assert store.stale_temp_files() == []
@@ -36,7 +36,7 @@ def test_failed_ingest_removes_the_new_file(client, orch, store, monkeypatch, en
     monkeypatch.setattr(orch, "ingest_image", boom)
     r = upload(client, png_bytes())
     assert r.status_code == 500 and r.get_json() == {"error": "internal_error", "message": "internal server error"}
-    assert list(store.keys()) == []
+    assert list(store.iter_keys()) == []
 
 
 def test_failed_ingest_keeps_a_file_another_image_uses(client, orch, store, monkeypatch):
@@ -44,4 +44,4 @@ def test_failed_ingest_keeps_a_file_another_image_uses(client, orch, store, monk
     assert upload(client, data).status_code == 201
     monkeypatch.setattr(orch, "ingest_image", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     assert upload(client, data).status_code == 500
-    assert len(list(store.keys())) == 1
+    assert len(list(store.iter_keys())) == 1
