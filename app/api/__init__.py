@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask
+from flask import Flask, Request
 from flask_smorest import Api
 
 from app.api.context import LoggingPublisher, Services
@@ -14,6 +14,20 @@ from app.api.schemas import ErrorSchema
 
 # Multipart framing (boundaries, part headers, small form fields) on top of the file itself.
 MULTIPART_OVERHEAD = 64 * 1024
+
+
+class UploadRequest(Request):
+    """Tracks the temp files of multipart parts so that they are closed even when parsing
+    aborts half-way (413 on a chunked body leaves werkzeug's partial part unreferenced)."""
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        stream = super()._get_file_stream(total_content_length, content_type, filename, content_length)
+        self.__dict__.setdefault("_memeflow_streams", []).append(stream)
+        return stream
+
+    def close_upload_streams(self) -> None:
+        for stream in self.__dict__.pop("_memeflow_streams", []):
+            stream.close()
 
 
 class MemeflowApi(Api):
@@ -59,6 +73,13 @@ def create_app(
         store = FileStore(settings.storage_path)
 
     app = Flask("memeflow.api")
+    app.request_class = UploadRequest
+
+    @app.teardown_request
+    def _close_upload_streams(exc: BaseException | None) -> None:
+        from flask import request
+
+        request.close_upload_streams()
     app.config.update(
         API_TITLE="memeflow",
         API_VERSION="v1",
