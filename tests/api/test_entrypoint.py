@@ -21,7 +21,7 @@ def test_wsgi_entry_point_uses_memeflow_auth(settings, monkeypatch):
         monkeypatch.setenv("MEMEFLOW_AUTH", mode)
         reset_settings(None)
         try:
-            import app.api.wsgi as wsgi
+            from app.api import wsgi
 
             wsgi = importlib.reload(wsgi)
             assert isinstance(wsgi.app.extensions["memeflow"].scope_resolver, resolver)
