@@ -7,8 +7,9 @@ import hashlib
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from flask import Flask

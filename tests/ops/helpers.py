@@ -14,13 +14,13 @@ def page_job_counts(html: str) -> dict[str, int]:
 
 
 def page_lane(html: str, lane: str) -> dict[str, str]:
-    row = re.search(rf'<tr data-lane="{lane}">(.*?)</tr>', html, re.S)
+    row = re.search(rf'<tr data-lane="{lane}">(.*?)</tr>', html, re.DOTALL)
     assert row, f"lane {lane} missing from the page"
     return {k: v.strip() for k, v in re.findall(r'data-k="(\w+)">([^<]*)<', row.group(1))}
 
 
 def page_funnel(html: str, stage: str) -> dict[str, int]:
-    row = re.search(rf'<tr data-stage="{stage}">(.*?)</tr>', html, re.S)
+    row = re.search(rf'<tr data-stage="{stage}">(.*?)</tr>', html, re.DOTALL)
     assert row, f"stage {stage} missing from the funnel"
     return {k: int(v) for k, v in re.findall(r'data-k="(\w+)">(\d+)<', row.group(1))}
 
