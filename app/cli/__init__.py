@@ -18,3 +18,9 @@ main.add_command(_db.db)
 main.add_command(_services.up)
 main.add_command(_services.services_status)
 main.add_command(_services.services_stop)
+
+from app.cli import demo as _demo
+from app.cli import ingest as _ingest
+
+main.add_command(_demo.demo)
+main.add_command(_ingest.ingest)
