@@ -108,8 +108,18 @@ def create_app(
 
     for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, health.blp):
         api.register_blueprint(blp)
+    _mount_ops(app)
     register_error_handlers(app)
     return app
+
+
+def _mount_ops(app: Flask) -> None:
+    """Serve the operators' /ops page from the same app (same resolver, engine, orchestrator)."""
+    try:
+        from app.ops import register_ops
+    except ImportError:  # pragma: no cover - the ops page is optional
+        return
+    register_ops(app)
 
 
 def _visual_json_schema():
@@ -129,6 +139,12 @@ def default_publisher(settings: Any) -> Any:
         if callable(factory):
             return factory(settings)
     cls = getattr(worker_publisher, "CeleryHintPublisher", None)
-    if cls is not None and hasattr(cls, "from_settings"):
+    if cls is None:
+        return LoggingPublisher()
+    if hasattr(cls, "from_settings"):
         return cls.from_settings(settings)
-    return LoggingPublisher()
+    try:
+        from app.worker.celery_app import celery_app  # type: ignore
+    except ImportError:
+        return LoggingPublisher()
+    return cls(celery_app)

@@ -56,3 +56,14 @@ def test_errors_are_json_never_html(client):
         assert set(r.get_json()) >= {"error", "message"}
     assert client.get("/nope").get_json()["error"] == "not_found"
     assert client.delete("/api/v1/jobs").get_json()["error"] == "method_not_allowed"
+
+
+def test_ops_page_is_mounted(client):
+    r = client.get("/ops")
+    assert r.status_code == 200 and b"<html" in r.data.lower()
+
+
+def test_default_publisher_never_breaks_uploads(settings, engine, orch, store):
+    from app.api import default_publisher
+
+    assert callable(getattr(default_publisher(settings), "publish", None))
