@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.api import create_app
+from tests.api.conftest import png_bytes, upload
 
 
 def test_factory_fails_closed_without_resolver(settings, engine, orch):
@@ -29,9 +30,20 @@ def test_readyz_broker_down_is_503(settings, engine, orch, publisher, store):
         scope_resolver=LocalScopeResolver(), settings=settings.replace(broker_url="redis://127.0.0.1:1/0"),
         orchestrator=orch, engine=engine, publisher=publisher, store=store,
     )
-    r = app.test_client().get("/readyz")
+    c = app.test_client()
+    r = c.get("/readyz")
     assert r.status_code == 503
     assert r.get_json()["checks"]["broker"]["ok"] is False
+    assert r.get_json()["checks"]["database"]["ok"] is True
+    # uploads do not depend on the broker: the hint is the sweep's to repair
+    assert upload(c, png_bytes()).status_code == 201
+
+
+def test_metrics_queue_gauges_are_db_truth(client):
+    upload(client, png_bytes())
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'memeflow_queue_depth{lane="visual"} 1.0' in text
+    assert 'memeflow_queue_depth{lane="agent"} 0.0' in text
 
 
 def test_openapi_covers_every_path(client):
