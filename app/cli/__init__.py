@@ -18,3 +18,12 @@ main.add_command(_db.db)
 main.add_command(_services.up)
 main.add_command(_services.services_status)
 main.add_command(_services.services_stop)
+
+from app.cli import admin as _admin  # noqa: E402
+from app.cli import demo as _demo  # noqa: E402
+from app.cli import ingest as _ingest  # noqa: E402
+
+main.add_command(_demo.demo)
+main.add_command(_ingest.ingest)
+main.add_command(_admin.scopes)
+main.add_command(_admin.tokens)

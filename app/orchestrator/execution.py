@@ -64,6 +64,23 @@ def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Cla
     return [_claim_from_row(r, owner) for r in rows]
 
 
+def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
+    """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction."""
+    if lane == Lane.AGENT:
+        raise ValueError("the agent lane is claimed one task at a time")
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s)
+        rows = [first] if first is not None else []
+        if n - len(rows) > 0:
+            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
+    if rows:
+        metrics.CLAIMS.labels(lane).inc(len(rows))
+    else:
+        metrics.EMPTY_CLAIMS.labels(lane).inc()
+    return [_claim_from_row(r, owner) for r in rows]
+
+
 def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, owner: str) -> Claim:
     """Commit an external_started attempt with the claim — or surface an interrupted one to recover."""
     open_attempt = attempts.open_attempt_txn(conn, row["id"])

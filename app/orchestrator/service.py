@@ -107,6 +107,9 @@ class Orchestrator:
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
 
+    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> list[Claim]:
+        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
+
     def heartbeat(self, claim: Claim) -> bool:
         return execution.heartbeat(self, claim)
 

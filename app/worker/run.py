@@ -95,12 +95,10 @@ def run_embedding_batch(
     first_task_id: uuid.UUID | str | None = None,
 ) -> int:
     """Claim up to ``n`` due embedding tasks (the hinted one first) and embed them in one call."""
-    claims: list[Claim] = []
     if first_task_id is not None:
-        first = orch.claim_task(first_task_id, owner)
-        if first is not None:
-            claims.append(first)
-    claims += orch.claim_batch(Lane.EMBEDDING.value, max(0, n - len(claims)), owner)
+        claims = orch.claim_with_batch(first_task_id, Lane.EMBEDDING.value, n, owner)
+    else:
+        claims = orch.claim_batch(Lane.EMBEDDING.value, n, owner)
     if not claims:
         return 0
     with Heartbeat(orch, claims):
