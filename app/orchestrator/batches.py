@@ -56,8 +56,8 @@ def create_batch(
         images.ensure_scope_txn(conn, scope_id)
         if ids is not None:
             missing = [str(i) for i in ids if i not in store.existing_ids_txn(conn, scope_id, ids)]
-            if missing:
-                raise InvalidRequest(f"unknown image ids: {', '.join(missing[:5])}", code="invalid_image_ids")
+            if missing:  # another scope's id behaves exactly like a missing one
+                raise NotFound(f"image not found: {', '.join(missing[:5])}")
             cursor: dict = {"offset": 0}
             total = len(ids)
         else:

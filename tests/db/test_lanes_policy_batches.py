@@ -263,8 +263,8 @@ def test_batch_over_explicit_ids_and_validation(engine, settings):
     ids = [r[0] for r in rows(engine, "SELECT id FROM images ORDER BY created_at")]
     with pytest.raises(InvalidRequest):
         orch.create_batch("local", all=True, image_ids=ids)
-    with pytest.raises(InvalidRequest):
-        orch.create_batch("other-scope", image_ids=ids)  # another scope's ids are unknown ids
+    with pytest.raises(NotFound):
+        orch.create_batch("other-scope", image_ids=ids)  # another scope's ids are missing ids
     batch, hints = orch.create_batch("local", image_ids=[str(i) for i in ids[:2]])
     assert batch["total"] == 2 and batch["status"] == "running" and len(hints) == 2
     with pytest.raises(NotFound):
