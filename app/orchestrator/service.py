@@ -25,6 +25,9 @@ from app.orchestrator.store import reads
 from app.orchestrator.types import Claim, StageConfigs, SweepReport
 
 
+_INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -114,7 +117,21 @@ class Orchestrator:
         return execution.heartbeat(self, claim)
 
     def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
+        table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
+        if table is not None:
+            self.ensure_vector_index(table, artifact.model, artifact.dims)
         return execution.complete_task(self, claim, artifact)
+
+    def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
+        """Make sure the per-model HNSW index exists before the first vector of a model lands."""
+        key = (str(self.engine.url), table, model, int(dims))
+        if key in _INDEXED:
+            return
+        from app.db.engine import ensure_vector_index
+
+        with self.engine.begin() as conn:
+            ensure_vector_index(conn, table, model, int(dims))
+        _INDEXED.add(key)
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
         return execution.fail_task(self, claim, error)
