@@ -63,65 +63,85 @@ def _end_job_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, status
     log.info("job ended", extra={"job_id": job["id"], "scope_id": job["scope_id"], "code": code})
 
 
-def advance_job_txn(orch: "Orchestrator", conn: Connection, job_id: uuid.UUID) -> list[Hint]:
-    """Re-plan an active job against the current facts; create the next leaf task or finish it."""
-    job = jobs.lock_job_txn(conn, job_id)
+def advance_job_txn(
+    orch: "Orchestrator", conn: Connection, job_id: uuid.UUID, image: RowMapping | None = None
+) -> list[Hint]:
+    """Re-plan an active job against the current facts; create the next leaf task or finish it.
+
+    ``image`` is the job's image row when the caller already holds its lock (completion, job
+    creation); otherwise it is locked here, before the job (the global lock order).
+    """
+    if image is None:
+        ref = jobs.image_ref_txn(conn, job_id)
+        if ref is None:
+            return []
+        image = images.lock_image_txn(conn, ref["scope_id"], ref["image_id"], share=True)
+    job = jobs.job_facts_txn(
+        conn, job_id, image["sha256"] if image else "", image["metadata_hash"] if image else None
+    )
     if job is None or job["status"] not in ACTIVE_JOB_STATUSES:
         return []
-    image = images.lock_image_txn(conn, job["scope_id"], job["image_id"], share=True)
     if image is None or image["sha256"] != job["image_sha256"]:
         _end_job_txn(orch, conn, job, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
         return []
     if job["metadata_hash"] is not None and image["metadata_hash"] != job["metadata_hash"]:
         _end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
         return []
-    stages = jobs.stages_txn(conn, job["id"])
+    stages = {r["stage"]: r for r in job["stage_rows"]}
     configs = StageConfigs.from_job_config(job["config"])
     succeeded = [s for s, row in stages.items() if row["status"] == StageStatus.SUCCEEDED]
-    p = plan_for_txn(conn, image, configs, job["reverse_image_policy"], job["force_stages"], succeeded)
+    facts = ImageFacts(
+        sha256=image["sha256"], context_status=image["context_status"], provenance=image["context_provenance"],
+        metadata_hash=image["metadata_hash"], visual_exists=job["visual_exists"], text_exists=job["text_exists"],
+    )
+    p = plan(facts, JobFacts(image["sha256"], configs, job["reverse_image_policy"],
+                             frozenset(job["force_stages"]), frozenset(succeeded)))
     now = orch.now()
-    hints: list[Hint] = []
-    for stage in STAGE_ORDER:
-        action, row = p.actions[stage], stages[stage]
-        if action is Action.REUSE:
-            if row["status"] not in DONE_STAGE:
-                jobs.update_stage_txn(
-                    conn, job["id"], stage, now, status=StageStatus.REUSED,
-                    input_fingerprint=p.fingerprints[stage], completed_at=now, error=None,
-                )
-        elif action is Action.RUN:
-            hints += _run_stage_txn(orch, conn, job, image, configs, stage, row, p.fingerprints[stage])
-            break
     fields: dict = {}
-    if p.complete:
-        fields = {"status": JobStatus.SUCCEEDED, "current_stage": None, "completed_at": now, "error": None}
-    else:
-        fields = {"current_stage": p.run_stage}
     if job["metadata_hash"] is None and p.actions[Stage.AGENT] is Action.REUSE:
         fields["metadata_hash"] = image["metadata_hash"]
-    if "status" in fields or fields.get("current_stage") != job["current_stage"] or "metadata_hash" in fields:
+    for stage in STAGE_ORDER:
+        action, row = p.actions[stage], stages[stage]
+        if action is Action.REUSE and row["status"] not in DONE_STAGE:
+            jobs.update_stage_txn(
+                conn, job["id"], stage, now, status=StageStatus.REUSED,
+                input_fingerprint=p.fingerprints[stage], completed_at=now, error=None,
+            )
+    if p.complete:
+        fields.update(status=JobStatus.SUCCEEDED, current_stage=None, completed_at=now, error=None)
         jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, **fields)
-    return hints
+        return []
+    stage = p.run_stage
+    assert stage is not None
+    return _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields)
 
 
 def _run_stage_txn(
     orch: "Orchestrator", conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
-    stage: str, row: RowMapping, fingerprint: str | None,
+    stage: str, row: dict, fingerprint: str | None, job_fields: dict,
 ) -> list[Hint]:
-    """Make sure the first invalid stage has an active leaf task (create, or reuse by dedupe key)."""
-    if row["status"] in (StageStatus.QUEUED, StageStatus.RUNNING) and row["task_id"] is not None:
-        current = tasks.task_row_txn(conn, row["task_id"])
-        if current is not None and current["status"] in ("queued", "running"):
-            return []  # already waiting on a live task
-    assert fingerprint is not None
+    """Make sure the first invalid stage has an active leaf task (create, or reuse by dedupe key),
+    and point the job at it."""
     now = orch.now()
+
+    def update_job() -> None:
+        if job_fields or job["current_stage"] != stage:
+            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, current_stage=stage,
+                                **job_fields)
+
+    live = ("queued", "running")
+    if row["status"] in live and row["task_id"] is not None and row["task_status"] in live:
+        update_job()
+        return []  # already waiting on a live task
+    assert fingerprint is not None
     if stage == Stage.AGENT:
         denial = orch.before_agent_task_txn(conn, job, fingerprint)
         if denial is not None:
             jobs.update_stage_txn(conn, job["id"], stage, now, status=StageStatus.BLOCKED, error=denial.error,
                                   retry_at=denial.retry_at, input_fingerprint=fingerprint)
             jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=JobStatus.BLOCKED,
-                                error=denial.error, retry_at=denial.retry_at, current_stage=stage, completed_at=now)
+                                error=denial.error, retry_at=denial.retry_at, current_stage=stage, completed_at=now,
+                                **job_fields)
             return []
     lane = STAGE_LANE[Stage(stage)]
     stage_config = {"visual": configs.visual, "agent": configs.agent, "text_embedding": configs.text}[stage]
@@ -136,23 +156,25 @@ def _run_stage_txn(
         resource_key = f"{configs.agent.get('provider', '')}:{configs.agent.get('model', '')}"
     elif stage == Stage.TEXT_EMBEDDING:
         payload["metadata_hash"] = image["metadata_hash"]
-    task_id, task_status, created = tasks.insert_task_txn(
-        conn,
-        {
-            "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane.value,
-            "resource_key": resource_key, "payload": payload, "input_fingerprint": fingerprint,
-            "dedupe_key": fp.dedupe_key(image["id"], stage, fingerprint), "image_id": image["id"],
-            "image_sha256": image["sha256"], "priority": orch.job_priority(job),
-            "max_attempts": orch.settings.max_attempts,
-        },
-        now,
-    )
+    values = {
+        "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane.value,
+        "resource_key": resource_key, "payload": payload, "input_fingerprint": fingerprint,
+        "dedupe_key": fp.dedupe_key(image["id"], stage, fingerprint), "image_id": image["id"],
+        "image_sha256": image["sha256"], "priority": orch.job_priority(job),
+        "max_attempts": orch.settings.max_attempts,
+    }
+    task_id = tasks.insert_and_link_task_txn(conn, values, now, set_metadata_hash=job_fields.get("metadata_hash"))
+    if task_id is not None:  # the common case: one statement created, linked and pointed
+        created, task_status = True, "queued"
+    else:  # an identical task is already active (dedupe): link this stage to it
+        task_id, task_status, created = tasks.insert_task_txn(conn, values, now)
+        jobs.update_stage_txn(
+            conn, job["id"], stage, now, status=task_status, task_id=task_id, input_fingerprint=fingerprint,
+            error=None, retry_at=None,
+        )
+        update_job()
     if stage == Stage.AGENT and created:
         orch.bind_grant_txn(conn, job, fingerprint, task_id)
-    jobs.update_stage_txn(
-        conn, job["id"], stage, now, status=task_status, task_id=task_id, input_fingerprint=fingerprint,
-        error=None, retry_at=None,
-    )
     return [Hint(lane.value, task_id)] if created else []
 
 
@@ -197,5 +219,5 @@ def create_or_reuse_job_txn(
         image_sha256=image["sha256"], config=configs.as_dict(), config_hash=chash, reverse_image_policy=policy,
         mode=mode, force_stages=force, batch_id=batch_id, now=orch.now(),
     )
-    hints = advance_job_txn(orch, conn, job["id"])
+    hints = advance_job_txn(orch, conn, job["id"], image)
     return jobs.lock_job_txn(conn, job["id"]), True, hints

@@ -121,8 +121,9 @@ def complete_task(orch: "Orchestrator", claim: Claim, artifact: Any) -> list[Hin
         stale = _stale_reason(claim, image, artifact)
         status = TaskStatus.CANCELLED if stale else TaskStatus.SUCCEEDED
         error = {"code": stale, "message": "the target changed while the task ran"} if stale else None
-        done = tasks.finish_fenced_txn(
-            conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status, error=error,
+        done = tasks.finish_and_release_stages_txn(
+            conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status,
+            stage_status=StageStatus.QUEUED if stale else StageStatus.SUCCEEDED, error=error,
             result=None if stale else _result_summary(artifact),
         )
         if done is None:
@@ -131,17 +132,11 @@ def complete_task(orch: "Orchestrator", claim: Claim, artifact: Any) -> list[Hin
                 _rejected_txn(orch, c2, claim, "complete")
             return []
         if not stale:
-            _write_artifact_txn(orch, conn, claim, image, artifact)
+            image = _write_artifact_txn(orch, conn, claim, image, artifact)
         orch.release_slot_txn(conn, claim)
-        now = orch.now()
-        job_ids = jobs.set_stages_where_task_txn(
-            conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now,
-            **({"status": StageStatus.SUCCEEDED, "completed_at": now, "error": None} if not stale
-               else {"status": StageStatus.QUEUED, "error": error}),
-        )
         hints: list[Hint] = []
-        for job_id in job_ids:
-            hints += advance_job_txn(orch, conn, job_id)
+        for job_id in done["job_ids"]:
+            hints += advance_job_txn(orch, conn, job_id, image)
         hints += orch.next_fair_hints_txn(conn, claim)
     metrics.COMPLETIONS.labels(claim.lane, "stale" if stale else "succeeded").inc()
     return hints
@@ -163,7 +158,10 @@ def _result_summary(artifact: Any) -> dict:
     return {}
 
 
-def _write_artifact_txn(orch: "Orchestrator", conn: Connection, claim: Claim, image: RowMapping, artifact: Any) -> None:
+def _write_artifact_txn(
+    orch: "Orchestrator", conn: Connection, claim: Claim, image: RowMapping, artifact: Any
+) -> RowMapping:
+    """Write the artifact; returns the image row as it is now (agent completions rewrite it)."""
     now = orch.now()
     if isinstance(artifact, VisualArtifact):
         artifacts.insert_visual_txn(
@@ -183,7 +181,9 @@ def _write_artifact_txn(orch: "Orchestrator", conn: Connection, claim: Claim, im
             "request_id": artifact.request_id,
         }
         mhash = fp.metadata_hash(image["display_name"], artifact.context)
-        images.write_agent_context_txn(conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now)
+        image = images.write_agent_context_txn(
+            conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now
+        )
         attempts.finish_attempt_txn(
             conn, artifact.attempt_id, claim.task_id, AttemptState.COMPLETED, now,
             result={"context": artifact.context, "model": artifact.model}, request_id=artifact.request_id,
@@ -191,6 +191,7 @@ def _write_artifact_txn(orch: "Orchestrator", conn: Connection, claim: Claim, im
         orch.commit_grant_txn(conn, claim)
     else:
         raise TypeError(f"unknown artifact {type(artifact).__name__}")
+    return image
 
 
 def fail_task(orch: "Orchestrator", claim: Claim, error: StageError) -> list[Hint]:

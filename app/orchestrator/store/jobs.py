@@ -137,3 +137,33 @@ def agent_stage_in_progress_txn(conn: Connection, image_id: uuid.UUID) -> bool:
         ),
         {"i": image_id},
     ).scalar_one()
+
+
+def image_ref_txn(conn: Connection, job_id: uuid.UUID) -> RowMapping | None:
+    """(scope_id, image_id) of a job, unlocked: callers lock the image first, then the job."""
+    return conn.execute(
+        text("SELECT scope_id, image_id FROM processing_jobs WHERE id = :id"), {"id": job_id}
+    ).mappings().first()
+
+
+def job_facts_txn(conn: Connection, job_id: uuid.UUID, image_sha256: str, metadata_hash: str | None) -> RowMapping | None:
+    """Lock the job and read, in one statement, its stages (with their tasks' status) and whether
+    the artifacts its frozen config needs exist for the given image version."""
+    return conn.execute(
+        text(
+            "SELECT j.*,"
+            " (SELECT json_agg(json_build_object('stage', s.stage, 'status', s.status, 'task_id', s.task_id,"
+            "   'task_status', t.status)) FROM job_stages s LEFT JOIN tasks t ON t.id = s.task_id"
+            "   WHERE s.job_id = j.id) AS stage_rows,"
+            " EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = j.scope_id AND v.image_id = j.image_id"
+            "   AND v.image_sha256 = :sha AND v.model = j.config->'visual'->>'model'"
+            "   AND v.preprocess_version = j.config->'visual'->>'preprocess_version'"
+            "   AND v.dims = (j.config->'visual'->>'dims')::int) AS visual_exists,"
+            " EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = j.scope_id AND x.image_id = j.image_id"
+            "   AND x.image_sha256 = :sha AND x.metadata_hash = :mh AND x.status = 'ready'"
+            "   AND x.model = j.config->'text_embedding'->>'model'"
+            "   AND x.dims = (j.config->'text_embedding'->>'dims')::int) AS text_exists"
+            " FROM processing_jobs j WHERE j.id = :id FOR UPDATE OF j"
+        ),
+        {"id": job_id, "sha": image_sha256, "mh": metadata_hash},
+    ).mappings().first()

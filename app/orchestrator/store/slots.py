@@ -80,10 +80,14 @@ def take_free_txn(
     """Take one free slot below ``limit``; slots other claimers are taking right now are skipped."""
     row = conn.execute(
         text(
-            # a CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row
+            # A CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row.
+            # Only the slot row's own columns decide "free": after SKIP LOCKED takes a row lock,
+            # PostgreSQL re-checks the WHERE clause on the newest row version, but a subquery on
+            # `tasks` would still see the statement's older snapshot and could steal a slot that
+            # a concurrent claim just took. Terminal transitions release slots in their own
+            # transaction; a dead holder's slot frees itself when its lease expires.
             "WITH pick AS (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk"
-            "  AND slot_no < :limit AND (ls.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t"
-            "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
+            "  AND slot_no < :limit AND (ls.task_id IS NULL OR ls.lease_expires_at < :now)"
             "  ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED)"
             " UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp,"
             " updated_at = :now FROM pick"
@@ -116,19 +120,30 @@ def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -
 
 
 def release_orphans_txn(conn: Connection, now: datetime) -> int:
-    """Free slots whose holder is not running with that generation, or whose lease expired."""
-    return conn.execute(
+    """Free slots whose holder is not running with that generation, or whose lease expired.
+
+    Two statements: candidates are found on one snapshot, then each is freed only if the slot
+    still names the same (task, generation) — a row-level re-check that cannot free a slot a
+    concurrent claim took after the snapshot.
+    """
+    candidates = conn.execute(
         text(
-            "WITH o AS (SELECT lane, resource_key, slot_no FROM lane_slots ls"
-            "  WHERE ls.task_id IS NOT NULL AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t"
-            "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
-            "  FOR UPDATE SKIP LOCKED)"
-            " UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
-            " updated_at = :now FROM o"
-            " WHERE s.lane = o.lane AND s.resource_key = o.resource_key AND s.slot_no = o.slot_no"
+            "SELECT ls.task_id, ls.claim_generation FROM lane_slots ls WHERE ls.task_id IS NOT NULL"
+            " AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = ls.task_id"
+            "  AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
         ),
         {"now": now},
-    ).rowcount
+    ).all()
+    freed = 0
+    for task_id, gen in candidates:
+        freed += conn.execute(
+            text(
+                "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
+                " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
+            ),
+            {"t": task_id, "gen": gen, "now": now},
+        ).rowcount
+    return freed
 
 
 def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id: str) -> None:

@@ -200,3 +200,56 @@ def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
 
 def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> None:
     conn.execute(text("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)"), {"ids": task_ids, "now": now})
+
+
+def insert_and_link_task_txn(
+    conn: Connection, values: dict[str, Any], now: datetime, *, set_metadata_hash: str | None
+) -> uuid.UUID | None:
+    """Fast path of advancing: create the task, point its stage at it and move the job's
+    current_stage — one statement. None when an identical active task exists (dedupe)."""
+    row = conn.execute(
+        text(
+            "WITH t AS ("
+            " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
+            " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
+            " created_at, updated_at)"
+            " VALUES (:id, :scope_id, :job_id, :stage, :lane, :resource_key, CAST(:payload AS jsonb),"
+            " :input_fingerprint, :dedupe_key, :image_id, :image_sha256, 'queued', :priority, :now, :max_attempts,"
+            " :now, :now, :now)"
+            " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING RETURNING id"
+            "), s AS ("
+            " UPDATE job_stages SET status = 'queued', task_id = t.id, input_fingerprint = :input_fingerprint,"
+            " error = NULL, retry_at = NULL, updated_at = :now FROM t WHERE job_id = :job_id AND stage = :stage"
+            "), j AS ("
+            " UPDATE processing_jobs SET current_stage = :stage, metadata_hash = coalesce(metadata_hash, :mh),"
+            " updated_at = :now FROM t WHERE processing_jobs.id = :job_id AND status IN ('queued', 'running')"
+            ") SELECT id FROM t"
+        ),
+        {**values, "id": uuid.uuid4(), "payload": canonical_json(values["payload"]), "now": now,
+         "mh": set_metadata_hash},
+    ).first()
+    return row[0] if row else None
+
+
+def finish_and_release_stages_txn(
+    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, *, status: str,
+    stage_status: str, error: dict | None = None, result: dict | None = None,
+) -> RowMapping | None:
+    """Fenced terminal transition of the task and of every stage waiting on it, in one statement.
+    Returns the task row plus ``job_ids`` (the jobs to advance), or None on fencing rejection."""
+    err = None if error is None else canonical_json(error)
+    return conn.execute(
+        text(
+            "WITH f AS ("
+            " UPDATE tasks SET status = :st, error = CAST(:err AS jsonb), result = CAST(:res AS jsonb),"
+            f" completed_at = :now, updated_at = :now, lease_expires_at = NULL WHERE {FENCE}"
+            " RETURNING id, scope_id, job_id, stage, lane, resource_key, attempt_count"
+            "), s AS ("
+            " UPDATE job_stages js SET status = :sst, error = CAST(:err AS jsonb), updated_at = :now,"
+            " completed_at = CASE WHEN :sst = 'succeeded' THEN CAST(:now AS timestamptz) ELSE js.completed_at END"
+            " FROM f WHERE js.task_id = f.id AND js.status IN ('queued', 'running') RETURNING js.job_id"
+            ") SELECT f.*, ARRAY(SELECT job_id FROM s) AS job_ids FROM f"
+        ),
+        {"id": task_id, "owner": owner, "gen": gen, "now": now, "st": status, "sst": stage_status, "err": err,
+         "res": None if result is None else canonical_json(result)},
+    ).mappings().first()
