@@ -1,0 +1,16 @@
+"""The memeflow Celery app, configured from the top-level ``celeryconfig`` module.
+
+Start a worker with ``celery -A app.worker.celery_app worker -Q visual`` (or ``memeflow worker
+--lane visual``). Importing this module never touches the database or starts a server.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+celery_app = Celery("memeflow")
+celery_app.config_from_object("celeryconfig")
+celery_app.conf.imports = ("app.worker.tasks",)
+celery = celery_app  # `celery -A app.worker.celery_app` looks for `app` or `celery`
+
+from app.worker import tasks as _tasks  # noqa: E402,F401  - registers the tasks on import

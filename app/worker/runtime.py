@@ -1,0 +1,80 @@
+"""Per-process worker state: settings, engine, orchestrator, publisher, owner id, providers.
+
+Created lazily once per worker process (and reset in a forked pool child, which must not reuse
+its parent's database connections). Providers are loaded per lane on first use, so a process that
+only serves the ``visual`` queue never loads the text model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from app.config import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """Everything a task needs, built once per process."""
+
+    def __init__(self, settings: Settings, celery_app) -> None:
+        from app.db.engine import make_engine
+        from app.orchestrator import Orchestrator
+        from app.worker.broker import database_url_for
+        from app.worker.publisher import CeleryHintPublisher, new_owner_id
+
+        self.settings = settings
+        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4)
+        self.orch = Orchestrator(self.engine, settings)
+        self.publisher = CeleryHintPublisher(celery_app)
+        self.owner = new_owner_id()
+        self.pid = os.getpid()
+        self._providers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def providers(self, lane: str) -> Any:
+        """The providers for ``lane``, loaded on first use and kept for the process lifetime."""
+        with self._lock:
+            if lane not in self._providers:
+                from app.worker.providers import providers_for_lane
+
+                log.info("loading providers", extra={"lane": lane, "owner": self.owner})
+                self._providers[lane] = providers_for_lane(self.settings, lane)
+            return self._providers[lane]
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> WorkerRuntime:
+    """This process's runtime; rebuilt after a fork (a new pid never inherits connections)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            from app.worker.celery_app import celery_app
+
+            _runtime = WorkerRuntime(get_settings(), celery_app)
+        return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget this process's runtime (after fork, or on shutdown)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None and _runtime.pid == os.getpid():
+            _runtime.close()
+        _runtime = None
+
+
+def preload(lanes: list[str]) -> None:
+    """Build the runtime and load the providers of ``lanes`` now, not on the first task."""
+    runtime = get_runtime()
+    for lane in lanes:
+        runtime.providers(lane)
