@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from app.cli import db as _db
+from app.cli import processes as _processes
 from app.cli import services as _services
 
 
@@ -18,3 +19,7 @@ main.add_command(_db.db)
 main.add_command(_services.up)
 main.add_command(_services.services_status)
 main.add_command(_services.services_stop)
+main.add_command(_processes.api)
+main.add_command(_processes.worker)
+main.add_command(_processes.beat)
+main.add_command(_processes.flower)

@@ -15,7 +15,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 from app import metrics
 

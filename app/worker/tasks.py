@@ -118,5 +118,5 @@ def _preload_from_env() -> None:
     if lanes:
         try:
             preload(lanes)
-        except Exception:  # noqa: BLE001 - a task will retry the load and report properly
+        except Exception:
             log.exception("preloading providers failed", extra={"lane": ",".join(lanes)})
