@@ -1,0 +1,1 @@
+"""Agent (context description) providers."""

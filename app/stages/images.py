@@ -1,0 +1,104 @@
+"""Image sniffing, decoding and validation: the one place where untrusted bytes become pixels."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, ImageOps
+
+from app.stages.errors import PermanentError
+
+EXTENSIONS: dict[str, str] = {
+    "image/png": ".png",
+    "image/jpeg": ".jpg",
+    "image/gif": ".gif",
+    "image/webp": ".webp",
+}
+
+# Pillow format names, so Image.open never tries a decoder other than the sniffed one.
+_PIL_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
+
+DEFAULT_MAX_PIXELS = 40_000_000
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """A fully decoded RGB image (EXIF orientation applied; first frame when animated)."""
+
+    image: Image.Image
+    width: int
+    height: int
+    media_type: str
+    animated: bool
+    frame_count: int
+
+
+def sniff_media_type(data: bytes) -> str | None:
+    """Return the media type named by the magic bytes, or None if it is not a supported image."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif"
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedImage:
+    """Decode and fully load ``data``; raise PermanentError(code="invalid_image") on any bad input.
+
+    The header dimensions are checked against ``max_pixels`` before any pixel is decoded, so a
+    decompression bomb costs only the header parse.
+    """
+    if not data:
+        raise PermanentError("image is empty (zero bytes)", code="invalid_image")
+    media_type = sniff_media_type(data)
+    if media_type is None:
+        raise PermanentError("not a supported image (png, jpeg, gif, webp)", code="invalid_image")
+    try:
+        with warnings.catch_warnings():
+            # Pillow warns (rather than raises) between 1x and 2x its own limit; make it fatal.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[media_type]]) as im:
+                width, height = im.size
+                if width <= 0 or height <= 0 or width * height > max_pixels:
+                    raise PermanentError(
+                        f"image dimensions {width}x{height} exceed the limit "
+                        f"of {max_pixels} pixels",
+                        code="invalid_image",
+                    )
+                animated = bool(getattr(im, "is_animated", False))
+                frame_count = int(getattr(im, "n_frames", 1))
+                im.seek(0)
+                im.load()
+                rgb = _to_rgb(ImageOps.exif_transpose(im))
+    except PermanentError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise PermanentError(f"image too large: {exc}", code="invalid_image") from exc
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError, ...
+        raise PermanentError(f"cannot decode image: {exc}", code="invalid_image") from exc
+    return DecodedImage(
+        image=rgb,
+        width=rgb.width,
+        height=rgb.height,
+        media_type=media_type,
+        animated=animated,
+        frame_count=frame_count,
+    )
+
+
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """Flatten to RGB; transparent pixels become white (memes are read on light backgrounds)."""
+    if im.mode == "RGB":
+        return im.copy()
+    has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
+    if not has_alpha:
+        return im.convert("RGB")
+    rgba = im.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(background, rgba).convert("RGB")
