@@ -13,8 +13,10 @@ import threading
 from typing import Any
 
 from app.config import Settings, get_settings
+from app.worker.providers import Providers
 
 log = logging.getLogger(__name__)
+_LANE_PROVIDER = {"visual": "visual", "agent": "agent", "embedding": "text"}
 
 
 class WorkerRuntime:
@@ -32,18 +34,17 @@ class WorkerRuntime:
         self.publisher = CeleryHintPublisher(celery_app)
         self.owner = new_owner_id()
         self.pid = os.getpid()
-        self._providers: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        # Lazy handles: a lane's tasks touch only their own stage's provider.
+        self.providers = Providers(settings)
 
-    def providers(self, lane: str) -> Any:
-        """The providers for ``lane``, loaded on first use and kept for the process lifetime."""
-        with self._lock:
-            if lane not in self._providers:
-                from app.worker.providers import providers_for_lane
-
-                log.info("loading providers", extra={"lane": lane, "owner": self.owner})
-                self._providers[lane] = providers_for_lane(self.settings, lane)
-            return self._providers[lane]
+    def load_lane(self, lane: str) -> Any:
+        """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
+        provider = getattr(self.providers, _LANE_PROVIDER[lane])
+        warm = getattr(provider, "warm", None) or getattr(provider, "load", None)
+        if callable(warm):
+            warm()
+        log.info("providers loaded", extra={"lane": lane, "owner": self.owner})
+        return provider
 
     def close(self) -> None:
         self.engine.dispose()
@@ -77,4 +78,4 @@ def preload(lanes: list[str]) -> None:
     """Build the runtime and load the providers of ``lanes`` now, not on the first task."""
     runtime = get_runtime()
     for lane in lanes:
-        runtime.providers(lane)
+        runtime.load_lane(lane)

@@ -40,10 +40,10 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     rt = get_runtime()
     if lane == "embedding" and hasattr(run, "run_embedding_batch"):
         run.run_embedding_batch(
-            rt.orch, task_id, rt.owner, rt.providers(lane), rt.publisher, rt.settings.embedding_batch_size
+            rt.orch, task_id, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size
         )
         return
-    run.run_task(rt.orch, task_id, rt.owner, rt.providers(lane), rt.publisher)
+    run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher)
 
 
 @celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)
