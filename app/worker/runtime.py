@@ -16,6 +16,8 @@ from app.config import Settings, get_settings
 from app.worker.providers import Providers
 
 log = logging.getLogger(__name__)
+#: Optional ``module:callable(celery_app) -> HintPublisher``; chaos tests inject faulty publishers.
+PUBLISHER_ENV = "MEMEFLOW_WORKER_PUBLISHER"
 _LANE_PROVIDER = {"visual": "visual", "agent": "agent", "embedding": "text"}
 
 
@@ -31,7 +33,9 @@ class WorkerRuntime:
         self.settings = settings
         self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4)
         self.orch = Orchestrator(self.engine, settings)
-        self.publisher = CeleryHintPublisher(celery_app)
+        self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(
+            celery_app
+        )
         self.owner = new_owner_id()
         self.pid = os.getpid()
         # Lazy handles: a lane's tasks touch only their own stage's provider.
@@ -48,6 +52,14 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _publisher_factory():
+    """``MEMEFLOW_WORKER_PUBLISHER=module:callable`` wraps the publisher (fault-injection tests)."""
+    import importlib
+
+    module, _, attr = os.environ[PUBLISHER_ENV].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 _runtime: WorkerRuntime | None = None

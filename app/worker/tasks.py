@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 
 from celery import signals
@@ -68,11 +69,15 @@ def run_embedding(task_id: str) -> None:
 def reconcile_sweep() -> dict[str, int]:
     """One reconcile sweep (the orchestrator takes an advisory lock; concurrent runs skip)."""
     rt = get_runtime()
+    started = time.time()
     report = rt.orch.sweep()
+    finished = time.time()
     rt.publisher.publish(report.hints)
     counts = dict(report.counts)
-    if getattr(report, "skipped", False):
-        counts["skipped"] = 1
+    skipped = bool(getattr(report, "skipped", False))
+    # Operators see sweep cadence and cost; the two-beats test reads these lines to prove no overlap.
+    log.info("reconcile sweep %s start=%.6f end=%.6f hints=%d counts=%s", "skipped" if skipped else "ran",
+             started, finished, len(report.hints), counts, extra={"owner": rt.owner})
     return counts
 
 

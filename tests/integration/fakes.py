@@ -111,3 +111,32 @@ class BlockingVisual(DeterministicVisualProvider):
             time.sleep(0.02)
         return super().embed(images)
 
+
+
+class FaultyPublisher:
+    """Wraps a publisher: drops 30% of hints and sends 30% twice (seeded per process)."""
+
+    def __init__(self, inner, drop: float = 0.3, dup: float = 0.3, seed: int | None = None) -> None:
+        import random
+
+        self.inner, self.drop, self.dup = inner, drop, dup
+        self.rng = random.Random(seed if seed is not None else os.getpid())
+
+    def publish(self, hints) -> None:
+        out = []
+        for hint in hints:
+            r = self.rng.random()
+            if r < self.drop:
+                record_call("hint-dropped", str(hint.task_id))
+                continue
+            out.append(hint)
+            if r < self.drop + self.dup:
+                out.append(hint)
+        self.inner.publish(out)
+
+
+def faulty_celery_publisher(celery_app) -> FaultyPublisher:
+    """``MEMEFLOW_WORKER_PUBLISHER`` factory for worker processes."""
+    from app.worker.publisher import CeleryHintPublisher
+
+    return FaultyPublisher(CeleryHintPublisher(celery_app))
