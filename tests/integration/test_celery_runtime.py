@@ -8,6 +8,7 @@ providers. Waits are deadline polls, never sleeps.
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import signal
 import time
@@ -241,7 +242,7 @@ def test_two_beats_never_overlap_sweeps_and_nothing_runs_twice(cluster, engine, 
 
     records = poll_until(sweeps, timeout=30, interval=0.2, what="several sweeps")
     ran = sorted((start, end, who) for who, kind, start, end in records if kind == "ran")
-    for (s1, e1, w1), (s2, e2, w2) in zip(ran, ran[1:]):
+    for (s1, e1, w1), (s2, e2, w2) in itertools.pairwise(ran):
         # a sweep that ran must have ended before the next one that ran began (20 ms clock slack)
         assert s2 >= e1 - 0.02, f"sweeps overlapped: {w1} [{s1}, {e1}] and {w2} [{s2}, {e2}]"
     assert_each_stage_once(call_log, 30)
