@@ -70,10 +70,10 @@ def xact_commit(engine) -> int:
 def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     import redis
     from app.orchestrator import Orchestrator
-    from celery import Celery
 
     from app.config import Settings
     from app.db.engine import make_engine
+    from app.worker.celery_app import celery_app_for
     from app.worker.publisher import CeleryHintPublisher
 
     settings = Settings(
@@ -87,9 +87,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         conn.execute(text("TRUNCATE scopes CASCADE"))
     redis.Redis.from_url(broker_url).flushdb()
     orch = Orchestrator(engine, settings)
-    app = Celery("bench")
-    app.config_from_object("celeryconfig")
-    app.conf.broker_url = broker_url
+    app = celery_app_for(broker_url, "bench")
     publisher = CeleryHintPublisher(app)
 
     namespace = orch.ensure_scope("local")

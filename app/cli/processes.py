@@ -10,6 +10,7 @@ cleanly (terminate, wait, kill stragglers, then the embedded services it started
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -76,6 +77,17 @@ def api_cmd(host: str, port: int, workers: int = 2) -> list[str]:
     return [sys.executable, "-m", "flask", "--app", "app.api.wsgi:app", "run", "--host", host, "--port", str(port)]
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """``settings`` as MEMEFLOW_* variables, so a child process reads the same configuration."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if value is None:
+            continue
+        out[f"MEMEFLOW_{f.name.upper()}"] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return out
+
+
 # ---------------------------------------------------------------------------- the supervisor
 @dataclass
 class Child:
@@ -84,6 +96,7 @@ class Child:
     env: dict[str, str]
     log_path: Path
     port: int | None = None  # a TCP port that must accept connections for "started"
+    stop_grace_s: float | None = None  # None: the stack's stop timeout
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
 
@@ -153,6 +166,7 @@ class Stack:
         self.broker_url: str | None = None
         self._services = None  # EmbeddedServices this stack started (and so stops)
         self._stopping = False
+        self._client = None  # Celery client app on this stack's broker (pings)
         var_dir = Path(settings.var_dir).resolve()
         self.log_dir = var_dir / "log"
         self.run_dir = var_dir / "run"
@@ -192,7 +206,9 @@ class Stack:
         upgrade_to_head(self.database_url)
 
     def child_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a child: this stack's settings as MEMEFLOW_* plus resolved URLs."""
         env = dict(os.environ)
+        env.update(settings_env(self.settings))
         env.update(
             MEMEFLOW_DATABASE_URL=str(self.database_url), MEMEFLOW_BROKER_URL=str(self.broker_url),
             MEMEFLOW_VAR_DIR=str(Path(self.settings.var_dir).resolve()),
@@ -217,8 +233,9 @@ class Stack:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 plan.append(Child(name, beat_cmd(self.run_dir / "celerybeat-schedule"), self.child_env(), log_path))
             elif name == "flower":
+                # Flower logs the SIGTERM but its event thread keeps it alive; it holds no state: kill soon.
                 plan.append(Child(name, flower_cmd(s.flower_port, s.flower_basic_auth), self.child_env(), log_path,
-                                  port=s.flower_port))
+                                  port=s.flower_port, stop_grace_s=2.0))
         return plan
 
     def worker_nodes(self) -> list[str]:
@@ -248,12 +265,14 @@ class Stack:
 
     def ping_workers(self, nodes) -> list[str]:
         """Names of ``nodes`` that answer a Celery control ping."""
-        from app.worker.celery_app import celery_app
+        from app.worker.celery_app import celery_app_for
 
+        if self._client is None:
+            self._client = celery_app_for(str(self.broker_url), "memeflow-supervisor")
         try:
-            with celery_app.connection_for_write(url=self.broker_url) as conn:
-                replies = celery_app.control.ping(destination=list(nodes), timeout=1.0, connection=conn)
-        except Exception:  # noqa: BLE001 - broker not up yet
+            replies = self._client.control.ping(destination=list(nodes), timeout=1.0)
+        except Exception as exc:  # noqa: BLE001 - broker not up yet
+            self._last_ping_error = exc
             return []
         return [name for reply in replies or [] for name in reply]
 
@@ -298,16 +317,18 @@ class Stack:
         for child in sorted(procs, key=lambda c: c.name != "beat"):
             if child.alive:
                 _kill(child.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
+        started = time.monotonic()
+        for child in procs:
+            grace = self.stop_timeout_s if child.stop_grace_s is None else child.stop_grace_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=max(started + grace - time.monotonic(), 0.1))
+            if child.alive:
+                if child.stop_grace_s is None:
+                    self.echo(f"{child.name} did not stop in time; killing", err=True)
+                _kill(child.proc.pid, signal.SIGKILL)
         for child in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                child.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        for child in procs:
-            if child.alive:
-                self.echo(f"{child.name} did not stop in time; killing", err=True)
-                _kill(child.proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    child.proc.wait(timeout=5)
+                child.proc.wait(timeout=5)
         for pids in tree.values():
             for pid in pids:  # pool children / gunicorn workers left behind
                 _kill(pid, signal.SIGKILL)

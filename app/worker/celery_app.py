@@ -14,3 +14,11 @@ celery_app.conf.imports = ("app.worker.tasks",)
 celery = celery_app  # `celery -A app.worker.celery_app` looks for `app` or `celery`
 
 from app.worker import tasks as _tasks  # noqa: F401  - registers the tasks on import
+
+
+def celery_app_for(broker_url: str, name: str = "memeflow-client") -> Celery:
+    """A client-side app with memeflow's config on an explicit broker (supervisor, tests, bench)."""
+    client = Celery(name)
+    client.config_from_object("celeryconfig")
+    client.conf.broker_url = broker_url
+    return client

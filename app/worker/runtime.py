@@ -13,7 +13,6 @@ import threading
 from typing import Any
 
 from app.config import Settings, get_settings
-from app.worker.providers import Providers
 
 log = logging.getLogger(__name__)
 #: Optional ``module:callable(celery_app) -> HintPublisher``; chaos tests inject faulty publishers.
@@ -28,6 +27,7 @@ class WorkerRuntime:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
         from app.worker.broker import database_url_for
+        from app.worker.providers import Providers
         from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings

@@ -39,13 +39,10 @@ def redis_url_with_db(url: str, db: int) -> str:
 
 def make_publisher(broker_url: str):
     """A CeleryHintPublisher on a Celery app pointed at ``broker_url`` (the test's own)."""
-    from celery import Celery
-
+    from app.worker.celery_app import celery_app_for
     from app.worker.publisher import CeleryHintPublisher
 
-    app = Celery("memeflow-test")
-    app.config_from_object("celeryconfig")
-    app.conf.broker_url = broker_url
+    app = celery_app_for(broker_url, "memeflow-test")
     return CeleryHintPublisher(app, cooldown_s=0.2), app
 
 
