@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Debian packages the demo and tests need (fonts for the generated sample memes and OCR tests).
+# Debian packages the demo and tests need: fonts for the generated sample memes (Latin: DejaVu,
+# Chinese: WenQuanYi Micro Hei) and headless Chromium for the /ops page test.
 # Installs only what is missing; a no-op on a machine that has them.
 set -euo pipefail
 need=()
-for pkg in fonts-dejavu-core; do
+for pkg in fonts-dejavu-core fonts-wqy-microhei chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -23,3 +23,9 @@ main.add_command(_processes.api)
 main.add_command(_processes.worker)
 main.add_command(_processes.beat)
 main.add_command(_processes.flower)
+
+from app.cli import demo as _demo
+from app.cli import ingest as _ingest
+
+main.add_command(_demo.demo)
+main.add_command(_ingest.ingest)

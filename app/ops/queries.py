@@ -1,0 +1,228 @@
+"""Read-only SQL behind the /ops page. Every query is filtered by scope, except the two that are
+system-wide by nature (lane slot capacity and the ops_counters event buckets), which expose
+counts only. Nothing here writes."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import Connection
+
+from app.db.enums import STAGE_ORDER, JobStatus, Lane, StageStatus
+
+NEEDS_HUMAN = (JobStatus.UNKNOWN_EXECUTION, JobStatus.BLOCKED, JobStatus.FAILED)
+TERMINAL_JOB_STATUSES = tuple(s.value for s in JobStatus if s not in (JobStatus.QUEUED, JobStatus.RUNNING))
+
+
+@dataclass
+class LaneRow:
+    lane: str
+    queued: int = 0
+    due: int = 0
+    running: int = 0
+    slots_scope: int = 0
+    slots_in_use: int = 0
+    slot_limit: int | None = None
+    oldest_queued_age_s: float | None = None
+
+
+@dataclass
+class BatchRow:
+    id: uuid.UUID
+    status: str
+    total: int
+    created_at: datetime
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> int:
+        return sum(n for s, n in self.counts.items() if s in TERMINAL_JOB_STATUSES)
+
+    @property
+    def progress(self) -> float:
+        return self.done / self.total if self.total else (1.0 if self.status == "completed" else 0.0)
+
+
+@dataclass
+class Overview:
+    scope_id: str
+    now: datetime
+    jobs_by_status: dict[str, int]
+    funnel: dict[str, dict[str, int]]
+    lanes: list[LaneRow]
+    events_last_hour: dict[str, int]
+    needs_human: list[dict[str, Any]]
+    batches: list[BatchRow]
+    recent_jobs: list[dict[str, Any]]
+
+    @property
+    def total_jobs(self) -> int:
+        return sum(self.jobs_by_status.values())
+
+
+def _rows(conn: Connection, sql: str, **params: Any) -> list[dict[str, Any]]:
+    return [dict(r._mapping) for r in conn.execute(text(sql), params)]
+
+
+def jobs_by_status(conn: Connection, scope_id: str) -> dict[str, int]:
+    """Count of every job (all revisions) per status, every status present (0 when none)."""
+    counts = {s.value: 0 for s in JobStatus}
+    for r in _rows(conn, "SELECT status, count(*) AS n FROM processing_jobs WHERE scope_id = :s GROUP BY status",
+                   s=scope_id):
+        counts[r["status"]] = int(r["n"])
+    return counts
+
+
+def stage_funnel(conn: Connection, scope_id: str) -> dict[str, dict[str, int]]:
+    """stage -> stage status -> count, over every job's stages, stages in pipeline order."""
+    funnel = {st.value: {s.value: 0 for s in StageStatus} for st in STAGE_ORDER}
+    for r in _rows(conn, "SELECT stage, status, count(*) AS n FROM job_stages WHERE scope_id = :s "
+                         "GROUP BY stage, status", s=scope_id):
+        funnel.setdefault(r["stage"], {})[r["status"]] = int(r["n"])
+    return funnel
+
+
+def lane_stats(conn: Connection, scope_id: str, slot_limits: dict[str, int | None]) -> list[LaneRow]:
+    """Per lane: queued (and due now), running, lane slots held, oldest due queued task's wait."""
+    lanes = {lane.value: LaneRow(lane.value, slot_limit=slot_limits.get(lane.value)) for lane in Lane}
+    for r in _rows(conn, """
+        SELECT lane,
+               count(*) FILTER (WHERE status = 'queued') AS queued,
+               count(*) FILTER (WHERE status = 'queued' AND available_at <= now()) AS due,
+               count(*) FILTER (WHERE status = 'running') AS running,
+               extract(epoch FROM now() - min(available_at)
+                       FILTER (WHERE status = 'queued' AND available_at <= now())) AS oldest
+          FROM tasks
+         WHERE scope_id = :s AND status IN ('queued', 'running')
+         GROUP BY lane""", s=scope_id):
+        row = lanes.setdefault(r["lane"], LaneRow(r["lane"]))
+        row.queued, row.due, row.running = int(r["queued"]), int(r["due"]), int(r["running"])
+        row.oldest_queued_age_s = float(r["oldest"]) if r["oldest"] is not None else None
+    for r in _rows(conn, """
+        SELECT ls.lane,
+               count(*) AS in_use,
+               count(*) FILTER (WHERE t.scope_id = :s) AS mine
+          FROM lane_slots ls LEFT JOIN tasks t ON t.id = ls.task_id
+         WHERE ls.task_id IS NOT NULL
+         GROUP BY ls.lane""", s=scope_id):
+        row = lanes.setdefault(r["lane"], LaneRow(r["lane"]))
+        row.slots_in_use, row.slots_scope = int(r["in_use"]), int(r["mine"])
+    return list(lanes.values())
+
+
+def events_last_hour(conn: Connection, names: tuple[str, ...] = ("fencing_rejection", "rehint")) -> dict[str, int]:
+    """System-wide operational event counts summed over the per-minute buckets of the last hour."""
+    counts = dict.fromkeys(names, 0)
+    for r in _rows(conn, """
+        SELECT name, coalesce(sum(count), 0) AS n FROM ops_counters
+         WHERE bucket >= now() - interval '1 hour' AND name = ANY(:names)
+         GROUP BY name""", names=list(names)):
+        counts[r["name"]] = int(r["n"])
+    return counts
+
+
+def needs_human(conn: Connection, scope_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """Latest job of each image that ended unknown_execution / blocked / failed (awaiting a human)."""
+    return _rows(conn, """
+        SELECT j.id, j.image_id, j.revision, j.status, j.current_stage, j.error, j.retry_at, j.updated_at,
+               i.display_name
+          FROM processing_jobs j JOIN images i ON i.scope_id = j.scope_id AND i.id = j.image_id
+         WHERE j.scope_id = :s AND j.status IN ('unknown_execution', 'blocked', 'failed')
+           AND NOT EXISTS (SELECT 1 FROM processing_jobs n
+                            WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id AND n.revision > j.revision)
+         ORDER BY CASE j.status WHEN 'unknown_execution' THEN 0 WHEN 'blocked' THEN 1 ELSE 2 END, j.updated_at DESC
+         LIMIT :limit""", s=scope_id, limit=limit)
+
+
+def batches(conn: Connection, scope_id: str, limit: int = 20) -> list[BatchRow]:
+    """Most recent batches with exact per-status counts of their items' jobs."""
+    rows = [BatchRow(r["id"], r["status"], int(r["total"]), r["created_at"]) for r in _rows(conn, """
+        SELECT id, status, total, created_at FROM batches WHERE scope_id = :s
+         ORDER BY created_at DESC LIMIT :limit""", s=scope_id, limit=limit)]
+    if rows:
+        by_id = {b.id: b for b in rows}
+        for r in _rows(conn, """
+            SELECT bi.batch_id, j.status, count(*) AS n
+              FROM batch_items bi JOIN processing_jobs j ON j.scope_id = bi.scope_id AND j.id = bi.job_id
+             WHERE bi.scope_id = :s AND bi.batch_id = ANY(:ids)
+             GROUP BY bi.batch_id, j.status""", s=scope_id, ids=list(by_id)):
+            by_id[r["batch_id"]].counts[r["status"]] = int(r["n"])
+    return rows
+
+
+def recent_jobs(conn: Connection, scope_id: str, limit: int = 15) -> list[dict[str, Any]]:
+    """The most recently updated jobs, for navigation to the per-image page."""
+    return _rows(conn, """
+        SELECT j.id, j.image_id, j.revision, j.status, j.current_stage, j.updated_at, i.display_name
+          FROM processing_jobs j JOIN images i ON i.scope_id = j.scope_id AND i.id = j.image_id
+         WHERE j.scope_id = :s ORDER BY j.updated_at DESC, j.id LIMIT :limit""", s=scope_id, limit=limit)
+
+
+def overview(engine: Engine, scope_id: str, slot_limits: dict[str, int | None]) -> Overview:
+    """Everything the /ops page shows, read in one REPEATABLE READ snapshot so numbers agree."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            now = conn.execute(text("SELECT now()")).scalar_one()
+            return Overview(
+                scope_id=scope_id,
+                now=now,
+                jobs_by_status=jobs_by_status(conn, scope_id),
+                funnel=stage_funnel(conn, scope_id),
+                lanes=lane_stats(conn, scope_id, slot_limits),
+                events_last_hour=events_last_hour(conn),
+                needs_human=needs_human(conn, scope_id),
+                batches=batches(conn, scope_id),
+                recent_jobs=recent_jobs(conn, scope_id),
+            )
+
+
+@dataclass
+class ImageDetail:
+    image: dict[str, Any]
+    jobs: list[dict[str, Any]]
+    stages: list[dict[str, Any]]
+    tasks: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+
+
+def image_detail(engine: Engine, scope_id: str, image_id: uuid.UUID) -> ImageDetail | None:
+    """One image with its jobs, the latest job's stages, and the task/attempt timeline; None if absent."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            images = _rows(conn, """
+                SELECT id, display_name, sha256, media_type, size_bytes, width, height, context, context_status,
+                       context_provenance, metadata_hash, revision, created_at, updated_at
+                  FROM images WHERE scope_id = :s AND id = :i""", s=scope_id, i=image_id)
+            if not images:
+                return None
+            jobs = _rows(conn, """
+                SELECT id, revision, status, mode, current_stage, error, retry_at, created_at, updated_at,
+                       completed_at
+                  FROM processing_jobs WHERE scope_id = :s AND image_id = :i ORDER BY revision DESC LIMIT 20""",
+                         s=scope_id, i=image_id)
+            stages = []
+            if jobs:
+                stages = _rows(conn, """
+                    SELECT stage, position, status, task_id, attempt_count, error, retry_at, created_at, started_at,
+                           completed_at, updated_at
+                      FROM job_stages WHERE scope_id = :s AND job_id = :j ORDER BY position""",
+                               s=scope_id, j=jobs[0]["id"])
+            tasks = _rows(conn, """
+                SELECT t.id, t.job_id, j.revision, t.stage, t.lane, t.status, t.attempt_count, t.claim_generation,
+                       t.lease_owner, t.error, t.created_at, t.available_at, t.started_at, t.completed_at
+                  FROM tasks t JOIN processing_jobs j ON j.scope_id = t.scope_id AND j.id = t.job_id
+                 WHERE t.scope_id = :s AND t.image_id = :i ORDER BY t.created_at, t.id LIMIT 200""",
+                          s=scope_id, i=image_id)
+            attempts = _rows(conn, """
+                SELECT a.attempt_id, a.task_id, a.attempt_no, a.claim_generation, a.state, a.provider_request_id,
+                       a.error, a.created_at, a.updated_at
+                  FROM task_attempts a JOIN tasks t ON t.scope_id = a.scope_id AND t.id = a.task_id
+                 WHERE a.scope_id = :s AND t.image_id = :i ORDER BY a.created_at LIMIT 200""",
+                             s=scope_id, i=image_id)
+    return ImageDetail(images[0], jobs, stages, tasks, attempts)

@@ -1,0 +1,171 @@
+"""/ops blueprint. Reads go through :mod:`app.ops.queries`; the one write (retry) goes through the
+orchestrator's ``retry_job``. The scope comes from the same trusted resolver as the API's."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    current_app,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from app.ops import queries
+
+log = logging.getLogger("memeflow.ops")
+
+ops_bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates")
+
+ScopeGetter = Callable[[], str]
+RetryFn = Callable[[str, uuid.UUID], Any]
+
+
+@dataclass
+class OpsConfig:
+    """What the page needs from the application, wired once by :func:`register_ops`."""
+
+    engine: Callable[[], Any]
+    scope_for_request: ScopeGetter
+    retry_job: RetryFn
+    slot_limits: Callable[[], dict[str, int | None]]
+    content_url: Callable[[uuid.UUID], str]
+
+
+def _services() -> Any:
+    return current_app.extensions["memeflow"]
+
+
+def _default_scope() -> str:
+    """The API's resolver: the same trusted headers, the same scope (fails closed when absent)."""
+    from app.scopes import validate_scope_id
+
+    return validate_scope_id(_services().scope_resolver.resolve(request.headers))
+
+
+def _default_retry(scope_id: str, job_id: uuid.UUID) -> Any:
+    svc = _services()
+    result = svc.orchestrator.retry_job(scope_id, job_id)
+    try:  # publish after commit; a failure is repaired by the sweep
+        svc.publisher.publish(list(getattr(result, "hints", []) or []))
+    except Exception:
+        log.exception("hint publish after /ops retry failed; the sweep will re-hint")
+    return result
+
+
+def _default_slot_limits() -> dict[str, int | None]:
+    settings = getattr(current_app.extensions.get("memeflow"), "settings", None)
+    if settings is None:
+        from app.config import get_settings
+
+        settings = get_settings()
+    return {"agent": settings.agent_lane_limit or None}
+
+
+def register_ops(
+    app: Flask,
+    *,
+    scope_for_request: ScopeGetter | None = None,
+    engine: Any = None,
+    retry_job: RetryFn | None = None,
+    slot_limits: dict[str, int | None] | None = None,
+    content_url: Callable[[uuid.UUID], str] | None = None,
+) -> None:
+    """Mount /ops on ``app``.
+
+    Defaults use ``app.extensions["memeflow"]`` as built by the API factory: its ``engine``, its
+    ``scope_resolver`` (so /ops has the API's auth) and its ``orchestrator.retry_job`` + ``publisher``.
+    Pass explicit callables to mount the page on another app (tests, a separate ops server).
+    """
+    def engine_getter() -> Any:
+        return engine if engine is not None else _services().engine
+
+    app.extensions["memeflow_ops"] = OpsConfig(
+        engine=engine_getter,
+        scope_for_request=scope_for_request or _default_scope,
+        retry_job=retry_job or _default_retry,
+        slot_limits=(lambda: slot_limits) if slot_limits is not None else _default_slot_limits,
+        content_url=content_url or (lambda image_id: f"/api/v1/images/{image_id}/content"),
+    )
+    app.jinja_env.filters.setdefault("pretty_json", _pretty_json)
+    app.jinja_env.filters.setdefault("age", _age)
+    app.register_blueprint(ops_bp)
+
+
+def _cfg() -> OpsConfig:
+    return current_app.extensions["memeflow_ops"]
+
+
+def _pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"
+
+
+@ops_bp.before_request
+def _resolve_scope() -> Any:
+    try:
+        g.ops_scope = _cfg().scope_for_request()
+    except Exception as exc:
+        status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+        if status == 401 or getattr(exc, "code", None) == "unauthorized":
+            return render_template("ops/error.html", title="unauthorized", message=str(exc) or "unauthorized"), \
+                401, {"WWW-Authenticate": "Bearer"}
+        raise
+    return None
+
+
+@ops_bp.get("")
+@ops_bp.get("/")
+def index() -> Any:
+    cfg = _cfg()
+    data = queries.overview(cfg.engine(), g.ops_scope, cfg.slot_limits())
+    return render_template(
+        "ops/index.html", o=data, stages=list(data.funnel), flash=request.args.get("msg"),
+        flash_error=request.args.get("err"),
+    )
+
+
+@ops_bp.get("/images/<uuid:image_id>")
+def image(image_id: uuid.UUID) -> Any:
+    cfg = _cfg()
+    detail = queries.image_detail(cfg.engine(), g.ops_scope, image_id)
+    if detail is None:
+        abort(404)
+    return render_template("ops/image.html", d=detail, content_url=cfg.content_url(image_id), scope_id=g.ops_scope)
+
+
+@ops_bp.post("/jobs/<uuid:job_id>/retry")
+def retry(job_id: uuid.UUID) -> Any:
+    """The page's only write: an explicit human retry through the orchestrator."""
+    try:
+        result = _cfg().retry_job(g.ops_scope, job_id)
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        if not isinstance(code, str):
+            raise
+        return redirect(url_for("ops.index", err=f"{code}: {exc}"), code=303)
+    job = getattr(result, "job", None) or {}
+    new_id = job.get("id") if isinstance(job, dict) else None
+    msg = f"retry requested for job {job_id}" + (f" → new job {new_id}" if new_id else "")
+    return redirect(url_for("ops.index", msg=msg), code=303)

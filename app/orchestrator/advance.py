@@ -1,0 +1,201 @@
+"""Advancing jobs (SPEC §4.3) and creating or reusing them (SPEC §4.2).
+
+Both run inside the caller's transaction, with the image row locked before the job row (the
+lock order every writer follows, so writers never deadlock on each other).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Iterable
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.db.enums import (
+    ACTIVE_JOB_STATUSES, NEEDS_HUMAN_JOB_STATUSES, STAGE_LANE, STAGE_ORDER, ContextStatus, JobMode, JobStatus,
+    Stage, StageStatus,
+)
+from app.orchestrator import fingerprints as fp
+from app.orchestrator.errors import GenerationPolicyConflict
+from app.orchestrator.hints import Hint
+from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
+from app.orchestrator.store import artifacts, images, jobs, tasks
+from app.orchestrator.types import StageConfigs
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
+
+DONE_STAGE = (StageStatus.SUCCEEDED, StageStatus.REUSED)
+
+
+def image_facts_txn(conn: Connection, image: RowMapping, configs: StageConfigs) -> ImageFacts:
+    scope, iid, sha = image["scope_id"], image["id"], image["sha256"]
+    return ImageFacts(
+        sha256=sha,
+        context_status=image["context_status"],
+        provenance=image["context_provenance"],
+        metadata_hash=image["metadata_hash"],
+        visual_exists=artifacts.visual_exists_txn(conn, scope, iid, sha, configs.visual),
+        text_exists=artifacts.text_exists_txn(conn, scope, iid, sha, image["metadata_hash"], configs.text),
+    )
+
+
+def plan_for_txn(
+    conn: Connection, image: RowMapping, configs: StageConfigs, policy: str, force: Iterable[str] = (),
+    succeeded: Iterable[str] = (),
+) -> Plan:
+    facts = image_facts_txn(conn, image, configs)
+    return plan(facts, JobFacts(image["sha256"], configs, policy, frozenset(force), frozenset(succeeded)))
+
+
+def _end_job_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
+    now = orch.now()
+    jobs.update_job_txn(
+        conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=status,
+        error={"code": code, "message": msg}, completed_at=now,
+    )
+    jobs.cancel_open_stages_txn(conn, job["id"], StageStatus.CANCELLED, now)
+    for task_id in tasks.cancel_job_tasks_txn(conn, job["id"], now, status):
+        orch.on_task_cancelled_txn(conn, task_id)
+    log.info("job ended", extra={"job_id": job["id"], "scope_id": job["scope_id"], "code": code})
+
+
+def advance_job_txn(orch: "Orchestrator", conn: Connection, job_id: uuid.UUID) -> list[Hint]:
+    """Re-plan an active job against the current facts; create the next leaf task or finish it."""
+    job = jobs.lock_job_txn(conn, job_id)
+    if job is None or job["status"] not in ACTIVE_JOB_STATUSES:
+        return []
+    image = images.lock_image_txn(conn, job["scope_id"], job["image_id"], share=True)
+    if image is None or image["sha256"] != job["image_sha256"]:
+        _end_job_txn(orch, conn, job, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
+        return []
+    if job["metadata_hash"] is not None and image["metadata_hash"] != job["metadata_hash"]:
+        _end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
+        return []
+    stages = jobs.stages_txn(conn, job["id"])
+    configs = StageConfigs.from_job_config(job["config"])
+    succeeded = [s for s, row in stages.items() if row["status"] == StageStatus.SUCCEEDED]
+    p = plan_for_txn(conn, image, configs, job["reverse_image_policy"], job["force_stages"], succeeded)
+    now = orch.now()
+    hints: list[Hint] = []
+    for stage in STAGE_ORDER:
+        action, row = p.actions[stage], stages[stage]
+        if action is Action.REUSE:
+            if row["status"] not in DONE_STAGE:
+                jobs.update_stage_txn(
+                    conn, job["id"], stage, now, status=StageStatus.REUSED,
+                    input_fingerprint=p.fingerprints[stage], completed_at=now, error=None,
+                )
+        elif action is Action.RUN:
+            hints += _run_stage_txn(orch, conn, job, image, configs, stage, row, p.fingerprints[stage])
+            break
+    fields: dict = {}
+    if p.complete:
+        fields = {"status": JobStatus.SUCCEEDED, "current_stage": None, "completed_at": now, "error": None}
+    else:
+        fields = {"current_stage": p.run_stage}
+    if job["metadata_hash"] is None and p.actions[Stage.AGENT] is Action.REUSE:
+        fields["metadata_hash"] = image["metadata_hash"]
+    if "status" in fields or fields.get("current_stage") != job["current_stage"] or "metadata_hash" in fields:
+        jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, **fields)
+    return hints
+
+
+def _run_stage_txn(
+    orch: "Orchestrator", conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
+    stage: str, row: RowMapping, fingerprint: str | None,
+) -> list[Hint]:
+    """Make sure the first invalid stage has an active leaf task (create, or reuse by dedupe key)."""
+    if row["status"] in (StageStatus.QUEUED, StageStatus.RUNNING) and row["task_id"] is not None:
+        current = tasks.task_row_txn(conn, row["task_id"])
+        if current is not None and current["status"] in ("queued", "running"):
+            return []  # already waiting on a live task
+    assert fingerprint is not None
+    now = orch.now()
+    if stage == Stage.AGENT:
+        denial = orch.before_agent_task_txn(conn, job, fingerprint)
+        if denial is not None:
+            jobs.update_stage_txn(conn, job["id"], stage, now, status=StageStatus.BLOCKED, error=denial.error,
+                                  retry_at=denial.retry_at, input_fingerprint=fingerprint)
+            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=JobStatus.BLOCKED,
+                                error=denial.error, retry_at=denial.retry_at, current_stage=stage, completed_at=now)
+            return []
+    lane = STAGE_LANE[Stage(stage)]
+    stage_config = {"visual": configs.visual, "agent": configs.agent, "text_embedding": configs.text}[stage]
+    payload: dict = {
+        "image_id": str(image["id"]), "image_sha256": image["sha256"], "stage": stage,
+        "stage_config_hash": fp.config_hash(stage_config),
+    }
+    resource_key = ""
+    if stage == Stage.AGENT:
+        payload["reverse_image_policy"] = job["reverse_image_policy"]
+        payload["agent_config_hash"] = configs.agent_hash
+        resource_key = f"{configs.agent.get('provider', '')}:{configs.agent.get('model', '')}"
+    elif stage == Stage.TEXT_EMBEDDING:
+        payload["metadata_hash"] = image["metadata_hash"]
+    task_id, task_status, created = tasks.insert_task_txn(
+        conn,
+        {
+            "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane.value,
+            "resource_key": resource_key, "payload": payload, "input_fingerprint": fingerprint,
+            "dedupe_key": fp.dedupe_key(image["id"], stage, fingerprint), "image_id": image["id"],
+            "image_sha256": image["sha256"], "priority": orch.job_priority(job),
+            "max_attempts": orch.settings.max_attempts,
+        },
+        now,
+    )
+    if stage == Stage.AGENT and created:
+        orch.bind_grant_txn(conn, job, fingerprint, task_id)
+    jobs.update_stage_txn(
+        conn, job["id"], stage, now, status=task_status, task_id=task_id, input_fingerprint=fingerprint,
+        error=None, retry_at=None,
+    )
+    return [Hint(lane.value, task_id)] if created else []
+
+
+def target_matches(job: RowMapping, image: RowMapping, config_hash: str, policy: str) -> bool:
+    """Is ``job`` about exactly the image version, configuration and policy asked for now?"""
+    if (job["image_sha256"], job["config_hash"], job["reverse_image_policy"]) != (image["sha256"], config_hash, policy):
+        return False
+    if job["metadata_hash"] is None:
+        return image["context_status"] != ContextStatus.EDITED
+    return job["metadata_hash"] == image["metadata_hash"]
+
+
+def create_or_reuse_job_txn(
+    orch: "Orchestrator", conn: Connection, image: RowMapping, *, mode: str, policy: str,
+    force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None,
+) -> tuple[RowMapping | None, bool, list[Hint]]:
+    """SPEC §4.2. The caller holds the image row lock; the active-job index is the referee."""
+    configs = orch.stage_configs
+    chash = configs.hash
+    force = sorted(set(force_stages))
+    active = jobs.active_job_txn(conn, image["id"])
+    if active is not None:
+        if active["reverse_image_policy"] == policy and active["config_hash"] == chash:
+            return active, False, []
+        raise GenerationPolicyConflict(
+            "an active job for this image uses a different reverse_image_policy or configuration",
+            job_id=str(active["id"]),
+        )
+    latest = jobs.latest_job_txn(conn, image["id"])
+    p = plan_for_txn(conn, image, configs, policy, force)
+    if mode == JobMode.AUTO and latest is not None and target_matches(latest, image, chash, policy):
+        if latest["status"] in NEEDS_HUMAN_JOB_STATUSES:
+            return latest, False, []  # never retried automatically
+        if latest["status"] == JobStatus.SUCCEEDED and p.complete:
+            return latest, False, []
+    if mode != JobMode.AUTO and p.complete and not force and latest is not None:
+        return latest, False, []
+    if mode == JobMode.AUTO and p.complete and latest is not None and latest["status"] == JobStatus.SUCCEEDED:
+        return latest, False, []
+    job = jobs.insert_job_txn(
+        conn, scope_id=image["scope_id"], image_id=image["id"], revision=(latest["revision"] + 1) if latest else 1,
+        image_sha256=image["sha256"], config=configs.as_dict(), config_hash=chash, reverse_image_policy=policy,
+        mode=mode, force_stages=force, batch_id=batch_id, now=orch.now(),
+    )
+    hints = advance_job_txn(orch, conn, job["id"])
+    return jobs.lock_job_txn(conn, job["id"]), True, hints

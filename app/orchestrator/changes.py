@@ -1,0 +1,196 @@
+"""Requests that change an image or its jobs (SPEC §4.1, §4.2, §4.7): one transaction each."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any, Iterable
+
+from app.db.enums import ACTIVE_JOB_STATUSES, STAGE_ORDER, ContextStatus, JobMode, JobStatus
+from app.orchestrator import fingerprints as fp
+from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
+from app.orchestrator.errors import (
+    ContextGenerationInProgress, InvalidRequest, JobNotActive, JobNotRetryable, NotFound,
+)
+from app.orchestrator.store import images, jobs, tasks
+from app.orchestrator.types import IngestResult, ImageJobResult, JobResult
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+UNSET: Any = object()
+RETRYABLE_JOB_STATUSES = (
+    JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION, JobStatus.CANCELLED, JobStatus.TARGET_CHANGED,
+    JobStatus.SUPERSEDED,
+)
+POLICIES = ("forbid", "auto")
+
+
+def _check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
+
+
+def _check_stages(force_stages: Iterable[str]) -> list[str]:
+    stages = list(force_stages)
+    unknown = [s for s in stages if s not in {st.value for st in STAGE_ORDER}]
+    if unknown:
+        raise InvalidRequest(f"unknown stage(s): {', '.join(map(str, unknown))}", code="invalid_stage")
+    return stages
+
+
+def ingest_image(
+    orch: "Orchestrator", scope_id: str, *, sha256: str, media_type: str, extension: str, size_bytes: int,
+    width: int, height: int, storage_key: str, display_name: str | None = None,
+    reverse_image_policy: str = "forbid", process: bool = True,
+) -> IngestResult:
+    """Insert the image (or find identical bytes) and create/reuse its auto job — one transaction."""
+    _check_policy(reverse_image_policy)
+    values = {"sha256": sha256, "extension": extension, "media_type": media_type, "size_bytes": size_bytes,
+              "width": width, "height": height, "storage_key": storage_key, "display_name": display_name,
+              "metadata_hash": None}
+    with orch.engine.begin() as conn:
+        images.ensure_scope_txn(conn, scope_id)
+        row = images.insert_image_txn(conn, scope_id, values, orch.now())
+        created = row is not None
+        image = row if created else images.image_by_sha_txn(conn, scope_id, sha256)
+        assert image is not None
+        job, hints = None, []
+        if process:
+            job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=reverse_image_policy)
+        elif not created:
+            job = jobs.latest_job_txn(conn, image["id"])
+        image_id, job_id = image["id"], job["id"] if job else None
+    return IngestResult(
+        image=orch.get_image(scope_id, image_id), job=orch.get_job(scope_id, job_id) if job_id else None,
+        created=created, hints=hints,
+    )
+
+
+def request_processing(
+    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, mode: str = JobMode.EXPLICIT,
+    reverse_image_policy: str = "forbid", force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None,
+) -> JobResult:
+    _check_policy(reverse_image_policy)
+    force = _check_stages(force_stages)
+    if force and mode == JobMode.EXPLICIT:
+        mode = JobMode.FULL_RETRY
+    with orch.engine.begin() as conn:
+        image = images.lock_image_txn(conn, scope_id, image_id)
+        if image is None:
+            raise NotFound("image not found")
+        job, created, hints = create_or_reuse_job_txn(
+            orch, conn, image, mode=mode, policy=reverse_image_policy, force_stages=force, batch_id=batch_id
+        )
+        job_id = job["id"]
+    return JobResult(job=orch.get_job(scope_id, job_id), created=created, hints=hints)
+
+
+def retry_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> JobResult:
+    """A new revision in explicit mode, resuming at the first failed/blocked/unknown/stale stage."""
+    with orch.engine.begin() as conn:
+        job = jobs.lock_job_txn(conn, job_id, scope_id)
+        if job is None:
+            raise NotFound("job not found")
+        if job["status"] not in RETRYABLE_JOB_STATUSES:
+            raise JobNotRetryable(f"job is {job['status']}")
+        policy, force = job["reverse_image_policy"], job["force_stages"]
+    result = request_processing(orch, scope_id, job["image_id"], mode=JobMode.EXPLICIT, reverse_image_policy=policy,
+                                force_stages=[s for s in force])
+    if not result.created and result.job["id"] == str(job_id):
+        raise JobNotRetryable("nothing to retry: every stage is already valid")
+    return result
+
+
+def cancel_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> dict:
+    with orch.engine.begin() as conn:
+        job = jobs.lock_job_txn(conn, job_id, scope_id)
+        if job is None:
+            raise NotFound("job not found")
+        if job["status"] not in ACTIVE_JOB_STATUSES:
+            raise JobNotActive(f"job is {job['status']}")
+        _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "cancelled by request")
+    return orch.get_job(scope_id, job_id)
+
+
+def edit_context(
+    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, display_name: Any = UNSET, context: Any = UNSET,
+) -> ImageJobResult:
+    """A human edit: new metadata_hash → an auto revision that reuses visual and agent."""
+    with orch.engine.begin() as conn:
+        image = images.lock_image_txn(conn, scope_id, image_id)
+        if image is None:
+            raise NotFound("image not found")
+        if jobs.agent_stage_in_progress_txn(conn, image_id):
+            raise ContextGenerationInProgress()
+        name = image["display_name"] if display_name is UNSET else display_name
+        if context is UNSET:
+            ctx, status, prov = image["context"], image["context_status"], image["context_provenance"]
+        else:
+            ctx = {**fp.whitelisted_context(image["context"] or {}), **(image["context"] or {}), **context}
+            status = ContextStatus.EDITED
+            prov = {"edited": True, "image_sha256": image["sha256"],
+                    "previous": (image["context_provenance"] or {}).get("attempt_id")}
+        mhash = fp.metadata_hash(name, ctx) if ctx is not None else None
+        if name == image["display_name"] and ctx == image["context"]:
+            job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
+            return ImageJobResult(image=orch.get_image(scope_id, image_id),
+                                  job=orch.get_job(scope_id, job["id"]) if job else None)
+        image = images.edit_context_txn(conn, image_id, display_name=name, context=ctx, context_status=status,
+                                        provenance=prov, metadata_hash=mhash, now=orch.now())
+        hints: list = []
+        active = jobs.active_job_txn(conn, image_id)
+        policy = active["reverse_image_policy"] if active else "forbid"
+        if active is not None:
+            _end_job_txn(orch, conn, active, JobStatus.SUPERSEDED, "superseded", "the image context was edited")
+        job = None
+        if ctx is not None or active is not None:
+            job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
+        job_id = job["id"] if job else None
+    return ImageJobResult(image=orch.get_image(scope_id, image_id),
+                          job=orch.get_job(scope_id, job_id) if job_id else None, hints=hints)
+
+
+def replace_content(
+    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, sha256: str, media_type: str, extension: str,
+    size_bytes: int, width: int, height: int, storage_key: str,
+) -> ImageJobResult:
+    """New bytes: the active job ends target_changed and a new auto job starts for the new sha."""
+    with orch.engine.begin() as conn:
+        image = images.lock_image_txn(conn, scope_id, image_id)
+        if image is None:
+            raise NotFound("image not found")
+        old_key = image["storage_key"]
+        if image["sha256"] == sha256:
+            job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
+            return ImageJobResult(image=orch.get_image(scope_id, image_id),
+                                  job=orch.get_job(scope_id, job["id"]) if job else None)
+        active = jobs.active_job_txn(conn, image_id)
+        policy = active["reverse_image_policy"] if active else "forbid"
+        if active is not None:
+            _end_job_txn(orch, conn, active, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
+        image = images.replace_content_txn(
+            conn, image_id, {"sha256": sha256, "media_type": media_type, "extension": extension,
+                             "size_bytes": size_bytes, "width": width, "height": height, "storage_key": storage_key},
+            orch.now(),
+        )
+        job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
+        job_id = job["id"]
+        key_free = not images.storage_key_in_use_txn(conn, old_key)
+    return ImageJobResult(image=orch.get_image(scope_id, image_id), job=orch.get_job(scope_id, job_id), hints=hints,
+                          old_storage_key=old_key if key_free else None)
+
+
+def delete_image(orch: "Orchestrator", scope_id: str, image_id: uuid.UUID) -> str | None:
+    """Delete the image (cascade). Returns the storage key to remove after commit, if now unused."""
+    with orch.engine.begin() as conn:
+        image = images.lock_image_txn(conn, scope_id, image_id)
+        if image is None:
+            raise NotFound("image not found")
+        active = jobs.active_job_txn(conn, image_id)
+        if active is not None:  # release what its cancelled tasks held before the rows cascade away
+            for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted"):
+                orch.on_task_cancelled_txn(conn, task_id)
+        key = images.delete_image_txn(conn, scope_id, image_id)
+        in_use = images.storage_key_in_use_txn(conn, key) if key else True
+    return None if in_use else key
+

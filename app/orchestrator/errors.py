@@ -1,0 +1,59 @@
+"""Typed orchestrator errors with stable codes; the API maps them to {"error": code, …}."""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Base of all domain errors."""
+
+    code = "orchestrator_error"
+    status = 400
+
+    def __init__(self, message: str | None = None, *, code: str | None = None, **details: object):
+        self.message = message or (self.__doc__ or self.code).strip()
+        if code:
+            self.code = code
+        self.details = details
+        super().__init__(self.message)
+
+
+class NotFound(OrchestratorError):
+    """Not found."""
+
+    code = "not_found"
+    status = 404
+
+
+class GenerationPolicyConflict(OrchestratorError):
+    """An active job for this image uses a different reverse_image_policy or configuration."""
+
+    code = "generation_policy_conflict"
+    status = 409
+
+
+class ContextGenerationInProgress(OrchestratorError):
+    """The agent stage is queued or running for this image; edit the context when it is done."""
+
+    code = "context_generation_in_progress"
+    status = 409
+
+
+class JobNotRetryable(OrchestratorError):
+    """Only failed, blocked, unknown_execution, cancelled or target_changed jobs can be retried."""
+
+    code = "job_not_retryable"
+    status = 409
+
+
+class JobNotActive(OrchestratorError):
+    """Only queued or running jobs can be cancelled."""
+
+    code = "job_not_active"
+    status = 409
+
+
+class InvalidRequest(OrchestratorError):
+    """The request is not valid."""
+
+    code = "invalid_request"
+    status = 422

@@ -1,0 +1,266 @@
+"""Leaf task execution (SPEC §4.4, §4.5): claim, heartbeat, complete, fail — all fenced."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app import metrics
+from app.db.enums import AttemptState, JobStatus, Lane, Stage, StageStatus, TaskStatus
+from app.orchestrator import fingerprints as fp
+from app.orchestrator.advance import advance_job_txn
+from app.orchestrator.hints import Hint
+from app.orchestrator.retry import decide_retry
+from app.orchestrator.store import artifacts, attempts, counters, images, jobs, tasks
+from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
+from app.stages.errors import OutcomeUnknownError, StageError
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+class FencingRejected(Exception):
+    """A write of a stale execution matched zero rows (another claim owns the task now)."""
+
+
+def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, recovering: bool = False) -> Claim:
+    return Claim(
+        task_id=row["id"], scope_id=row["scope_id"], job_id=row["job_id"], image_id=row["image_id"],
+        image_sha256=row["image_sha256"], stage=row["stage"], lane=row["lane"], owner=owner,
+        generation=row["claim_generation"], attempt_count=row["attempt_count"], max_attempts=row["max_attempts"],
+        payload=row["payload"], storage_key=row["storage_key"], attempt_id=attempt_id, recovering=recovering,
+    )
+
+
+def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str) -> Claim | None:
+    """One conditional UPDATE; None means the hint was stale or a duplicate (ack and drop)."""
+    with orch.engine.begin() as conn:
+        row = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s)
+        if row is None:
+            metrics.EMPTY_CLAIMS.labels("unknown").inc()
+            return None
+        if not orch.acquire_slot_txn(conn, row):
+            conn.rollback()
+            metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
+            return None
+        claim = _agent_attempt_txn(orch, conn, row, owner) if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)
+    metrics.CLAIMS.labels(claim.lane).inc()
+    return claim
+
+
+def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Claim]:
+    """Claim up to ``n`` due tasks of a batched lane; each keeps its own fencing token."""
+    if lane == Lane.AGENT:
+        raise ValueError("the agent lane is claimed one task at a time (attempt protocol, lane slots)")
+    with orch.engine.begin() as conn:
+        rows = tasks.claim_batch_txn(conn, lane, n, owner, orch.now(), orch.settings.lease_s)
+    if rows:
+        metrics.CLAIMS.labels(lane).inc(len(rows))
+    return [_claim_from_row(r, owner) for r in rows]
+
+
+def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
+    """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction."""
+    if lane == Lane.AGENT:
+        raise ValueError("the agent lane is claimed one task at a time")
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s)
+        rows = [first] if first is not None else []
+        if n - len(rows) > 0:
+            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
+    if rows:
+        metrics.CLAIMS.labels(lane).inc(len(rows))
+    else:
+        metrics.EMPTY_CLAIMS.labels(lane).inc()
+    return [_claim_from_row(r, owner) for r in rows]
+
+
+def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, owner: str) -> Claim:
+    """Commit an external_started attempt with the claim — or surface an interrupted one to recover."""
+    open_attempt = attempts.open_attempt_txn(conn, row["id"])
+    if open_attempt is not None:
+        return _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True)
+    attempt_id = attempts.start_attempt_txn(
+        conn, scope_id=row["scope_id"], task_id=row["id"], generation=row["claim_generation"],
+        input_digest=row["input_fingerprint"], target_sha256=row["image_sha256"], now=orch.now(),
+    )
+    return _claim_from_row(row, owner, attempt_id)
+
+
+def heartbeat(orch: "Orchestrator", claim: Claim) -> bool:
+    """Extend the lease. False = stop: fenced out, or cancellation requested."""
+    with orch.engine.begin() as conn:
+        row = tasks.heartbeat_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(), orch.settings.lease_s)
+        if row is None:
+            _rejected_txn(orch, conn, claim, "heartbeat")
+            return False
+        orch.extend_slot_txn(conn, claim)
+    return not row["cancel_requested"]
+
+
+def _rejected_txn(orch: "Orchestrator", conn: Connection, claim: Claim, operation: str) -> None:
+    metrics.FENCING_REJECTIONS.labels(operation).inc()
+    counters.bump_txn(conn, "fencing_rejection", orch.now())
+    log.warning(
+        "fencing rejection",
+        extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id, "stage": claim.stage,
+               "generation": claim.generation, "owner": claim.owner, "code": operation},
+    )
+
+
+def complete_task(orch: "Orchestrator", claim: Claim, artifact: Any) -> list[Hint]:
+    """Fenced completion: re-check the target, write the artifact, advance the job(s) — one transaction."""
+    with orch.engine.begin() as conn:
+        image = images.lock_image_txn(conn, claim.scope_id, claim.image_id, share=claim.stage != Stage.AGENT)
+        stale = _stale_reason(claim, image, artifact)
+        status = TaskStatus.CANCELLED if stale else TaskStatus.SUCCEEDED
+        error = {"code": stale, "message": "the target changed while the task ran"} if stale else None
+        done = tasks.finish_fenced_txn(
+            conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status, error=error,
+            result=None if stale else _result_summary(artifact),
+        )
+        if done is None:
+            conn.rollback()
+            with orch.engine.begin() as c2:
+                _rejected_txn(orch, c2, claim, "complete")
+            return []
+        if not stale:
+            _write_artifact_txn(orch, conn, claim, image, artifact)
+        orch.release_slot_txn(conn, claim)
+        now = orch.now()
+        job_ids = jobs.set_stages_where_task_txn(
+            conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now,
+            **({"status": StageStatus.SUCCEEDED, "completed_at": now, "error": None} if not stale
+               else {"status": StageStatus.QUEUED, "error": error}),
+        )
+        hints: list[Hint] = []
+        for job_id in job_ids:
+            hints += advance_job_txn(orch, conn, job_id)
+        hints += orch.next_fair_hints_txn(conn, claim)
+    metrics.COMPLETIONS.labels(claim.lane, "stale" if stale else "succeeded").inc()
+    return hints
+
+
+def _stale_reason(claim: Claim, image: RowMapping | None, artifact: Any) -> str | None:
+    if image is None or image["sha256"] != claim.image_sha256:
+        return "target_changed"
+    if isinstance(artifact, TextArtifact) and image["metadata_hash"] != artifact.metadata_hash:
+        return "context_changed"
+    return None
+
+
+def _result_summary(artifact: Any) -> dict:
+    if isinstance(artifact, (VisualArtifact, TextArtifact)):
+        return {"model": artifact.model, "dims": artifact.dims}
+    if isinstance(artifact, AgentArtifact):
+        return {"model": artifact.model, "attempt_id": artifact.attempt_id}
+    return {}
+
+
+def _write_artifact_txn(orch: "Orchestrator", conn: Connection, claim: Claim, image: RowMapping, artifact: Any) -> None:
+    now = orch.now()
+    if isinstance(artifact, VisualArtifact):
+        artifacts.insert_visual_txn(
+            conn, claim.scope_id, claim.image_id, claim.image_sha256, artifact.model, artifact.preprocess_version,
+            artifact.dims, artifact.vector, claim.task_id,
+        )
+    elif isinstance(artifact, TextArtifact):
+        artifacts.insert_text_txn(
+            conn, claim.scope_id, claim.image_id, claim.image_sha256, artifact.metadata_hash, artifact.model,
+            artifact.dims, artifact.document_version, artifact.document, artifact.vector, claim.task_id,
+        )
+    elif isinstance(artifact, AgentArtifact):
+        provenance = {
+            "task_id": str(claim.task_id), "attempt_id": artifact.attempt_id, "model": artifact.model,
+            "agent_config_hash": claim.payload["agent_config_hash"],
+            "reverse_image_policy": claim.payload["reverse_image_policy"], "image_sha256": claim.image_sha256,
+            "request_id": artifact.request_id,
+        }
+        mhash = fp.metadata_hash(image["display_name"], artifact.context)
+        images.write_agent_context_txn(conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now)
+        attempts.finish_attempt_txn(
+            conn, artifact.attempt_id, claim.task_id, AttemptState.COMPLETED, now,
+            result={"context": artifact.context, "model": artifact.model}, request_id=artifact.request_id,
+        )
+        orch.commit_grant_txn(conn, claim)
+    else:
+        raise TypeError(f"unknown artifact {type(artifact).__name__}")
+
+
+def fail_task(orch: "Orchestrator", claim: Claim, error: StageError) -> list[Hint]:
+    """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code."""
+    now = orch.now()
+    decision = decide_retry(
+        error, attempt=claim.attempt_count, max_attempts=claim.max_attempts, now=now,
+        base_s=orch.settings.backoff_base_s, max_s=orch.settings.backoff_max_s, rand=orch.rand,
+        paid_call=claim.attempt_id is not None,
+    )
+    err = {"code": decision.code or error.code, "message": error.message}
+    with orch.engine.begin() as conn:
+        if decision.retry:
+            done = tasks.requeue_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
+                                            decision.available_at, err)
+        else:
+            done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
+                                           status=TaskStatus.FAILED, error=err)
+        if done is None:
+            conn.rollback()
+            with orch.engine.begin() as c2:
+                _rejected_txn(orch, c2, claim, "fail")
+            return []
+        if claim.attempt_id:
+            state = AttemptState.UNKNOWN_EXECUTION if decision.unknown else AttemptState.FAILED
+            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err)
+        orch.release_slot_txn(conn, claim)
+        if decision.retry:
+            jobs.set_stages_where_task_txn(
+                conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now, status=StageStatus.QUEUED,
+                error=err, retry_at=decision.available_at, attempt_count=claim.attempt_count,
+            )
+            hints: list[Hint] = []
+        else:
+            stage_status = StageStatus.UNKNOWN_EXECUTION if decision.unknown else StageStatus.FAILED
+            job_status = JobStatus.UNKNOWN_EXECUTION if decision.unknown else JobStatus.FAILED
+            if decision.unknown:
+                orch.mark_grant_unknown_txn(conn, claim)
+            job_ids = jobs.set_stages_where_task_txn(
+                conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now, status=stage_status,
+                error=err, completed_at=now, attempt_count=claim.attempt_count,
+            )
+            for job_id in job_ids:
+                jobs.update_job_txn(conn, job_id, now, from_statuses=("queued", "running"), status=job_status,
+                                    error=err, completed_at=now)
+            hints = orch.next_fair_hints_txn(conn, claim)
+    metrics.COMPLETIONS.labels(claim.lane, "retry" if decision.retry else decision.code or "failed").inc()
+    log.info("task failed", extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
+                                   "stage": claim.stage, "generation": claim.generation, "code": err["code"]})
+    return hints
+
+
+def mark_unknown_execution(orch: "Orchestrator", claim: Claim) -> list[Hint]:
+    """Recovery could not prove what an interrupted paid call did: end honestly, never re-call."""
+    return fail_task(
+        orch, claim,
+        OutcomeUnknownError(f"attempt {claim.attempt_id} was interrupted and its outcome cannot be proven",
+                            code="unknown_execution"),
+    )
+
+
+def abandon_task(orch: "Orchestrator", claim: Claim, reason: str = "cancelled") -> None:
+    """The worker stopped on a cancel request: record it (fenced) and free the slot."""
+    with orch.engine.begin() as conn:
+        done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
+                                       status=TaskStatus.CANCELLED, error={"code": reason, "message": reason})
+        if done is None:
+            return
+        if claim.attempt_id:
+            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, orch.now(),
+                                        error={"code": reason, "message": reason})
+        orch.release_slot_txn(conn, claim)
+        orch.on_task_cancelled_txn(conn, claim.task_id)

@@ -1,0 +1,114 @@
+"""Canonical hashing: metadata hash, semantic document and stage input fingerprints (SPEC §3.2–3.3).
+
+Equal inputs always give equal fingerprints: everything goes through one canonical JSON encoding
+(sorted keys, UTF-8, no whitespace) before sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+METADATA_SCHEMA_VERSION = 1
+# The context keys that make up the metadata hash and the semantic document; provenance and the
+# provider's visual facts are excluded (they do not change what the text says).
+CONTEXT_TEXT_FIELDS = ("title", "description", "ocr_text", "tags")
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def sha256_hex(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def whitelisted_context(context: Mapping[str, Any] | None) -> dict[str, Any]:
+    context = context or {}
+    out: dict[str, Any] = {}
+    for key in CONTEXT_TEXT_FIELDS:
+        value = context.get(key)
+        if key == "tags":
+            out[key] = [str(t) for t in (value or [])]
+        else:
+            out[key] = "" if value is None else str(value)
+    return out
+
+
+def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -> str:
+    """sha256 of {schema_version, display_name, context: whitelisted fields} (provenance excluded)."""
+    return sha256_hex(
+        {
+            "schema_version": METADATA_SCHEMA_VERSION,
+            "display_name": display_name or "",
+            "context": whitelisted_context(context),
+        }
+    )
+
+
+DOCUMENT_VERSIONS = ("1",)
+
+
+def semantic_document(display_name: str | None, context: Mapping[str, Any] | None, version: str = "1") -> str:
+    """Deterministic text rendering of the same fields the metadata hash covers (version "1")."""
+    if version not in DOCUMENT_VERSIONS:
+        raise ValueError(f"unknown document_version {version!r}")
+    ctx = whitelisted_context(context)
+    lines = []
+    if display_name:
+        lines.append(f"name: {display_name}")
+    if ctx["title"]:
+        lines.append(f"title: {ctx['title']}")
+    if ctx["description"]:
+        lines.append(f"description: {ctx['description']}")
+    if ctx["ocr_text"]:
+        lines.append(f"text: {ctx['ocr_text']}")
+    if ctx["tags"]:
+        lines.append("tags: " + ", ".join(ctx["tags"]))
+    return "\n".join(lines)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    return sha256_hex(dict(config))
+
+
+def visual_fingerprint(image_sha256: str, visual_config: Mapping[str, Any]) -> str:
+    return sha256_hex(
+        {
+            "stage": "visual",
+            "image_sha256": image_sha256,
+            "model": visual_config["model"],
+            "preprocess_version": visual_config["preprocess_version"],
+            "dims": int(visual_config["dims"]),
+        }
+    )
+
+
+def agent_fingerprint(image_sha256: str, agent_config_hash: str, reverse_image_policy: str) -> str:
+    return sha256_hex(
+        {
+            "stage": "agent",
+            "image_sha256": image_sha256,
+            "agent_config_hash": agent_config_hash,
+            "reverse_image_policy": reverse_image_policy,
+        }
+    )
+
+
+def text_fingerprint(image_sha256: str, metadata_hash_: str, text_config: Mapping[str, Any]) -> str:
+    return sha256_hex(
+        {
+            "stage": "text_embedding",
+            "image_sha256": image_sha256,
+            "metadata_hash": metadata_hash_,
+            "model": text_config["model"],
+            "dims": int(text_config["dims"]),
+            "document_version": text_config.get("document_version", "1"),
+        }
+    )
+
+
+def dedupe_key(image_id: Any, stage: str, input_fingerprint: str) -> str:
+    """Identical work on one image has one key; unique among active tasks of a scope."""
+    return sha256_hex({"image_id": str(image_id), "stage": stage, "fingerprint": input_fingerprint})

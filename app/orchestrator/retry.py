@@ -1,0 +1,46 @@
+"""Pure retry decision: given an error and the attempt number, what happens next."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from app.stages.errors import OutcomeUnknownError, RetryableError, StageError
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    available_at: datetime | None = None
+    code: str = ""
+    unknown: bool = False  # the external call may have happened: never retry automatically
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float, rand: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter in [delay/2, delay]: attempt 1 → ~base, 2 → ~2·base …"""
+    delay = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    r = (rand or random).random()
+    return delay / 2 + r * delay / 2
+
+
+def decide_retry(
+    error: StageError, *, attempt: int, max_attempts: int, now: datetime, base_s: float, max_s: float,
+    rand: random.Random | None = None, paid_call: bool = False,
+) -> RetryDecision:
+    """Retryable errors back off until ``max_attempts``; permanent and unknown outcomes stop.
+
+    For a paid external call (``paid_call``) only an error that proves the call did not happen
+    (``RetryableError.not_executed``) is retried; any other transient error leaves the outcome
+    unprovable, so it ends as unknown (SPEC §4.5: never silently repeat a paid call).
+    """
+    if isinstance(error, OutcomeUnknownError):
+        return RetryDecision(retry=False, code=error.code, unknown=True)
+    if not isinstance(error, RetryableError):
+        return RetryDecision(retry=False, code=error.code)
+    if paid_call and not error.not_executed:
+        return RetryDecision(retry=False, code=error.code, unknown=True)
+    if attempt >= max_attempts:
+        return RetryDecision(retry=False, code="max_attempts_exceeded")
+    delay = backoff_delay(attempt, base_s, max_s, rand)
+    return RetryDecision(retry=True, available_at=now + timedelta(seconds=delay), code=error.code)

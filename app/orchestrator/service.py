@@ -1,0 +1,191 @@
+"""The Orchestrator: the one object the API, workers and CLI call to read or change state.
+
+It holds the engine, settings, clock and policy, and delegates each operation to the module that
+owns it (changes, execution, advance, sweep). Hooks for the operation policy, lane slots and
+batches (SPEC §4.6, §4.8, §4.10) are methods here so those modules plug in without touching
+the core transitions.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from sqlalchemy import Engine
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.config import Settings
+from app.orchestrator import changes, execution, sweep as sweep_mod
+from app.orchestrator.errors import NotFound
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import reads
+from app.orchestrator.types import Claim, StageConfigs, SweepReport
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Denial:
+    """An operation policy said no: the stage and job become blocked with this error."""
+
+    def __init__(self, code: str, message: str, retry_at: datetime | None = None):
+        self.error = {"code": code, "message": message}
+        self.retry_at = retry_at
+
+
+class Orchestrator:
+    def __init__(
+        self, engine: Engine, settings: Settings, *, clock: Callable[[], datetime] | None = None,
+        policy: Any = None, stage_configs: StageConfigs | None = None, rand: random.Random | None = None,
+    ):
+        self.engine = engine
+        self.settings = settings
+        self.now = clock or utcnow
+        self.policy = policy
+        self.rand = rand or random.Random()
+        self._stage_configs = stage_configs
+
+    @property
+    def stage_configs(self) -> StageConfigs:
+        if self._stage_configs is None:
+            self._stage_configs = StageConfigs.from_settings(self.settings)
+        return self._stage_configs
+
+    # ------------------------------------------------------------------ requests (API, CLI)
+    def ensure_scope(self, scope_id: str) -> uuid.UUID:
+        from app.orchestrator.store.images import ensure_scope_txn
+
+        with self.engine.begin() as conn:
+            return ensure_scope_txn(conn, scope_id)
+
+    ingest_image = changes.ingest_image
+    request_processing = changes.request_processing
+    retry_job = changes.retry_job
+    cancel_job = changes.cancel_job
+    edit_context = changes.edit_context
+    replace_content = changes.replace_content
+    delete_image = changes.delete_image
+
+    # ------------------------------------------------------------------ reads
+    def get_image(self, scope_id: str, image_id: uuid.UUID | str) -> dict:
+        with self.engine.connect() as conn:
+            doc = reads.get_image_txn(conn, scope_id, _uuid(image_id))
+        if doc is None:
+            raise NotFound("image not found")
+        return doc
+
+    def list_images(self, scope_id: str, *, after=None, limit: int = 20) -> tuple[list[dict], Any]:
+        with self.engine.connect() as conn:
+            items = reads.list_images_txn(conn, scope_id, after, limit + 1)
+        return _page(items, limit)
+
+    def get_job(self, scope_id: str, job_id: uuid.UUID | str) -> dict:
+        with self.engine.connect() as conn:
+            doc = reads.get_job_txn(conn, scope_id, _uuid(job_id))
+        if doc is None:
+            raise NotFound("job not found")
+        return doc
+
+    def list_jobs(self, scope_id: str, *, status=None, image_id=None, after=None, limit: int = 20):
+        with self.engine.connect() as conn:
+            items = reads.list_jobs_txn(conn, scope_id, status=status, image_id=image_id, after=after,
+                                        limit=limit + 1)
+        return _page(items, limit)
+
+    def get_task(self, scope_id: str, task_id: uuid.UUID | str) -> dict:
+        with self.engine.connect() as conn:
+            doc = reads.get_task_txn(conn, scope_id, _uuid(task_id))
+        if doc is None:
+            raise NotFound("task not found")
+        return doc
+
+    def text_inputs(self, claim: Claim) -> dict | None:
+        with self.engine.connect() as conn:
+            row = reads.text_inputs_txn(conn, claim.scope_id, claim.image_id)
+        return dict(row) if row else None
+
+    # ------------------------------------------------------------------ workers
+    def claim_task(self, task_id: uuid.UUID | str, owner: str) -> Claim | None:
+        return execution.claim_task(self, _uuid(task_id), owner)
+
+    def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
+        return execution.claim_batch(self, lane, n, owner)
+
+    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> list[Claim]:
+        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
+
+    def heartbeat(self, claim: Claim) -> bool:
+        return execution.heartbeat(self, claim)
+
+    def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
+        return execution.complete_task(self, claim, artifact)
+
+    def fail_task(self, claim: Claim, error) -> list[Hint]:
+        return execution.fail_task(self, claim, error)
+
+    def mark_unknown_execution(self, claim: Claim) -> list[Hint]:
+        return execution.mark_unknown_execution(self, claim)
+
+    def abandon_task(self, claim: Claim, reason: str = "cancelled") -> None:
+        execution.abandon_task(self, claim, reason)
+
+    def sweep(self) -> SweepReport:
+        return sweep_mod.sweep(self)
+
+    # ------------------------------------------------------------------ hooks (policy, lanes, batches)
+    def job_priority(self, job: RowMapping) -> int:
+        """Interactive work (uploads, explicit requests) before library batches."""
+        return 0 if job["batch_id"] else 1
+
+    def before_agent_task_txn(self, conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
+        return None
+
+    def bind_grant_txn(self, conn: Connection, job: RowMapping, fingerprint: str, task_id: uuid.UUID) -> None:
+        return None
+
+    def commit_grant_txn(self, conn: Connection, claim: Claim) -> None:
+        return None
+
+    def mark_grant_unknown_txn(self, conn: Connection, claim: Claim) -> None:
+        return None
+
+    def on_task_cancelled_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
+        return None
+
+    def acquire_slot_txn(self, conn: Connection, row: RowMapping) -> bool:
+        return True
+
+    def extend_slot_txn(self, conn: Connection, claim: Claim) -> None:
+        return None
+
+    def release_slot_txn(self, conn: Connection, claim: Claim) -> None:
+        return None
+
+    def next_fair_hints_txn(self, conn: Connection, claim: Claim) -> list[Hint]:
+        return []
+
+    def release_orphan_slots_txn(self, conn: Connection) -> int:
+        return 0
+
+    def continue_batches(self) -> tuple[int, list[Hint]]:
+        return 0, []
+
+
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise NotFound("not found") from None
+
+
+def _page(items: list[dict], limit: int) -> tuple[list[dict], Any]:
+    if len(items) > limit:
+        items = items[:limit]
+        last = items[-1]
+        return items, (datetime.fromisoformat(last["created_at"]), uuid.UUID(last["id"]))
+    return items, None

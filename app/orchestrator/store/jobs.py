@@ -1,0 +1,139 @@
+"""Processing jobs and their stages: create, lock, conditional status transitions."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Iterable
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.db.enums import STAGE_ORDER
+from app.orchestrator.fingerprints import canonical_json
+
+ACTIVE = "('queued', 'running')"
+
+
+def active_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
+    return (
+        conn.execute(
+            text(f"SELECT * FROM processing_jobs WHERE image_id = :i AND status IN {ACTIVE} FOR UPDATE"),
+            {"i": image_id},
+        )
+        .mappings()
+        .first()
+    )
+
+
+def latest_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
+    return (
+        conn.execute(
+            text("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"), {"i": image_id}
+        )
+        .mappings()
+        .first()
+    )
+
+
+def insert_job_txn(
+    conn: Connection, *, scope_id: str, image_id: uuid.UUID, revision: int, image_sha256: str,
+    config: dict[str, Any], config_hash: str, reverse_image_policy: str, mode: str, force_stages: Iterable[str],
+    batch_id: uuid.UUID | None, now: datetime,
+) -> RowMapping:
+    """Insert a queued job and its three pending stages (the active-job index is the referee)."""
+    job = (
+        conn.execute(
+            text(
+                "INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,"
+                " reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)"
+                " VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b,"
+                " :now, :now) RETURNING *"
+            ),
+            {"id": uuid.uuid4(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
+             "cfg": canonical_json(config), "ch": config_hash, "rip": reverse_image_policy, "mode": mode,
+             "force": list(force_stages), "b": batch_id, "now": now},
+        )
+        .mappings()
+        .one()
+    )
+    conn.execute(
+        text(
+            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
+            " VALUES (:j, :stage, :s, :pos, 'pending', :now, :now)"
+        ),
+        [{"j": job["id"], "stage": st.value, "s": scope_id, "pos": n, "now": now} for n, st in enumerate(STAGE_ORDER)],
+    )
+    return job
+
+
+def lock_job_txn(conn: Connection, job_id: uuid.UUID, scope_id: str | None = None) -> RowMapping | None:
+    sql = "SELECT * FROM processing_jobs WHERE id = :id" + (" AND scope_id = :s" if scope_id else "") + " FOR UPDATE"
+    return conn.execute(text(sql), {"id": job_id, "s": scope_id}).mappings().first()
+
+
+def stages_txn(conn: Connection, job_id: uuid.UUID) -> dict[str, RowMapping]:
+    rows = conn.execute(text("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
+    return {r["stage"]: r for r in rows}
+
+
+def update_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, now: datetime, **fields: Any) -> None:
+    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
+    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
+    conn.execute(
+        text(f"UPDATE job_stages SET {sets}, updated_at = :now WHERE job_id = :j AND stage = :stage"),
+        {"j": job_id, "stage": stage, "now": now, **params},
+    )
+
+
+def set_stages_where_task_txn(
+    conn: Connection, task_id: uuid.UUID, from_statuses: tuple[str, ...], now: datetime, **fields: Any
+) -> list[uuid.UUID]:
+    """Transition every stage that waits on ``task_id``; returns their job ids."""
+    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
+    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
+    return list(
+        conn.execute(
+            text(
+                f"UPDATE job_stages SET {sets}, updated_at = :now WHERE task_id = :t AND status = ANY(:from_)"
+                " RETURNING job_id"
+            ),
+            {"t": task_id, "from_": list(from_statuses), "now": now, **params},
+        ).scalars()
+    )
+
+
+def update_job_txn(
+    conn: Connection, job_id: uuid.UUID, now: datetime, *, from_statuses: tuple[str, ...] | None = None,
+    **fields: Any,
+) -> bool:
+    """Conditional job update; False when the job is no longer in one of ``from_statuses``."""
+    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
+    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
+    cond = " AND status = ANY(:from_)" if from_statuses else ""
+    res = conn.execute(
+        text(f"UPDATE processing_jobs SET {sets}, updated_at = :now WHERE id = :id{cond}"),
+        {"id": job_id, "now": now, "from_": list(from_statuses or ()), **params},
+    )
+    return res.rowcount > 0
+
+
+def cancel_open_stages_txn(conn: Connection, job_id: uuid.UUID, status: str, now: datetime) -> None:
+    conn.execute(
+        text(
+            "UPDATE job_stages SET status = :st, updated_at = :now WHERE job_id = :j"
+            " AND status IN ('pending', 'queued', 'running')"
+        ),
+        {"j": job_id, "st": status, "now": now},
+    )
+
+
+def agent_stage_in_progress_txn(conn: Connection, image_id: uuid.UUID) -> bool:
+    return conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM processing_jobs j JOIN job_stages s ON s.job_id = j.id"
+            f" WHERE j.image_id = :i AND j.status IN {ACTIVE} AND s.stage = 'agent'"
+            " AND s.status IN ('queued', 'running'))"
+        ),
+        {"i": image_id},
+    ).scalar_one()

@@ -1,0 +1,162 @@
+"""Read-only queries shaped as the API's Image / Job / Task documents (SPEC §6)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.db.enums import STAGE_ORDER
+
+_STAGE_POS = {s.value: n for n, s in enumerate(STAGE_ORDER)}
+_DONE = ("succeeded", "reused")
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def image_doc(row: RowMapping, latest: RowMapping | None) -> dict[str, Any]:
+    return {
+        "id": str(row["id"]), "display_name": row["display_name"], "sha256": row["sha256"],
+        "media_type": row["media_type"], "size_bytes": row["size_bytes"], "width": row["width"],
+        "height": row["height"], "context": row["context"], "context_status": row["context_status"],
+        "metadata_hash": row["metadata_hash"], "revision": row["revision"],
+        "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
+        "latest_job": {"id": str(latest["id"]), "status": latest["status"]} if latest else None,
+    }
+
+
+def get_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> dict[str, Any] | None:
+    row = conn.execute(
+        text("SELECT * FROM images WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": image_id}
+    ).mappings().first()
+    if row is None:
+        return None
+    latest = conn.execute(
+        text("SELECT id, status FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"),
+        {"i": image_id},
+    ).mappings().first()
+    return image_doc(row, latest)
+
+
+def list_images_txn(
+    conn: Connection, scope_id: str, after: tuple[datetime, uuid.UUID] | None, limit: int
+) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        text(
+            "SELECT i.*, lj.id AS lj_id, lj.status AS lj_status FROM images i"
+            " LEFT JOIN LATERAL (SELECT id, status FROM processing_jobs WHERE image_id = i.id"
+            " ORDER BY revision DESC LIMIT 1) lj ON true"
+            " WHERE i.scope_id = :s AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))"
+            " ORDER BY i.created_at, i.id LIMIT :n"
+        ),
+        {"s": scope_id, "ac": after[0] if after else None, "aid": after[1] if after else None, "n": limit},
+    ).mappings().all()
+    return [image_doc(r, {"id": r["lj_id"], "status": r["lj_status"]} if r["lj_id"] else None) for r in rows]
+
+
+def job_doc(row: RowMapping, stages: list[RowMapping]) -> dict[str, Any]:
+    ordered = sorted(stages, key=lambda s: _STAGE_POS[s["stage"]])
+    done = sum(1 for s in ordered if s["status"] in _DONE)
+    progress = 1.0 if row["status"] == "succeeded" else round(done / len(STAGE_ORDER), 4)
+    return {
+        "id": str(row["id"]), "image_id": str(row["image_id"]), "revision": row["revision"], "status": row["status"],
+        "mode": row["mode"], "reverse_image_policy": row["reverse_image_policy"], "image_sha256": row["image_sha256"],
+        "current_stage": row["current_stage"], "progress": progress, "error": row["error"],
+        "retry_at": _iso(row["retry_at"]), "batch_id": str(row["batch_id"]) if row["batch_id"] else None,
+        "created_at": _iso(row["created_at"]), "updated_at": _iso(row["updated_at"]),
+        "completed_at": _iso(row["completed_at"]),
+        "stages": [
+            {
+                "stage": s["stage"], "status": s["status"], "task_id": str(s["task_id"]) if s["task_id"] else None,
+                "attempt_count": s["attempt_count"], "error": s["error"], "retry_at": _iso(s["retry_at"]),
+                "updated_at": _iso(s["updated_at"]),
+            }
+            for s in ordered
+        ],
+    }
+
+
+def get_job_txn(conn: Connection, scope_id: str, job_id: uuid.UUID) -> dict[str, Any] | None:
+    row = conn.execute(
+        text("SELECT * FROM processing_jobs WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": job_id}
+    ).mappings().first()
+    if row is None:
+        return None
+    stages = conn.execute(text("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
+    return job_doc(row, list(stages))
+
+
+def list_jobs_txn(
+    conn: Connection, scope_id: str, *, status: str | None, image_id: uuid.UUID | None,
+    after: tuple[datetime, uuid.UUID] | None, limit: int,
+) -> list[dict[str, Any]]:
+    rows = conn.execute(
+        text(
+            "SELECT * FROM processing_jobs WHERE scope_id = :s"
+            " AND (CAST(:st AS text) IS NULL OR status = :st) AND (CAST(:img AS uuid) IS NULL OR image_id = :img)"
+            " AND (CAST(:ac AS timestamptz) IS NULL OR (created_at, id) > (:ac, :aid))"
+            " ORDER BY created_at, id LIMIT :n"
+        ),
+        {"s": scope_id, "st": status, "img": image_id, "ac": after[0] if after else None,
+         "aid": after[1] if after else None, "n": limit},
+    ).mappings().all()
+    if not rows:
+        return []
+    stages = conn.execute(
+        text("SELECT * FROM job_stages WHERE job_id = ANY(:ids)"), {"ids": [r["id"] for r in rows]}
+    ).mappings().all()
+    by_job: dict[uuid.UUID, list[RowMapping]] = {}
+    for s in stages:
+        by_job.setdefault(s["job_id"], []).append(s)
+    return [job_doc(r, by_job.get(r["id"], [])) for r in rows]
+
+
+def get_task_txn(conn: Connection, scope_id: str, task_id: uuid.UUID) -> dict[str, Any] | None:
+    row = conn.execute(
+        text("SELECT * FROM tasks WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": task_id}
+    ).mappings().first()
+    if row is None:
+        return None
+    attempts = conn.execute(
+        text(
+            "SELECT attempt_id, attempt_no, state, claim_generation, error, created_at, updated_at"
+            " FROM task_attempts WHERE task_id = :t ORDER BY attempt_no"
+        ),
+        {"t": task_id},
+    ).mappings().all()
+    return {
+        "id": str(row["id"]), "job_id": str(row["job_id"]), "image_id": str(row["image_id"]), "stage": row["stage"],
+        "lane": row["lane"], "status": row["status"], "attempt_count": row["attempt_count"],
+        "max_attempts": row["max_attempts"], "claim_generation": row["claim_generation"],
+        "available_at": _iso(row["available_at"]), "cancel_requested": row["cancel_requested"],
+        "error": row["error"], "result": row["result"], "created_at": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]), "started_at": _iso(row["started_at"]),
+        "completed_at": _iso(row["completed_at"]),
+        "attempts": [
+            {"attempt_no": a["attempt_no"], "state": a["state"], "claim_generation": a["claim_generation"],
+             "error": a["error"], "created_at": _iso(a["created_at"]), "updated_at": _iso(a["updated_at"])}
+            for a in attempts
+        ],
+    }
+
+
+def cursor_key_txn(conn: Connection, table: str, scope_id: str, row_id: str) -> tuple[datetime, uuid.UUID] | None:
+    if table not in ("images", "processing_jobs"):
+        raise ValueError(table)
+    row = conn.execute(
+        text(f"SELECT created_at, id FROM {table} WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": row_id}
+    ).first()
+    return (row[0], row[1]) if row else None
+
+
+def text_inputs_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> RowMapping | None:
+    """What the semantic document is rendered from (the worker re-checks the hash at completion)."""
+    return conn.execute(
+        text("SELECT display_name, context, metadata_hash, sha256 FROM images WHERE scope_id = :s AND id = :id"),
+        {"s": scope_id, "id": image_id},
+    ).mappings().first()

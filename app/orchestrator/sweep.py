@@ -1,0 +1,111 @@
+"""Reconcile sweep (SPEC §4.9): bounded, index-driven steps under a Postgres advisory lock.
+
+It never executes a stage: it re-hints, makes expired leases claimable, ends tasks whose
+executions died too often, advances stuck jobs and refreshes gauges. Safe with two beats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from app import metrics
+from app.db.enums import Lane
+from app.orchestrator.advance import advance_job_txn
+from app.orchestrator.execution import fail_task
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import attempts, counters
+from app.orchestrator.store import sweep as q
+from app.orchestrator.types import Claim, SweepReport
+from app.stages.errors import OutcomeUnknownError, PermanentError
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+def sweep(orch: "Orchestrator") -> SweepReport:
+    started = time.monotonic()
+    report = SweepReport()
+    with orch.engine.connect() as lock_conn:
+        if not q.try_lock(lock_conn):
+            lock_conn.rollback()
+            report.skipped = True
+            return report
+        lock_conn.commit()
+        try:
+            _run_steps(orch, report)
+        finally:
+            q.unlock(lock_conn)
+            lock_conn.commit()
+    metrics.SWEEP_DURATION.observe(time.monotonic() - started)
+    return report
+
+
+def _run_steps(orch: "Orchestrator", report: SweepReport) -> None:
+    s = orch.settings
+    limit, grace = s.sweep_batch_limit, s.rehint_grace_s
+    # 1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)
+    with orch.engine.begin() as conn:
+        rows = q.due_for_rehint_txn(conn, orch.now(), grace, limit)
+        counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+    report.hints += [Hint(r["lane"], r["id"]) for r in rows]
+    report.counts["rehinted"] = len(rows)
+    metrics.REHINTS.labels("stale_hint").inc(len(rows))
+    # 2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent
+    with orch.engine.begin() as conn:
+        rows = q.lease_expired_txn(conn, orch.now(), grace, limit)
+        counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+        exhausted = []
+        for r in rows:
+            if r["attempt_count"] >= r["max_attempts"]:
+                open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
+                exhausted.append((r, open_attempt["attempt_id"] if open_attempt else None))
+    live = [r for r in rows if r["attempt_count"] < r["max_attempts"]]
+    report.hints += [Hint(r["lane"], r["id"]) for r in live]
+    report.counts["lease_expired"] = len(live)
+    metrics.REHINTS.labels("lease_expired").inc(len(live))
+    for r, attempt_id in exhausted:
+        claim = Claim(
+            task_id=r["id"], scope_id=r["scope_id"], job_id=r["job_id"], image_id=r["image_id"],
+            image_sha256=r["image_sha256"], stage=r["stage"], lane=r["lane"], owner=r["lease_owner"],
+            generation=r["claim_generation"], attempt_count=r["attempt_count"], max_attempts=r["max_attempts"],
+            payload=r["payload"], storage_key="", attempt_id=attempt_id,
+        )
+        err = (
+            OutcomeUnknownError("the worker died during a paid call", code="unknown_execution")
+            if attempt_id
+            else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
+        )
+        report.hints += fail_task(orch, claim, err)
+    report.counts["exhausted"] = len(exhausted)
+    # 3. lane slots whose holder is gone
+    with orch.engine.begin() as conn:
+        report.counts["slots_released"] = orch.release_orphan_slots_txn(conn)
+    # 4. active jobs whose current stage has no live task
+    with orch.engine.begin() as conn:
+        stuck = q.stuck_jobs_txn(conn, orch.now(), grace, limit)
+    for job_id in stuck:
+        with orch.engine.begin() as conn:
+            report.hints += advance_job_txn(orch, conn, job_id)
+    report.counts["jobs_advanced"] = len(stuck)
+    # 5. batches still seeding
+    seeded, hints = orch.continue_batches()
+    report.counts["batches_seeded"] = seeded
+    report.hints += hints
+    # 6. DB-truth gauges
+    with orch.engine.connect() as conn:
+        gauges = q.lane_gauges_txn(conn, orch.now())
+    seen = set()
+    for g in gauges:
+        seen.add(g["lane"])
+        metrics.QUEUE_DEPTH.labels(g["lane"]).set(g["queued"])
+        metrics.RUNNING_TASKS.labels(g["lane"]).set(g["running"])
+        metrics.OLDEST_QUEUED_AGE.labels(g["lane"]).set(float(g["oldest_age"] or 0))
+    for lane in Lane:
+        if lane.value not in seen:
+            metrics.QUEUE_DEPTH.labels(lane.value).set(0)
+            metrics.RUNNING_TASKS.labels(lane.value).set(0)
+            metrics.OLDEST_QUEUED_AGE.labels(lane.value).set(0)

@@ -1,0 +1,118 @@
+"""Value objects exchanged between the orchestrator, the workers and the API."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.orchestrator.fingerprints import config_hash
+from app.orchestrator.hints import Hint
+
+
+@dataclass(frozen=True)
+class StageConfigs:
+    """Provider configs frozen into each new job (their hashes are part of the fingerprints)."""
+
+    visual: dict[str, Any]
+    agent: dict[str, Any]
+    text: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"visual": self.visual, "agent": self.agent, "text_embedding": self.text}
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.as_dict())
+
+    @property
+    def agent_hash(self) -> str:
+        return config_hash(self.agent)
+
+    @classmethod
+    def from_job_config(cls, config: dict[str, Any]) -> "StageConfigs":
+        return cls(visual=config["visual"], agent=config["agent"], text=config["text_embedding"])
+
+    @classmethod
+    def from_settings(cls, settings) -> "StageConfigs":
+        """Configs of the configured providers (cheap: loads no model)."""
+        from app.worker.providers import provider_configs
+
+        return provider_configs(settings)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One execution of a leaf task, fenced by (task_id, owner, generation)."""
+
+    task_id: uuid.UUID
+    scope_id: str
+    job_id: uuid.UUID
+    image_id: uuid.UUID
+    image_sha256: str
+    stage: str
+    lane: str
+    owner: str
+    generation: int
+    attempt_count: int
+    max_attempts: int
+    payload: dict[str, Any]
+    storage_key: str
+    attempt_id: str | None = None  # agent: the idempotency key of this execution's attempt
+    recovering: bool = False  # agent: attempt_id belongs to an earlier, interrupted execution
+
+
+@dataclass(frozen=True)
+class VisualArtifact:
+    vector: list[float]
+    model: str
+    preprocess_version: str
+    dims: int
+
+
+@dataclass(frozen=True)
+class AgentArtifact:
+    context: dict[str, Any]
+    model: str
+    attempt_id: str
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TextArtifact:
+    vector: list[float]
+    model: str
+    dims: int
+    document: str
+    document_version: str
+    metadata_hash: str
+
+
+@dataclass
+class IngestResult:
+    image: dict[str, Any]
+    job: dict[str, Any] | None
+    created: bool
+    hints: list[Hint] = field(default_factory=list)
+
+
+@dataclass
+class JobResult:
+    job: dict[str, Any]
+    created: bool
+    hints: list[Hint] = field(default_factory=list)
+
+
+@dataclass
+class ImageJobResult:
+    image: dict[str, Any]
+    job: dict[str, Any] | None
+    hints: list[Hint] = field(default_factory=list)
+    old_storage_key: str | None = None
+
+
+@dataclass
+class SweepReport:
+    counts: dict[str, int] = field(default_factory=dict)
+    hints: list[Hint] = field(default_factory=list)
+    skipped: bool = False  # another sweep held the advisory lock

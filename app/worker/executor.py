@@ -1,0 +1,84 @@
+"""Turn a claim into an artifact: load the image, call the lane's provider (pure compute).
+
+No state is decided here: the executor reads the stored file (and, for text, the context the
+document is rendered from) and returns an artifact or raises a typed StageError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.config import Settings
+from app.orchestrator.fingerprints import config_hash, semantic_document
+from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
+from app.stages.errors import PermanentError
+from app.stages.images import DecodedImage, decode_image
+from app.worker.providers import Providers
+
+
+def load_image(settings: Settings, claim: Claim) -> DecodedImage:
+    path = settings.storage_path / claim.storage_key
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise PermanentError(f"stored file {claim.storage_key} is missing", code="file_missing") from None
+    return decode_image(data, max_pixels=settings.max_image_pixels)
+
+
+def check_config(claim: Claim, provider) -> dict:
+    """The worker's provider must be the one the job was planned with, or the artifact is useless."""
+    cfg = provider.config()
+    expected = claim.payload.get("stage_config_hash")
+    if expected and config_hash(cfg) != expected:
+        raise PermanentError(
+            f"this worker's {claim.stage} provider ({cfg.get('model')}) differs from the job's configuration",
+            code="provider_config_mismatch",
+        )
+    return cfg
+
+
+def execute_visual(settings: Settings, providers: Providers, claim: Claim) -> VisualArtifact:
+    cfg = check_config(claim, providers.visual)
+    vector = providers.visual.embed([load_image(settings, claim)])[0]
+    return VisualArtifact([float(x) for x in vector], cfg["model"], cfg["preprocess_version"], int(cfg["dims"]))
+
+
+def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact:
+    """A fresh paid call under this claim's attempt id (the attempt row is already committed)."""
+    check_config(claim, providers.agent)
+    assert claim.attempt_id and not claim.recovering
+    image = load_image(settings, claim)
+    result = providers.agent.describe(
+        image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
+    )
+    return AgentArtifact(result.context, result.model, claim.attempt_id, result.request_id)
+
+
+def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact | None:
+    """Ask the provider what an interrupted attempt did; None = it cannot be proven (no re-call)."""
+    assert claim.attempt_id and claim.recovering
+    found = providers.agent.lookup(claim.attempt_id)
+    if found.status != "complete" or found.result is None:
+        return None
+    return AgentArtifact(found.result.context, found.result.model, claim.attempt_id, found.result.request_id)
+
+
+def text_document(orch, claim: Claim, cfg: dict) -> tuple[str, str]:
+    """(document, metadata_hash) from the image's current context."""
+    inputs = orch.text_inputs(claim)
+    if inputs is None:
+        raise PermanentError("the image is gone", code="target_changed")
+    doc = semantic_document(inputs["display_name"], inputs["context"], cfg.get("document_version", "1"))
+    return doc, inputs["metadata_hash"] or ""
+
+
+def execute_text_batch(orch, settings: Settings, providers: Providers, claims: list[Claim]) -> list[TextArtifact]:
+    cfg = providers.text.config()
+    for claim in claims:
+        check_config(claim, providers.text)
+    docs = [text_document(orch, c, cfg) for c in claims]
+    vectors = providers.text.embed([d for d, _ in docs])
+    return [
+        TextArtifact([float(x) for x in v], cfg["model"], int(cfg["dims"]), d, str(cfg.get("document_version", "1")), mh)
+        for v, (d, mh) in zip(vectors, docs)
+    ]

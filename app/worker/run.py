@@ -1,0 +1,114 @@
+"""The execution loop body shared by Celery tasks and the test worker: claim → execute with a
+heartbeat → complete or fail → publish the returned hints (after the orchestrator committed)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+from app.db.enums import Lane
+from app.orchestrator.hints import HintPublisher
+from app.orchestrator.service import Orchestrator
+from app.orchestrator.types import Claim
+from app.stages.errors import RetryableError, StageError
+from app.worker import executor
+from app.worker.providers import Providers
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Extends the claims' leases every heartbeat_s in a thread; ``stop_requested`` on rejection/cancel."""
+
+    def __init__(self, orch: Orchestrator, claims: list[Claim]):
+        self.orch = orch
+        self.claims = claims
+        self.stop_requested = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.orch.settings.heartbeat_s):
+            for claim in self.claims:
+                try:
+                    if not self.orch.heartbeat(claim):
+                        self.stop_requested.set()
+                except Exception:  # a DB hiccup: the lease may lapse, the fencing keeps us safe
+                    log.exception("heartbeat failed", extra={"task_id": claim.task_id})
+
+
+def _internal_error(exc: Exception) -> StageError:
+    # An unexpected exception in our own code: retry, but never as "provably not executed".
+    return RetryableError(f"{type(exc).__name__}: {exc}", code="internal_error", not_executed=False)
+
+
+def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:
+    """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'."""
+    outcome = "succeeded"
+    with Heartbeat(orch, [claim]) as hb:
+        try:
+            if claim.lane == Lane.AGENT and claim.recovering:
+                artifact = executor.recover_agent(orch.settings, providers, claim)
+                if artifact is None:
+                    publisher.publish(orch.mark_unknown_execution(claim))
+                    return "unknown"
+            elif claim.lane == Lane.VISUAL:
+                artifact = executor.execute_visual(orch.settings, providers, claim)
+            elif claim.lane == Lane.AGENT:
+                artifact = executor.execute_agent(orch.settings, providers, claim)
+            else:
+                artifact = executor.execute_text_batch(orch, orch.settings, providers, [claim])[0]
+        except StageError as exc:
+            hints, outcome = orch.fail_task(claim, exc), "failed"
+        except Exception as exc:  # noqa: BLE001 - turned into a typed failure, logged with context
+            log.exception("stage raised", extra={"task_id": claim.task_id, "stage": claim.stage})
+            hints, outcome = orch.fail_task(claim, _internal_error(exc)), "failed"
+        else:
+            hints = orch.complete_task(claim, artifact)
+            if hb.stop_requested.is_set():
+                outcome = "cancelled"
+    publisher.publish(hints)
+    return outcome
+
+
+def run_task(
+    orch: Orchestrator, task_id: uuid.UUID | str, owner: str, providers: Providers, publisher: HintPublisher
+) -> str:
+    """Handle one hint. 'dropped' = stale or duplicate hint (nothing claimed)."""
+    claim = orch.claim_task(task_id, owner)
+    if claim is None:
+        return "dropped"
+    return execute_claim(orch, claim, providers, publisher)
+
+
+def run_embedding_batch(
+    orch: Orchestrator, owner: str, providers: Providers, publisher: HintPublisher, n: int,
+    first_task_id: uuid.UUID | str | None = None,
+) -> int:
+    """Claim up to ``n`` due embedding tasks (the hinted one first) and embed them in one call."""
+    if first_task_id is not None:
+        claims = orch.claim_with_batch(first_task_id, Lane.EMBEDDING.value, n, owner)
+    else:
+        claims = orch.claim_batch(Lane.EMBEDDING.value, n, owner)
+    if not claims:
+        return 0
+    with Heartbeat(orch, claims):
+        try:
+            artifacts = executor.execute_text_batch(orch, orch.settings, providers, claims)
+        except Exception as exc:  # noqa: BLE001
+            err = exc if isinstance(exc, StageError) else _internal_error(exc)
+            for claim in claims:
+                publisher.publish(orch.fail_task(claim, err))
+            return len(claims)
+    for claim, artifact in zip(claims, artifacts):
+        publisher.publish(orch.complete_task(claim, artifact))
+    return len(claims)

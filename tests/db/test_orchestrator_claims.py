@@ -1,0 +1,143 @@
+"""Claims and fencing (SPEC §2.1, §2.2, §4.4) with real parallel workers and an injected clock."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from sqlalchemy import text
+
+from app.orchestrator import Orchestrator, RecordingPublisher, VisualArtifact
+from app.worker import executor
+from app.worker.providers import Providers
+from tests.support.clock import FakeClock
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+
+def _scalar(engine, sql, **params):
+    with engine.connect() as c:
+        return c.execute(text(sql), params).scalar()
+
+
+def test_16_workers_race_for_one_claim_exactly_one_wins(engine, settings):
+    orch = Orchestrator(engine, settings)
+    res = store_and_ingest(orch, "local", png_bytes(3))
+    (hint,) = res.hints
+    barrier = threading.Barrier(16)
+    wins: list = []
+
+    def racer(i: int) -> None:
+        barrier.wait()
+        claim = orch.claim_task(hint.task_id, f"w{i}")
+        if claim is not None:
+            wins.append(claim)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    assert wins[0].generation == 1
+    # replaying the winning hint (a duplicate broker delivery) claims nothing and changes nothing
+    assert orch.claim_task(hint.task_id, "late") is None
+    assert _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=hint.task_id) == 1
+    assert _scalar(engine, "SELECT lease_owner FROM tasks WHERE id = :t", t=hint.task_id) == wins[0].owner
+
+
+def test_unknown_or_finished_task_hint_is_dropped(engine, settings):
+    orch = Orchestrator(engine, settings)
+    assert orch.claim_task(uuid.uuid4(), "w") is None
+    res = store_and_ingest(orch, "local", png_bytes(4))
+    claim = orch.claim_task(res.hints[0].task_id, "w")
+    orch.complete_task(claim, executor.execute_visual(settings, Providers(settings), claim))
+    gen = _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=claim.task_id)
+    assert orch.claim_task(claim.task_id, "w2") is None  # finished: a late duplicate changes nothing
+    assert _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=claim.task_id) == gen
+
+
+def test_expired_lease_old_generation_is_fenced_out_everywhere(engine, settings):
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings, clock=clock)
+    providers = Providers(settings)
+    res = store_and_ingest(orch, "local", png_bytes(5))
+    (hint,) = res.hints
+    old = orch.claim_task(hint.task_id, "old-worker")
+    assert old is not None
+    artifact = executor.execute_visual(settings, providers, old)
+    # the old worker stalls past its lease; a new claim bumps the generation
+    assert orch.claim_task(hint.task_id, "new-worker") is None  # lease still valid: not claimable
+    clock.advance(settings.lease_s + 1)
+    new = orch.claim_task(hint.task_id, "new-worker")
+    assert new is not None and new.generation == old.generation + 1
+    before = _scalar(engine, "SELECT count(*) FROM ops_counters WHERE name = 'fencing_rejection'")
+    assert orch.heartbeat(old) is False
+    assert orch.complete_task(old, artifact) == []
+    assert orch.fail_task(old, executor.PermanentError("x", code="boom")) == []
+    assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 0
+    assert _scalar(engine, "SELECT status FROM job_stages WHERE task_id = :t", t=hint.task_id) == "running"
+    assert _scalar(engine, "SELECT current_stage FROM processing_jobs WHERE id = :j", j=old.job_id) == "visual"
+    assert _scalar(engine, "SELECT coalesce(sum(count), 0) FROM ops_counters WHERE name = 'fencing_rejection'") >= 3
+    assert before == 0
+    # the new owner can do all of it
+    assert orch.heartbeat(new) is True
+    hints = orch.complete_task(new, artifact)
+    assert [h.lane for h in hints] == ["agent"]
+    assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 1
+    assert _scalar(engine, "SELECT current_stage FROM processing_jobs WHERE id = :j", j=new.job_id) == "agent"
+
+
+def test_content_replaced_mid_run_writes_no_artifact_and_new_version_proceeds(engine, settings):
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    pub = RecordingPublisher()
+    res = store_and_ingest(orch, "local", png_bytes(7))
+    claim = orch.claim_task(res.hints[0].task_id, "w1")
+    artifact = executor.execute_visual(settings, providers, claim)
+    # the user replaces the content while the visual task runs
+    new_bytes = png_bytes(8)
+    import hashlib
+
+    sha = hashlib.sha256(new_bytes).hexdigest()
+    ns = orch.ensure_scope("local")
+    (settings.storage_path / f"{ns}/{sha}.png").write_bytes(new_bytes)
+    replaced = orch.replace_content(
+        "local", res.image["id"], sha256=sha, media_type="image/png", extension=".png", size_bytes=len(new_bytes),
+        width=48, height=40, storage_key=f"{ns}/{sha}.png",
+    )
+    pub.publish(replaced.hints)
+    assert orch.get_job("local", res.job["id"])["status"] == "target_changed"
+    assert replaced.job["id"] != res.job["id"] and replaced.job["status"] == "queued"
+    # the old execution finishes: fencing passes (cancel only requested) but the target check fails
+    assert orch.complete_task(claim, artifact) == []
+    assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 0
+    assert _scalar(engine, "SELECT status FROM tasks WHERE id = :t", t=claim.task_id) == "cancelled"
+    # the new version's job runs through
+    from tests.support.pipeline import Workers
+    from tests.conftest import poll_until
+
+    with Workers(orch, pub, n=2):
+        poll_until(lambda: orch.get_job("local", replaced.job["id"])["status"] == "succeeded", timeout=30)
+    assert _scalar(engine, "SELECT image_sha256 FROM visual_embeddings") == sha
+    assert orch.get_job("local", res.job["id"])["status"] == "target_changed"
+
+
+def test_text_completion_from_old_metadata_hash_writes_nothing(engine, settings):
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    res = store_and_ingest(orch, "local", png_bytes(9))
+    hints = res.hints
+    for _ in range(2):  # visual, agent
+        claim = orch.claim_task(hints[0].task_id, "w")
+        art = (executor.execute_visual if claim.lane == "visual" else executor.execute_agent)(settings, providers, claim)
+        hints = orch.complete_task(claim, art)
+    text_claim = orch.claim_task(hints[0].task_id, "w")
+    assert text_claim.lane == "embedding"
+    [art] = executor.execute_text_batch(orch, settings, providers, [text_claim])
+    edited = orch.edit_context("local", res.image["id"], context={"title": "a human title"})
+    assert orch.complete_task(text_claim, art) == []
+    assert _scalar(engine, "SELECT count(*) FROM text_embeddings") == 0
+    assert orch.get_job("local", res.job["id"])["status"] == "superseded"
+    new_job = orch.get_job("local", edited.job["id"])
+    stages = {s["stage"]: s["status"] for s in new_job["stages"]}
+    assert stages == {"visual": "reused", "agent": "reused", "text_embedding": "queued"}

@@ -1,0 +1,78 @@
+"""The reconcile sweep: what it repairs, the advisory lock, and that its SQL is index-driven."""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy import event, text
+
+from app.orchestrator import Orchestrator
+from app.orchestrator.store import sweep as q
+from tests.support.clock import FakeClock
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+
+def test_sweep_rehints_stale_and_expired_and_skips_when_locked(engine, settings):
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings, clock=clock)
+    a = store_and_ingest(orch, "local", png_bytes(1))
+    b = store_and_ingest(orch, "local", png_bytes(2))
+    claimed = orch.claim_task(b.hints[0].task_id, "dead-worker")
+    assert claimed is not None
+    assert orch.sweep().hints == []  # hints are fresh: nothing to do
+    clock.advance(settings.lease_s + settings.rehint_grace_s + 1)
+    report = orch.sweep()
+    assert {h.task_id for h in report.hints} == {a.hints[0].task_id, b.hints[0].task_id}
+    assert report.counts["rehinted"] == 1 and report.counts["lease_expired"] == 1
+    assert orch.sweep().hints == []  # re-hinted once per grace period, not every run
+    with engine.connect() as other:
+        assert q.try_lock(other)
+        assert orch.sweep().skipped
+        q.unlock(other)
+        other.commit()
+    assert not orch.sweep().skipped
+
+
+def _explain(conn, sql, params):
+    return "\n".join(r[0] for r in conn.execute(text("EXPLAIN " + sql), params))
+
+
+def test_sweep_queries_use_indexes_on_200k_finished_tasks(engine, settings):
+    orch = Orchestrator(engine, settings)
+    store_and_ingest(orch, "local", png_bytes(3))
+    with engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
+                reverse_image_policy, mode, status, created_at, updated_at)
+            SELECT gen_random_uuid(), i.scope_id, i.id, 100 + g, i.sha256, '{}', 'h', 'forbid', 'auto', 'succeeded',
+                now(), now()
+            FROM images i, generate_series(1, 200000) g"""))
+        conn.execute(text("""
+            INSERT INTO tasks (id, scope_id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,
+                image_sha256, status, max_attempts, last_hint_at, created_at, updated_at)
+            SELECT gen_random_uuid(), j.scope_id, j.id, 'visual', 'visual', '{}', 'f', md5(j.id::text), j.image_id,
+                'x', 'succeeded', 3, now(), now(), now()
+            FROM processing_jobs j WHERE j.status = 'succeeded'"""))
+        conn.execute(text("ANALYZE tasks; ANALYZE processing_jobs; ANALYZE job_stages"))
+    # capture every statement the real sweep sends, then EXPLAIN each one with its parameters
+    captured: list[tuple[str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if ("tasks" in statement or "processing_jobs" in statement) and not statement.startswith("EXPLAIN"):
+            captured.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        report = orch.sweep()
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert not report.skipped and len(captured) >= 4
+    with engine.connect() as conn:
+        for statement, parameters in captured:
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+            assert not re.search(r"Seq Scan on (tasks|processing_jobs)", plan), (statement, plan)
+        claim_plan = _explain(
+            conn, "SELECT id FROM tasks WHERE lane = 'visual' AND status = 'queued' AND available_at <= :now"
+            " ORDER BY priority DESC, available_at LIMIT 10 FOR UPDATE SKIP LOCKED", {"now": orch.now()},
+        )
+        assert "Seq Scan on tasks" not in claim_plan, claim_plan

@@ -1,0 +1,130 @@
+"""Structure of the distributed deployment (no container engine runs in the test environment)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LANES = ("visual", "agent", "embedding")
+APP_SERVICES = ("migrate", "api", *(f"worker-{lane}" for lane in LANES), "beat", "flower")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+def test_all_services_present(services):
+    assert set(services) == {"postgres", "redis", *APP_SERVICES}
+
+
+def test_postgres_is_pgvector_with_volume_and_healthcheck(services):
+    pg = services["postgres"]
+    assert re.fullmatch(r"pgvector/pgvector:pg1[6-9]", pg["image"])
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert pg["environment"]["POSTGRES_DB"] == "memeflow"
+
+
+def test_redis_persists_and_has_healthcheck(services):
+    redis = services["redis"]
+    assert redis["image"].startswith("redis:")
+    assert "--appendonly" in redis["command"]
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert redis["healthcheck"]["test"][-1] == "ping"
+
+
+@pytest.mark.parametrize(
+    ("service", "command"),
+    [
+        ("migrate", ["memeflow", "db", "upgrade"]),
+        *((f"worker-{lane}", ["memeflow", "worker", "--lane", lane]) for lane in LANES),
+        ("beat", ["memeflow", "beat"]),
+        ("flower", ["memeflow", "flower"]),
+    ],
+)
+def test_commands(services, service, command):
+    assert services[service]["command"] == command
+
+
+def test_api_runs_gunicorn_on_the_wsgi_app(services):
+    cmd = services["api"]["command"]
+    assert cmd[0] == "gunicorn" and "app.api.wsgi:app" in cmd
+    assert any(arg.startswith("--bind=0.0.0.0:5000") for arg in cmd)
+    assert "/healthz" in " ".join(services["api"]["healthcheck"]["test"])
+    assert any(p.endswith(":5000") for p in services["api"]["ports"])
+
+
+@pytest.mark.parametrize("service", APP_SERVICES)
+def test_app_services_point_at_postgres_and_redis(services, service):
+    env = services[service]["environment"]
+    assert "@postgres:5432/memeflow" in env["MEMEFLOW_DATABASE_URL"]
+    assert env["MEMEFLOW_DATABASE_URL"].startswith("postgresql")
+    assert env["MEMEFLOW_BROKER_URL"] == "redis://redis:6379/0"
+    assert services[service]["build"] == "."
+
+
+@pytest.mark.parametrize("service", [s for s in APP_SERVICES if s != "migrate"])
+def test_long_running_services_wait_for_migration_and_have_healthchecks(services, service):
+    svc = services[service]
+    deps = svc["depends_on"]
+    assert deps["migrate"]["condition"] == "service_completed_successfully"
+    assert deps["postgres"]["condition"] == "service_healthy"
+    assert deps["redis"]["condition"] == "service_healthy"
+    assert svc["healthcheck"]["test"], f"{service} needs a healthcheck"
+    assert svc["restart"] == "unless-stopped"
+
+
+def test_migrate_is_one_shot_after_healthy_postgres(services):
+    migrate = services["migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_workers_are_scalable_and_share_storage(services, lane):
+    worker = services[f"worker-{lane}"]
+    # --scale needs no fixed container name and no published host port
+    assert "container_name" not in worker and "ports" not in worker
+    assert "storage:/data/storage" in worker["volumes"]
+    assert worker["environment"]["MEMEFLOW_STORAGE_DIR"] == "/data/storage"
+    assert "inspect ping" in " ".join(worker["healthcheck"]["test"])
+
+
+def test_api_shares_storage_with_workers(services):
+    assert "storage:/data/storage" in services["api"]["volumes"]
+
+
+def test_flower_requires_basic_auth_from_env(services):
+    env = services["flower"]["environment"]
+    assert env["MEMEFLOW_FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    assert "-u" in " ".join(services["flower"]["healthcheck"]["test"])
+
+
+def test_named_volumes_declared(compose, services):
+    declared = set(compose["volumes"])
+    used = {
+        v.split(":")[0]
+        for svc in services.values()
+        for v in svc.get("volumes", [])
+        if not v.startswith(("/", "."))
+    }
+    assert used <= declared
+    assert {"pgdata", "redisdata", "storage"} <= declared
+
+
+def test_dockerfile_installs_package_and_runs_unprivileged():
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.startswith("#") and "FROM python:3.11" in text
+    assert re.search(r"pip install .*-e '\.\[ml\]'", text)
+    assert "USER memeflow" in text
+    assert "fonts-wqy-microhei" in text

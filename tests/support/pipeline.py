@@ -1,0 +1,87 @@
+"""Test-side helpers: make real images, store them, and run in-process worker threads that take
+hints from a RecordingPublisher and make the same calls the Celery tasks make."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+import uuid
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.worker.providers import Providers
+from app.worker.run import run_embedding_batch, run_task
+
+
+def png_bytes(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    img = Image.new("RGB", size, ((seed * 37) % 256, (seed * 91) % 256, (seed * 53) % 256))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([seed % 20, seed % 17, 20 + seed % 25, 18 + seed % 19], fill=((seed * 13) % 256, 20, 200))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def store_and_ingest(orch: Orchestrator, scope: str, data: bytes, **kwargs):
+    """What the API upload does, minus HTTP: write the file atomically-enough, then ingest."""
+    ns = orch.ensure_scope(scope)
+    sha = hashlib.sha256(data).hexdigest()
+    key = f"{ns}/{sha}.png"
+    path = orch.settings.storage_path / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+    return orch.ingest_image(
+        scope, sha256=sha, media_type="image/png", extension=".png", size_bytes=len(data), width=w, height=h,
+        storage_key=key, **kwargs,
+    )
+
+
+class Workers:
+    """N threads consuming hints; each thread is one worker with its own owner id."""
+
+    def __init__(self, orch: Orchestrator, publisher: RecordingPublisher, n: int = 4, providers: Providers | None = None,
+                 worker_publisher=None):
+        self.orch, self.publisher, self.n = orch, publisher, n
+        self.providers = providers or Providers(orch.settings)
+        self.out = worker_publisher or publisher
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> "Workers":
+        for i in range(self.n):
+            t = threading.Thread(target=self._loop, args=(f"test-worker-{i}-{uuid.uuid4().hex[:6]}",), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.errors:
+            raise self.errors[0]
+
+    def _loop(self, owner: str) -> None:
+        while not self._stop.is_set():
+            hint = self.publisher.take(timeout=0.05)
+            if hint is None:
+                continue
+            try:
+                if hint.lane == "embedding":
+                    run_embedding_batch(self.orch, owner, self.providers, self.out, 8, first_task_id=hint.task_id)
+                else:
+                    run_task(self.orch, hint.task_id, owner, self.providers, self.out)
+            except BaseException as exc:  # surfaced in __exit__
+                self.errors.append(exc)
+
+
+def write_file(root: Path, key: str, data: bytes) -> None:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
