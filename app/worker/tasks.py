@@ -39,9 +39,10 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     from app.worker import run
 
     rt = get_runtime()
-    if lane == "embedding" and hasattr(run, "run_embedding_batch"):
+    if lane == "embedding":
+        # The hinted task first, plus up to batch-1 other due ones: one model call for all.
         run.run_embedding_batch(
-            rt.orch, task_id, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size
+            rt.orch, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size, first_task_id=task_id
         )
         return
     run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher)
@@ -83,13 +84,16 @@ def reconcile_sweep() -> dict[str, int]:
 
 @celery_app.task(name=celeryconfig.SEED_BATCH_TASK, ignore_result=True)
 def seed_batch(batch_id: str) -> None:
-    """Seed the next page of a batch (back-pressure and progress live in the orchestrator)."""
-    parsed = _parse_id(batch_id)
-    if parsed is None:
+    """Wake-up for batch seeding: seed the next pages of batches with work left.
+
+    The id only says "a batch changed"; which pages to seed (and back-pressure) is decided by the
+    orchestrator from PostgreSQL, the same step the sweep runs.
+    """
+    if _parse_id(batch_id) is None:
         log.warning("malformed batch hint dropped")
         return
     rt = get_runtime()
-    hints = rt.orch.seed_batch(parsed)
+    _seeded, hints = rt.orch.continue_batches()
     rt.publisher.publish(hints)
 
 
