@@ -60,7 +60,6 @@ task_store_errors_even_if_ignored = False
 
 task_acks_late = True
 task_reject_on_worker_lost = True
-task_acks_on_failure_or_timeout = True
 worker_prefetch_multiplier = 1
 worker_hijack_root_logger = False
 worker_redirect_stdouts = False

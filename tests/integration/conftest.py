@@ -240,8 +240,8 @@ def job_statuses(engine, job_ids) -> dict[str, int]:
 
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT status, count(*) FROM processing_jobs WHERE id = ANY(:ids) GROUP BY status"),
-            {"ids": list(job_ids)},
+            text("SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
+            {"ids": [str(j) for j in job_ids]},
         ).all()
     return {status: n for status, n in rows}
 
