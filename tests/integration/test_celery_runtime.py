@@ -42,7 +42,7 @@ LANES = ("visual", "agent", "embedding")
 
 
 def counting(cluster: CeleryCluster, **more) -> None:
-    cluster.settings = cluster.settings.replace(**COUNTING, **more)
+    cluster.settings = cluster.settings.replace(**{**COUNTING, **more})
 
 
 def make_orch(engine, settings):
