@@ -145,6 +145,7 @@ def test_agent_worker_killed_inside_the_provider_call_never_calls_twice(cluster,
     assert not sweeper.errors
 
     assert set(counts) <= {"succeeded", "unknown_execution"}, counts
+    print(f"agent job after kill -9 and restart: {counts}")
     agent_calls = calls_by_stage(call_log)["agent"]
     assert sum(agent_calls.values()) == 1, agent_calls
     with engine.connect() as conn:
@@ -241,6 +242,7 @@ def test_two_beats_never_overlap_sweeps_and_nothing_runs_twice(cluster, engine, 
         return out if sum(1 for s in out if s[1] == "ran") >= 6 else None
 
     records = poll_until(sweeps, timeout=30, interval=0.2, what="several sweeps")
+    assert {who for who, *_ in records} == {"maint0", "maint1"}, "both maintenance workers must sweep"
     ran = sorted((start, end, who) for who, kind, start, end in records if kind == "ran")
     for (s1, e1, w1), (s2, e2, w2) in itertools.pairwise(ran):
         # a sweep that ran must have ended before the next one that ran began (20 ms clock slack)
