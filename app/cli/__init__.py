@@ -24,8 +24,11 @@ main.add_command(_processes.worker)
 main.add_command(_processes.beat)
 main.add_command(_processes.flower)
 
-from app.cli import demo as _demo
-from app.cli import ingest as _ingest
+from app.cli import admin as _admin  # noqa: E402
+from app.cli import demo as _demo  # noqa: E402
+from app.cli import ingest as _ingest  # noqa: E402
 
 main.add_command(_demo.demo)
 main.add_command(_ingest.ingest)
+main.add_command(_admin.scopes)
+main.add_command(_admin.tokens)

@@ -1,0 +1,63 @@
+"""``/api/v1/batches``: process the whole library (or given images) with exact progress."""
+
+from __future__ import annotations
+
+import uuid
+
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app.api import schemas as S
+from app.api.context import protect, publish, scope_id, services
+from app.api.errors import ApiError
+from app.api.images import _error_docs
+
+blp = protect(Blueprint("batches", __name__, url_prefix="/api/v1/batches", description="Batches"))
+
+
+def _orch_call(name: str):
+    fn = getattr(services().orchestrator, name, None)
+    if fn is None:
+        raise ApiError(501, "not_implemented", f"batches are not available in this build ({name})")
+    return fn
+
+
+@blp.route("")
+class Batches(MethodView):
+    @blp.arguments(S.BatchCreateSchema)
+    @blp.response(202, S.BatchEnvelopeSchema)
+    @blp.doc(responses=_error_docs({404: "not_found", 422: "validation_error"}))
+    def post(self, args):
+        """Snapshot the target set (all images or the given ids) and process it in explicit mode."""
+        batch, hints = _orch_call("create_batch")(
+            scope_id(),
+            all=args["all"],
+            image_ids=args.get("image_ids") or [],
+            reverse_image_policy=args["reverse_image_policy"],
+        )
+        publish(hints)
+        return {"batch": batch}
+
+
+@blp.route("/<uuid:batch_id>")
+class BatchById(MethodView):
+    @blp.response(200, S.BatchEnvelopeSchema)
+    @blp.doc(responses=_error_docs({404: "not_found"}))
+    def get(self, batch_id: uuid.UUID):
+        """Exact progress: counts of the batch's item jobs by status."""
+        return {"batch": _orch_call("get_batch")(scope_id(), batch_id)}
+
+
+@blp.route("/<uuid:batch_id>/cancel")
+class BatchCancel(MethodView):
+    @blp.response(200, S.BatchEnvelopeSchema)
+    @blp.doc(responses=_error_docs({404: "not_found"}))
+    def post(self, batch_id: uuid.UUID):
+        """Stop seeding and cancel the batch's queued jobs; a finished batch is returned unchanged."""
+        result = _orch_call("cancel_batch")(scope_id(), batch_id)
+        if isinstance(result, tuple):
+            batch, hints = result
+            publish(hints)
+        else:
+            batch = result
+        return {"batch": batch}

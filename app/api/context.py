@@ -1,0 +1,74 @@
+"""Per-request trusted context and the application's service handles."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from flask import current_app, g, request
+from flask_smorest import Blueprint
+
+from app.scopes import validate_scope_id
+
+log = logging.getLogger("memeflow.api")
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Immutable per-request facts from trusted sources only (never body/query/path)."""
+
+    scope_id: str
+
+
+@dataclass
+class Services:
+    """What the views need, built once by the app factory."""
+
+    settings: Any
+    orchestrator: Any
+    engine: Any
+    publisher: Any
+    store: Any
+    cursors: Any
+    scope_resolver: Any
+
+
+def services() -> Services:
+    return current_app.extensions["memeflow"]
+
+
+def scope_id() -> str:
+    """The scope of the current request, resolved by the trusted resolver."""
+    return g.memeflow_context.scope_id
+
+
+def protect(blp: Blueprint) -> Blueprint:
+    """Resolve the scope once before every request of ``blp`` (401 when the resolver refuses)."""
+
+    @blp.before_request
+    def _resolve_scope() -> None:
+        resolved = services().scope_resolver.resolve(request.headers)
+        g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolved))
+
+    return blp
+
+
+def publish(hints: Iterable[Any]) -> None:
+    """Publish hints after the orchestrator's commit; a failure is logged, never surfaced."""
+    hints = list(hints or [])
+    if not hints:
+        return
+    try:
+        services().publisher.publish(hints)
+    except Exception:  # the sweep re-hints; the request already succeeded
+        log.exception("hint publish failed; the sweep will re-hint")
+
+
+class LoggingPublisher:
+    """Fallback publisher when no broker publisher is configured: logs hints, publishes nothing."""
+
+    def publish(self, hints: list[Any]) -> None:
+        for hint in hints:
+            log.info("hint not published (no broker publisher configured): %s", hint)

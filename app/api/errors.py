@@ -1,0 +1,164 @@
+"""The one error handler: every error is ``{"error": code, "message": …}`` JSON, never HTML.
+
+Domain errors from the orchestrator carry their own stable ``code`` and ``status``; request
+validation errors (webargs/marshmallow) become 422 with a code chosen from the offending field;
+werkzeug HTTP errors keep their status with a snake_case code; anything unexpected is a logged
+500 without a stack trace in the body.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask, jsonify
+from marshmallow import ValidationError
+from werkzeug.exceptions import HTTPException
+
+from app.auth import Unauthorized
+
+log = logging.getLogger("memeflow.api")
+
+# A validation error on one of these fields gets the specific stable code of SPEC §6.
+FIELD_CODES = {
+    "reverse_image_policy": "invalid_reverse_image_policy",
+    "force_stages": "invalid_stage",
+    "cursor": "invalid_cursor",
+}
+
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    411: "length_required",
+    412: "precondition_failed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "too_many_requests",
+}
+
+
+class ApiError(Exception):
+    """An error the API returns as-is: HTTP status, stable code, human message."""
+
+    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = dict(details) if details else None
+
+
+def error_response(status: int, code: str, message: str, details: Mapping[str, Any] | None = None):
+    body: dict[str, Any] = {"error": code, "message": message}
+    if details:
+        body["details"] = details
+    resp = jsonify(body)
+    resp.status_code = status
+    return resp
+
+
+def validation_error(messages: Any) -> ApiError:
+    """Turn marshmallow messages (possibly nested by location) into a 422 ApiError."""
+    flat = _flatten(messages)
+    code = "validation_error"
+    for field in flat:
+        leaf = field.split(".")
+        for name, specific in FIELD_CODES.items():
+            if name in leaf:
+                code = specific
+                break
+        if code != "validation_error":
+            break
+    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in flat.items()) or "invalid request"
+    return ApiError(422, code, summary[:2000], {"fields": flat})
+
+
+_LOCATIONS = {"json", "query", "querystring", "form", "files", "view_args", "json_or_form", "headers"}
+
+
+def _flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    if isinstance(messages, Mapping):
+        for key, value in messages.items():
+            key = str(key)
+            name = "" if (not prefix and key in _LOCATIONS) else (f"{prefix}.{key}" if prefix else key)
+            out.update(_flatten(value, name))
+    elif isinstance(messages, (list, tuple)):
+        strings = [str(m) for m in messages if not isinstance(m, (Mapping, list, tuple))]
+        if strings:
+            out.setdefault(prefix or "_schema", []).extend(strings)
+        for m in messages:
+            if isinstance(m, (Mapping, list, tuple)):
+                out.update(_flatten(m, prefix))
+    else:
+        out.setdefault(prefix or "_schema", []).append(str(messages))
+    return out
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "error"
+
+
+def register_error_handlers(app: Flask) -> None:
+    """Install the handlers (after flask-smorest's, which they replace)."""
+
+    @app.errorhandler(ApiError)
+    def _api_error(exc: ApiError):
+        return error_response(exc.status, exc.code, exc.message, exc.details)
+
+    @app.errorhandler(Unauthorized)
+    def _unauthorized(exc: Unauthorized):
+        resp = error_response(401, "unauthorized", str(exc) or "unauthorized")
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="memeflow"'
+        return resp
+
+    @app.errorhandler(ValidationError)
+    def _marshmallow(exc: ValidationError):
+        err = validation_error(exc.messages)
+        return error_response(err.status, err.code, err.message, err.details)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        status = exc.code or 500
+        data = getattr(exc, "data", None)
+        if status == 422 and isinstance(data, Mapping) and "messages" in data:
+            err = validation_error(data["messages"])
+            return error_response(err.status, err.code, err.message, err.details)
+        if status == 400 and isinstance(data, Mapping) and "messages" in data:
+            return error_response(400, "invalid_json", "request body is not valid JSON")
+        if status == 413:
+            return error_response(413, "payload_too_large", "request body exceeds the upload limit")
+        code = HTTP_CODES.get(status) or _snake(exc.name or "error")
+        resp = error_response(status, code, exc.description or exc.name or code)
+        if status == 405 and getattr(exc, "valid_methods", None):
+            resp.headers["Allow"] = ", ".join(exc.valid_methods)
+        return resp
+
+    try:
+        from app.orchestrator.errors import OrchestratorError  # type: ignore
+    except ImportError:  # the orchestrator package is not installed yet
+        OrchestratorError = None  # type: ignore[assignment]
+
+    if OrchestratorError is not None:
+
+        @app.errorhandler(OrchestratorError)
+        def _domain(exc: Any):
+            status = int(getattr(exc, "status", 409) or 409)
+            code = getattr(exc, "code", None) or "conflict"
+            message = getattr(exc, "message", None) or str(exc) or code
+            return error_response(status, code, message)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        if isinstance(exc, HTTPException):  # pragma: no cover - routed above
+            return _http(exc)
+        log.exception("unhandled error in API request")
+        return error_response(500, "internal_error", "internal server error")

@@ -1,0 +1,228 @@
+"""``/api/v1/images``: upload, list, read, content, replace, edit, delete, process."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from flask import Response, request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app.api import schemas as S
+from app.api.context import protect, publish, scope_id, services
+from app.api.errors import ApiError
+from app.api.queries import image_file, storage_key_referenced
+from app.api.uploads import ValidatedUpload, parse_multipart
+from app.storage import storage_key
+
+blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", description="Images"))
+
+_UPLOAD_ERRORS = {
+    400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
+    415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / validation_error",
+}
+
+
+def _multipart_body(with_form: bool) -> dict[str, Any]:
+    props: dict[str, Any] = {"file": {"type": "string", "format": "binary"}}
+    if with_form:
+        props.update(
+            display_name={"type": "string", "maxLength": 500},
+            reverse_image_policy={"type": "string", "enum": S.POLICIES, "default": "forbid"},
+            process={"type": "boolean", "default": True},
+        )
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {"type": "object", "properties": props, "required": ["file"], "additionalProperties": False}
+            }
+        },
+    }
+
+
+def _error_docs(codes: dict[int, str]) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": f"error code: {code}",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for status, code in codes.items()
+    }
+
+
+def store_file(upload: ValidatedUpload, scope: str) -> tuple[str, bool]:
+    """Write the validated bytes atomically under the scope's namespace (before any DB row)."""
+    svc = services()
+    namespace = svc.orchestrator.ensure_scope(scope)
+    key = storage_key(namespace, upload.sha256, upload.extension)
+    return key, svc.store.write(key, upload.data)
+
+
+def discard_file(key: str, newly_written: bool) -> None:
+    """Remove a file this request wrote if no image row references it (failed DB step)."""
+    svc = services()
+    if newly_written and not storage_key_referenced(svc.engine, key):
+        svc.store.delete(key)
+
+
+def release_file(key: str | None) -> None:
+    """Remove a file whose image row is gone, unless another image still uses it."""
+    svc = services()
+    if key and not storage_key_referenced(svc.engine, key):
+        svc.store.delete(key)
+
+
+@blp.route("")
+class Images(MethodView):
+    @blp.arguments(S.PageArgsSchema, location="query")
+    @blp.response(200, S.ImageListSchema)
+    @blp.doc(responses=_error_docs({422: "invalid_cursor"}))
+    def get(self, args):
+        """List images of the scope, oldest first (keyset pagination)."""
+        svc = services()
+        after = svc.cursors.decode(args.get("cursor"), "images")
+        items, next_key = svc.orchestrator.list_images(scope_id(), after=after, limit=args["limit"])
+        return {"items": items, "next_cursor": svc.cursors.encode(next_key, "images")}
+
+    @blp.response(201, S.UploadResultSchema)
+    @blp.alt_response(200, schema=S.UploadResultSchema, description="identical bytes: the existing image")
+    @blp.doc(requestBody=_multipart_body(True), responses=_error_docs(_UPLOAD_ERRORS))
+    def post(self):
+        """Upload an image (multipart ``file``); creates its job unless ``process=false``."""
+        svc = services()
+        args, upload = parse_multipart(S.UploadFormSchema(), svc.settings)
+        assert upload is not None
+        scope = scope_id()
+        key, newly_written = store_file(upload, scope)
+        try:
+            result = svc.orchestrator.ingest_image(
+                scope,
+                sha256=upload.sha256,
+                media_type=upload.media_type,
+                extension=upload.extension,
+                size_bytes=upload.size_bytes,
+                width=upload.width,
+                height=upload.height,
+                storage_key=key,
+                display_name=args.get("display_name"),
+                reverse_image_policy=args["reverse_image_policy"],
+                process=args["process"],
+            )
+        except BaseException:
+            discard_file(key, newly_written)
+            raise
+        publish(result.hints)
+        body = {"image": result.image, "job": result.job, "created": result.created}
+        return body, (201 if result.created else 200)
+
+
+@blp.route("/<uuid:image_id>")
+class ImageById(MethodView):
+    @blp.response(200, S.ImageSchema)
+    @blp.doc(responses=_error_docs({404: "not_found"}))
+    def get(self, image_id: uuid.UUID):
+        """One image with its context and latest job summary."""
+        return services().orchestrator.get_image(scope_id(), image_id)
+
+    @blp.arguments(S.ImagePatchSchema)
+    @blp.response(200, S.ImageJobSchema)
+    @blp.doc(responses=_error_docs({404: "not_found", 409: "context_generation_in_progress"}))
+    def patch(self, args, image_id: uuid.UUID):
+        """Edit display_name and/or context; a new metadata hash re-runs the text stage."""
+        svc = services()
+        result = svc.orchestrator.edit_context(scope_id(), image_id, **args)
+        publish(result.hints)
+        return {"image": result.image, "job": result.job}
+
+    @blp.response(204)
+    @blp.doc(responses=_error_docs({404: "not_found"}))
+    def delete(self, image_id: uuid.UUID):
+        """Delete the image, its jobs, tasks and artifacts; the file goes after the commit."""
+        key = services().orchestrator.delete_image(scope_id(), image_id)
+        release_file(key)
+
+
+@blp.route("/<uuid:image_id>/content")
+class ImageContent(MethodView):
+    @blp.doc(
+        responses={
+            "200": {
+                "description": "the image bytes; ETag is the sha256",
+                "content": {mt: {"schema": {"type": "string", "format": "binary"}} for mt in
+                            ("image/png", "image/jpeg", "image/gif", "image/webp")},
+            },
+            "304": {"description": "not modified (If-None-Match matched)"},
+            **_error_docs({404: "not_found"}),
+        }
+    )
+    def get(self, image_id: uuid.UUID):
+        """The stored bytes with the right Content-Type; honours If-None-Match."""
+        svc = services()
+        row = image_file(svc.engine, scope_id(), image_id)
+        if row is None:
+            raise ApiError(404, "not_found", "image not found")
+        if request.if_none_match.contains(row.sha256):
+            resp = Response(status=304)
+        else:
+            try:
+                data = svc.store.read(row.storage_key)
+            except FileNotFoundError:
+                raise ApiError(404, "not_found", "the image file is gone") from None
+            resp = Response(data, mimetype=row.media_type)
+        resp.set_etag(row.sha256)
+        resp.headers["Cache-Control"] = "private, no-cache"
+        return resp
+
+    @blp.response(200, S.ImageJobSchema)
+    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs({**_UPLOAD_ERRORS, 404: "not_found"}))
+    def put(self, image_id: uuid.UUID):
+        """Replace the image's bytes; the active job ends target_changed and a new one starts."""
+        svc = services()
+        _, upload = parse_multipart(S.StrictSchema(), svc.settings)
+        assert upload is not None
+        scope = scope_id()
+        svc.orchestrator.get_image(scope, image_id)  # 404 before any file is written
+        key, newly_written = store_file(upload, scope)
+        try:
+            result = svc.orchestrator.replace_content(
+                scope,
+                image_id,
+                sha256=upload.sha256,
+                media_type=upload.media_type,
+                extension=upload.extension,
+                size_bytes=upload.size_bytes,
+                width=upload.width,
+                height=upload.height,
+                storage_key=key,
+            )
+        except BaseException:
+            discard_file(key, newly_written)
+            raise
+        publish(result.hints)
+        old = getattr(result, "old_storage_key", None)
+        if old and old != key:
+            release_file(old)
+        return {"image": result.image, "job": result.job}
+
+
+@blp.route("/<uuid:image_id>/process")
+class ImageProcess(MethodView):
+    @blp.arguments(S.ProcessSchema)
+    @blp.response(201, S.JobCreatedSchema)
+    @blp.alt_response(200, schema=S.JobCreatedSchema, description="every stage already valid: the latest job")
+    @blp.doc(responses=_error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage"}))
+    def post(self, args, image_id: uuid.UUID):
+        """Explicitly (re)process an image; ``force_stages`` re-runs the listed stages."""
+        svc = services()
+        force = tuple(dict.fromkeys(args["force_stages"]))
+        result = svc.orchestrator.request_processing(
+            scope_id(),
+            image_id,
+            mode="full_retry" if force else "explicit",
+            reverse_image_policy=args["reverse_image_policy"],
+            force_stages=force,
+        )
+        publish(result.hints)
+        return {"job": result.job, "created": result.created}, (201 if result.created else 200)

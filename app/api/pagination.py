@@ -1,0 +1,69 @@
+"""Opaque keyset cursors: base64url(JSON {created_at, id}) + HMAC, so clients cannot forge them."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from app.api.errors import ApiError
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class CursorCodec:
+    """Encodes a keyset ``(created_at, id)`` into an opaque, tamper-evident cursor."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def _sig(self, payload: bytes, kind: str) -> bytes:
+        return hmac.new(self._secret, kind.encode() + b"\0" + payload, hashlib.sha256).digest()[:16]
+
+    def encode(self, key: Any, kind: str) -> str | None:
+        if key is None:
+            return None
+        created_at, ident = key
+        payload = json.dumps(
+            {"created_at": created_at.isoformat(), "id": str(ident)}, separators=(",", ":")
+        ).encode()
+        return f"{_b64(payload)}.{_b64(self._sig(payload, kind))}"
+
+    def decode(self, cursor: str | None, kind: str) -> tuple[datetime, uuid.UUID] | None:
+        """The keyset of ``cursor``; 422 invalid_cursor if malformed or tampered with."""
+        if cursor is None:
+            return None
+        try:
+            body, _, sig = cursor.partition(".")
+            payload = _unb64(body)
+            if not hmac.compare_digest(_unb64(sig), self._sig(payload, kind)):
+                raise ValueError("bad signature")
+            data = json.loads(payload)
+            created_at = datetime.fromisoformat(data["created_at"])
+            if created_at.tzinfo is None:
+                raise ValueError("naive timestamp")
+            return created_at, uuid.UUID(data["id"])
+        except (ValueError, KeyError, TypeError, binascii.Error, UnicodeDecodeError, json.JSONDecodeError):
+            raise ApiError(422, "invalid_cursor", "cursor is malformed or was not issued by this server") from None
+
+
+def cursor_secret(settings: Any, explicit: str | bytes | None = None) -> bytes:
+    """The HMAC key: explicit/``MEMEFLOW_CURSOR_SECRET``, else a per-deployment derivation."""
+    import os
+
+    raw = explicit if explicit is not None else os.environ.get("MEMEFLOW_CURSOR_SECRET")
+    if raw:
+        return raw.encode() if isinstance(raw, str) else raw
+    basis = f"memeflow-cursor:{getattr(settings, 'database_url', '') or ''}:{getattr(settings, 'var_dir', '')}"
+    return hashlib.sha256(basis.encode()).digest()

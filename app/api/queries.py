@@ -1,0 +1,38 @@
+"""Read-only lookups the API needs besides the orchestrator's reads (no state changes here)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+
+def image_file(engine: Engine, scope_id: str, image_id: uuid.UUID) -> Any | None:
+    """(storage_key, media_type, sha256) of an image of this scope, or None."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT storage_key, media_type, sha256 FROM images WHERE scope_id = :s AND id = :id"),
+            {"s": scope_id, "id": image_id},
+        ).first()
+
+
+def storage_key_referenced(engine: Engine, key: str) -> bool:
+    """Whether any image row (any scope) still points at this file."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT 1 FROM images WHERE storage_key = :k LIMIT 1"), {"k": key}).first() is not None
+
+
+def queue_gauges(engine: Engine) -> list[Any]:
+    """Per lane: queued count, running count, age in seconds of the oldest due queued task."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT lane, "
+                "count(*) FILTER (WHERE status = 'queued') AS queued, "
+                "count(*) FILTER (WHERE status = 'running') AS running, "
+                "coalesce(extract(epoch FROM now() - min(available_at) "
+                "  FILTER (WHERE status = 'queued' AND available_at <= now())), 0) AS oldest_age "
+                "FROM tasks WHERE status IN ('queued', 'running') GROUP BY lane"
+            )
+        ).all()

@@ -1,0 +1,302 @@
+"""Marshmallow schemas for every request and response of SPEC §6.
+
+Request schemas reject unknown fields (marshmallow's default ``RAISE``, kept explicit); response
+schemas define the documented shapes (fields may be added, never renamed). The OpenAPI document
+is generated from these same classes by flask-smorest.
+"""
+
+from __future__ import annotations
+
+from marshmallow import (
+    RAISE,
+    Schema,
+    ValidationError,
+    fields,
+    validate,
+    validates_schema,
+)
+
+from app.db.enums import (
+    STAGE_ORDER,
+    BatchStatus,
+    ContextStatus,
+    JobMode,
+    JobStatus,
+    ReverseImagePolicy,
+    StageStatus,
+)
+
+POLICIES = [p.value for p in ReverseImagePolicy]
+STAGES = [s.value for s in STAGE_ORDER]
+MAX_IMAGE_IDS = 10_000
+
+
+class DateTime(fields.DateTime):
+    """ISO-8601 timestamp; passes through values the orchestrator already rendered as strings."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        if isinstance(value, str):
+            return value
+        return super()._serialize(value, attr, obj, **kwargs)
+
+
+class StrictSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+
+# --- shared pieces --------------------------------------------------------------------------
+
+class ErrorSchema(Schema):
+    error = fields.String(required=True, metadata={"description": "stable snake_case error code"})
+    message = fields.String(required=True)
+    details = fields.Dict(metadata={"description": "optional machine-readable details"})
+
+
+class PageArgsSchema(Schema):
+    cursor = fields.String(validate=validate.Length(max=2048))
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+
+
+class ErrorInfoSchema(Schema):
+    code = fields.String(allow_none=True)
+    message = fields.String(allow_none=True)
+
+
+# --- context --------------------------------------------------------------------------------
+
+class ContextSchema(StrictSchema):
+    """Editable context keys; anything else is rejected (422)."""
+
+    title = fields.String(validate=validate.Length(max=500))
+    description = fields.String(validate=validate.Length(max=10_000))
+    ocr_text = fields.String(validate=validate.Length(max=20_000))
+    tags = fields.List(fields.String(validate=validate.Length(min=1, max=100)), validate=validate.Length(max=100))
+
+
+# --- images ---------------------------------------------------------------------------------
+
+class JobRefSchema(Schema):
+    id = fields.UUID(required=True)
+    status = fields.String(required=True)
+
+
+class ImageSchema(Schema):
+    id = fields.UUID(required=True)
+    display_name = fields.String(allow_none=True)
+    sha256 = fields.String(required=True)
+    media_type = fields.String(required=True)
+    size_bytes = fields.Integer(required=True)
+    width = fields.Integer(required=True)
+    height = fields.Integer(required=True)
+    context = fields.Dict(allow_none=True)
+    context_status = fields.String(validate=validate.OneOf([s.value for s in ContextStatus]))
+    metadata_hash = fields.String(allow_none=True)
+    revision = fields.Integer()
+    created_at = DateTime()
+    updated_at = DateTime()
+    latest_job = fields.Nested(JobRefSchema, allow_none=True)
+
+
+class UploadFormSchema(StrictSchema):
+    """Multipart form fields of ``POST /images`` (the file itself is the ``file`` part)."""
+
+    display_name = fields.String(validate=validate.Length(max=500))
+    reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
+    process = fields.Boolean(load_default=True)
+
+
+class ImagePatchSchema(StrictSchema):
+    display_name = fields.String(allow_none=True, validate=validate.Length(max=500))
+    context = fields.Nested(ContextSchema)
+
+    @validates_schema
+    def _not_empty(self, data, **kwargs):
+        if not data:
+            raise ValidationError("give display_name and/or context")
+
+
+class ProcessSchema(StrictSchema):
+    reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
+    force_stages = fields.List(
+        fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=3)
+    )
+
+
+class ImageListSchema(Schema):
+    items = fields.List(fields.Nested(ImageSchema), required=True)
+    next_cursor = fields.String(allow_none=True, required=True)
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+class StageSchema(Schema):
+    stage = fields.String(required=True, validate=validate.OneOf(STAGES))
+    status = fields.String(required=True, validate=validate.OneOf([s.value for s in StageStatus]))
+    task_id = fields.UUID(allow_none=True)
+    attempt_count = fields.Integer()
+    error = fields.Nested(ErrorInfoSchema, allow_none=True)
+    retry_at = DateTime(allow_none=True)
+    updated_at = DateTime(allow_none=True)
+
+
+class JobSchema(Schema):
+    id = fields.UUID(required=True)
+    image_id = fields.UUID(required=True)
+    revision = fields.Integer()
+    status = fields.String(required=True, validate=validate.OneOf([s.value for s in JobStatus]))
+    mode = fields.String(validate=validate.OneOf([m.value for m in JobMode]))
+    reverse_image_policy = fields.String(validate=validate.OneOf(POLICIES))
+    image_sha256 = fields.String()
+    current_stage = fields.String(allow_none=True)
+    progress = fields.Float()
+    error = fields.Nested(ErrorInfoSchema, allow_none=True)
+    retry_at = DateTime(allow_none=True)
+    batch_id = fields.UUID(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+    completed_at = DateTime(allow_none=True)
+    stages = fields.List(fields.Nested(StageSchema))
+
+
+class JobListArgsSchema(PageArgsSchema):
+    status = fields.String(validate=validate.OneOf([s.value for s in JobStatus]))
+    image_id = fields.UUID()
+
+
+class JobListSchema(Schema):
+    items = fields.List(fields.Nested(JobSchema), required=True)
+    next_cursor = fields.String(allow_none=True, required=True)
+
+
+class JobEnvelopeSchema(Schema):
+    job = fields.Nested(JobSchema, required=True)
+
+
+class JobCreatedSchema(Schema):
+    job = fields.Nested(JobSchema, required=True)
+    created = fields.Boolean(required=True)
+
+
+class UploadResultSchema(Schema):
+    image = fields.Nested(ImageSchema, required=True)
+    job = fields.Nested(JobSchema, allow_none=True, required=True)
+    created = fields.Boolean(required=True)
+
+
+class ImageJobSchema(Schema):
+    image = fields.Nested(ImageSchema, required=True)
+    job = fields.Nested(JobSchema, allow_none=True, required=True)
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+class AttemptSchema(Schema):
+    attempt_no = fields.Integer()
+    attempt_id = fields.String()
+    state = fields.String()
+    claim_generation = fields.Integer()
+    error = fields.Dict(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+
+
+class TaskSchema(Schema):
+    id = fields.UUID(required=True)
+    job_id = fields.UUID()
+    image_id = fields.UUID()
+    stage = fields.String()
+    lane = fields.String()
+    status = fields.String(required=True)
+    priority = fields.Integer()
+    attempt_count = fields.Integer()
+    max_attempts = fields.Integer()
+    available_at = DateTime(allow_none=True)
+    lease_expires_at = DateTime(allow_none=True)
+    claim_generation = fields.Integer()
+    cancel_requested = fields.Boolean()
+    error = fields.Dict(allow_none=True)
+    result = fields.Dict(allow_none=True)
+    created_at = DateTime()
+    updated_at = DateTime()
+    started_at = DateTime(allow_none=True)
+    completed_at = DateTime(allow_none=True)
+    attempts = fields.List(fields.Nested(AttemptSchema))
+
+
+# --- batches --------------------------------------------------------------------------------
+
+class BatchCreateSchema(StrictSchema):
+    all = fields.Boolean(load_default=False)
+    image_ids = fields.List(fields.UUID(), validate=validate.Length(min=1, max=MAX_IMAGE_IDS))
+    reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
+
+    @validates_schema
+    def _target(self, data, **kwargs):
+        if bool(data.get("all")) == bool(data.get("image_ids")):
+            raise ValidationError("give either all=true or a non-empty image_ids list (not both)")
+
+
+class BatchSchema(Schema):
+    id = fields.UUID(required=True)
+    status = fields.String(required=True, validate=validate.OneOf([s.value for s in BatchStatus]))
+    total = fields.Integer(required=True)
+    counts = fields.Dict(keys=fields.String(), values=fields.Integer())
+    progress = fields.Float()
+    reverse_image_policy = fields.String()
+    created_at = DateTime()
+    updated_at = DateTime()
+    completed_at = DateTime(allow_none=True)
+
+
+class BatchEnvelopeSchema(Schema):
+    batch = fields.Nested(BatchSchema, required=True)
+
+
+# --- search ---------------------------------------------------------------------------------
+
+class TextSearchArgsSchema(Schema):
+    q = fields.String(required=True, validate=validate.Length(min=1, max=1000))
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+
+
+class VisualSearchJsonSchema(StrictSchema):
+    image_id = fields.UUID(required=True)
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+
+
+class VisualSearchFormSchema(StrictSchema):
+    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+
+
+class SearchHitSchema(Schema):
+    image = fields.Nested(ImageSchema, required=True)
+    score = fields.Float(required=True)
+
+
+class CoverageSchema(Schema):
+    ready = fields.Integer(required=True)
+    total = fields.Integer(required=True)
+
+
+class TextSearchResultSchema(Schema):
+    items = fields.List(fields.Nested(SearchHitSchema), required=True)
+    model = fields.String(required=True)
+    coverage = fields.Nested(CoverageSchema, required=True)
+
+
+class VisualSearchResultSchema(Schema):
+    items = fields.List(fields.Nested(SearchHitSchema), required=True)
+    model = fields.String()
+    coverage = fields.Nested(CoverageSchema)
+
+
+# --- health ---------------------------------------------------------------------------------
+
+class HealthSchema(Schema):
+    status = fields.String(required=True)
+
+
+class ReadySchema(Schema):
+    status = fields.String(required=True)
+    checks = fields.Dict(keys=fields.String(), values=fields.Dict())

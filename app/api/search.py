@@ -1,0 +1,119 @@
+"""``/api/v1/search``: semantic text search and look-alike visual search over current embeddings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app.api import schemas as S
+from app.api import search_queries as Q
+from app.api.context import protect, scope_id, services
+from app.api.errors import ApiError
+from app.api.images import _error_docs
+from app.api.queries import image_file
+from app.api.uploads import parse_multipart, validate_bytes
+
+blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
+
+
+def _text_provider() -> Any:
+    """The same text provider (name and options) the embedding workers use."""
+    from app.worker.providers import Providers
+
+    return Providers(services().settings).text
+
+
+def _visual_provider() -> Any:
+    """The same visual provider (name and options) the visual workers use."""
+    from app.worker.providers import Providers
+
+    return Providers(services().settings).visual
+
+
+@blp.route("/text")
+class TextSearch(MethodView):
+    @blp.arguments(S.TextSearchArgsSchema, location="query")
+    @blp.response(200, S.TextSearchResultSchema)
+    def get(self, args):
+        """Semantic search: embed ``q`` with the configured text model, nearest current embeddings."""
+        svc = services()
+        provider = _text_provider()
+        config = provider.config()
+        vector = provider.embed([args["q"]])[0]
+        model, dims = str(config["model"]), int(config["dims"])
+        items = Q.search_text(svc.engine, scope_id(), model=model, dims=dims, vector=vector, limit=args["limit"])
+        return {"items": items, "model": model, "coverage": Q.text_coverage(svc.engine, scope_id(), model=model)}
+
+
+_VISUAL_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/VisualSearchJson"}},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "file": {"type": "string", "format": "binary"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                },
+                "required": ["file"],
+                "additionalProperties": False,
+            }
+        },
+    },
+}
+
+
+@blp.route("/visual")
+class VisualSearch(MethodView):
+    @blp.response(200, S.VisualSearchResultSchema)
+    @blp.doc(
+        requestBody=_VISUAL_BODY,
+        responses=_error_docs({400: "missing_file", 404: "not_found", 413: "payload_too_large",
+                               415: "unsupported_media_type", 422: "validation_error / invalid_image"}),
+    )
+    def post(self):
+        """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``."""
+        svc = services()
+        scope = scope_id()
+        provider = _visual_provider()
+        config = provider.config()
+        model, version, dims = str(config["model"]), str(config["preprocess_version"]), int(config["dims"])
+        exclude = None
+        if request.mimetype == "application/json":
+            args = S.VisualSearchJsonSchema().load(_json_body())
+            exclude = args["image_id"]
+            row = image_file(svc.engine, scope, exclude)
+            if row is None:
+                raise ApiError(404, "not_found", "image not found")
+            vector = Q.current_visual_vector(
+                svc.engine, scope, exclude, model=model, preprocess_version=version, dims=dims
+            )
+            if vector is None:  # not embedded yet: embed the stored bytes on the fly
+                try:
+                    data = svc.store.read(row.storage_key)
+                except FileNotFoundError:
+                    raise ApiError(404, "not_found", "the image file is gone") from None
+                vector = provider.embed([validate_bytes(data, svc.settings).decoded])[0]
+        elif request.mimetype == "multipart/form-data":
+            args, upload = parse_multipart(S.VisualSearchFormSchema(), svc.settings)
+            assert upload is not None
+            vector = provider.embed([upload.decoded])[0]
+        else:
+            raise ApiError(415, "unsupported_media_type", "send JSON {image_id} or multipart with a 'file' part")
+        items = Q.search_visual(
+            svc.engine, scope, model=model, preprocess_version=version, dims=dims, vector=vector,
+            limit=args["limit"], exclude_image_id=exclude,
+        )
+        coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
+        return {"items": items, "model": model, "coverage": coverage}
+
+
+def _json_body() -> Any:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError(422, "validation_error", "the body must be a JSON object")
+    return body

@@ -1,0 +1,148 @@
+"""Read-only pgvector queries for search, shaped to use the per-model HNSW expression indexes.
+
+Only *current* embeddings count: the row's image_sha256 must equal the image's sha256 and, for
+text, its metadata_hash the image's metadata_hash. ``dims`` is formatted into the SQL as an
+integer literal because the index expression is ``embedding::vector(<dims>)``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pgvector import Vector
+from sqlalchemy import Engine, text
+
+IMAGE_COLUMNS = (
+    "i.id, i.display_name, i.sha256, i.media_type, i.size_bytes, i.width, i.height, i.context, "
+    "i.context_status, i.metadata_hash, i.revision, i.created_at, i.updated_at"
+)
+_LATEST_JOB = (
+    "(SELECT json_build_object('id', j.id, 'status', j.status) FROM processing_jobs j "
+    " WHERE j.scope_id = i.scope_id AND j.image_id = i.id ORDER BY j.revision DESC LIMIT 1) AS latest_job"
+)
+
+
+def _literal(vec: Sequence[float]) -> str:
+    return Vector(list(vec)).to_text()
+
+
+def _hits(rows: Any) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        m = dict(r._mapping)
+        score = float(m.pop("score"))
+        out.append({"image": m, "score": score})
+    # relaxed_order iterative scans may return neighbours slightly out of order
+    out.sort(key=lambda h: h["score"], reverse=True)
+    return out
+
+
+def search_text(engine: Engine, scope_id: str, *, model: str, dims: int, vector: Sequence[float], limit: int) -> list[dict]:
+    """Nearest current text embeddings of the scope by cosine distance (score = 1 - distance)."""
+    d = int(dims)
+    sql = text(
+        f"SELECT {IMAGE_COLUMNS}, {_LATEST_JOB}, "
+        f"1 - (t.embedding::vector({d}) <=> CAST(:q AS vector({d}))) AS score "
+        "FROM text_embeddings t "
+        "JOIN images i ON i.scope_id = t.scope_id AND i.id = t.image_id "
+        " AND i.sha256 = t.image_sha256 AND i.metadata_hash = t.metadata_hash "
+        "WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready' "
+        f"ORDER BY t.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit"
+    )
+    with engine.begin() as conn:
+        _iterative_scan(conn)
+        return _hits(conn.execute(sql, {"s": scope_id, "m": model, "d": d, "q": _literal(vector), "limit": limit}))
+
+
+def text_coverage(engine: Engine, scope_id: str, *, model: str) -> dict[str, int]:
+    """How many images of the scope have a current text embedding for ``model``."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM images WHERE scope_id = :s) AS total, "
+                "(SELECT count(DISTINCT i.id) FROM images i JOIN text_embeddings t "
+                "  ON t.scope_id = i.scope_id AND t.image_id = i.id AND t.image_sha256 = i.sha256 "
+                "  AND t.metadata_hash = i.metadata_hash AND t.model = :m AND t.status = 'ready' "
+                "  WHERE i.scope_id = :s) AS ready"
+            ),
+            {"s": scope_id, "m": model},
+        ).one()
+    return {"ready": int(row.ready), "total": int(row.total)}
+
+
+def visual_coverage(engine: Engine, scope_id: str, *, model: str, preprocess_version: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM images WHERE scope_id = :s) AS total, "
+                "(SELECT count(DISTINCT i.id) FROM images i JOIN visual_embeddings v "
+                "  ON v.scope_id = i.scope_id AND v.image_id = i.id AND v.image_sha256 = i.sha256 "
+                "  AND v.model = :m AND v.preprocess_version = :p WHERE i.scope_id = :s) AS ready"
+            ),
+            {"s": scope_id, "m": model, "p": preprocess_version},
+        ).one()
+    return {"ready": int(row.ready), "total": int(row.total)}
+
+
+def current_visual_vector(
+    engine: Engine, scope_id: str, image_id: uuid.UUID, *, model: str, preprocess_version: str, dims: int
+) -> list[float] | None:
+    """The current visual embedding of one image of the scope, if it has been computed."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT v.embedding FROM visual_embeddings v JOIN images i "
+                " ON i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256 "
+                "WHERE v.scope_id = :s AND v.image_id = :id AND v.model = :m "
+                " AND v.preprocess_version = :p AND v.dims = :d LIMIT 1"
+            ),
+            {"s": scope_id, "id": image_id, "m": model, "p": preprocess_version, "d": int(dims)},
+        ).first()
+    if row is None:
+        return None
+    emb = row.embedding
+    return [float(x) for x in (emb.to_list() if hasattr(emb, "to_list") else _parse(emb))]
+
+
+def _parse(value: Any) -> list[float]:
+    if isinstance(value, str):
+        return [float(x) for x in value.strip("[]").split(",") if x]
+    return list(value)
+
+
+def search_visual(
+    engine: Engine,
+    scope_id: str,
+    *,
+    model: str,
+    preprocess_version: str,
+    dims: int,
+    vector: Sequence[float],
+    limit: int,
+    exclude_image_id: uuid.UUID | None = None,
+) -> list[dict]:
+    """Nearest current visual embeddings of the scope (score = 1 - cosine distance)."""
+    d = int(dims)
+    sql = text(
+        f"SELECT {IMAGE_COLUMNS}, {_LATEST_JOB}, "
+        f"1 - (v.embedding::vector({d}) <=> CAST(:q AS vector({d}))) AS score "
+        "FROM visual_embeddings v "
+        "JOIN images i ON i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256 "
+        "WHERE v.scope_id = :s AND v.model = :m AND v.dims = :d AND v.preprocess_version = :p "
+        "AND (CAST(:ex AS uuid) IS NULL OR v.image_id <> CAST(:ex AS uuid)) "
+        f"ORDER BY v.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit"
+    )
+    params = {
+        "s": scope_id, "m": model, "d": d, "p": preprocess_version, "q": _literal(vector),
+        "limit": limit, "ex": str(exclude_image_id) if exclude_image_id else None,
+    }
+    with engine.begin() as conn:
+        _iterative_scan(conn)
+        return _hits(conn.execute(sql, params))
+
+
+def _iterative_scan(conn: Any) -> None:
+    """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
+    conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))

@@ -1,0 +1,127 @@
+"""Upload validation: size limit, media type from magic bytes, full decode with a pixel limit.
+
+Nothing is written until the bytes have been fully validated; the file is then written
+atomically before the database transaction, and removed again if that transaction fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from flask import request
+from marshmallow import Schema
+
+from app.api.errors import ApiError, validation_error
+
+try:  # the shared decoder of the stages package (same rules as the workers)
+    from app.stages.images import EXTENSIONS, decode_image, sniff_media_type  # type: ignore
+except ImportError:  # pragma: no cover - fallback until app.stages lands
+    EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
+    decode_image = None  # type: ignore[assignment]
+
+    def sniff_media_type(data: bytes) -> str | None:  # type: ignore[misc]
+        if data.startswith(b"\x89PNG\r\n\x1a\n"):
+            return "image/png"
+        if data.startswith(b"\xff\xd8\xff"):
+            return "image/jpeg"
+        if data.startswith((b"GIF87a", b"GIF89a")):
+            return "image/gif"
+        if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            return "image/webp"
+        return None
+
+
+@dataclass(frozen=True)
+class ValidatedUpload:
+    data: bytes
+    sha256: str
+    media_type: str
+    extension: str
+    width: int
+    height: int
+    decoded: Any  # DecodedImage when app.stages is available (used by visual search)
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.data)
+
+
+def _decode(data: bytes, media_type: str, max_pixels: int) -> tuple[int, int, Any]:
+    if decode_image is not None:
+        try:
+            decoded = decode_image(data, max_pixels=max_pixels)
+        except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) and any decoder error
+            raise ApiError(422, "invalid_image", str(exc) or "cannot decode image") from None
+        return decoded.width, decoded.height, decoded
+    from PIL import Image  # pragma: no cover - fallback
+
+    formats = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=[formats[media_type]]) as im:
+                w, h = im.size
+                if w <= 0 or h <= 0 or w * h > max_pixels:
+                    raise ApiError(422, "invalid_image", f"image dimensions {w}x{h} exceed {max_pixels} pixels")
+                im.load()
+    except ApiError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is invalid input
+        raise ApiError(422, "invalid_image", f"cannot decode image: {exc}") from None
+    return w, h, None
+
+
+def validate_bytes(data: bytes, settings: Any) -> ValidatedUpload:
+    """Validate raw image bytes (already known to be within the size limit)."""
+    if len(data) == 0:
+        raise ApiError(422, "invalid_image", "the file is empty (zero bytes)")
+    media_type = sniff_media_type(data)
+    if media_type is None:
+        raise ApiError(415, "unsupported_media_type", "not a png, jpeg, gif or webp image (by its magic bytes)")
+    width, height, decoded = _decode(data, media_type, settings.max_image_pixels)
+    return ValidatedUpload(
+        data=data,
+        sha256=hashlib.sha256(data).hexdigest(),
+        media_type=media_type,
+        extension=EXTENSIONS[media_type],
+        width=width,
+        height=height,
+        decoded=decoded,
+    )
+
+
+def parse_multipart(form_schema: Schema, settings: Any, *, file_required: bool = True) -> tuple[dict, ValidatedUpload | None]:
+    """Parse a multipart request: strict form fields, exactly one ``file`` part, validated bytes.
+
+    Werkzeug enforces ``MAX_CONTENT_LENGTH`` while streaming (chunked bodies included); the file
+    part is checked again against ``max_upload_bytes`` because multipart framing adds overhead.
+    """
+    if request.mimetype != "multipart/form-data":
+        raise ApiError(415, "unsupported_media_type", "send the image as multipart/form-data with a 'file' part")
+    form = request.form  # parses the stream; 413 raised here when over the limit
+    unknown_files = [k for k in request.files if k != "file"]
+    if unknown_files:
+        raise validation_error({k: ["Unknown field."] for k in unknown_files})
+    raw: dict[str, Any] = {}
+    for key in form:
+        if key == "file":  # a text field named "file" is not a file part
+            continue
+        values = form.getlist(key)
+        raw[key] = values[0] if len(values) == 1 else values
+    args = form_schema.load(raw)  # ValidationError → 422 via the error handler
+    files = request.files.getlist("file")
+    if not files:
+        if file_required:
+            raise ApiError(400, "missing_file", "the multipart request has no 'file' part")
+        return args, None
+    if len(files) > 1:
+        raise validation_error({"file": ["Give exactly one file."]})
+    limit = settings.max_upload_bytes
+    data = files[0].stream.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError(413, "payload_too_large", f"the file exceeds the upload limit of {limit} bytes")
+    return args, validate_bytes(data, settings)

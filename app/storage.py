@@ -1,0 +1,118 @@
+"""Content-addressed file store: ``<storage_dir>/<namespace>/<sha256><ext>``.
+
+Files are written atomically (temp file in the same directory, fsync, rename, fsync of the
+directory), so a reader never sees a partial file and a crash leaves at most an orphan temp file
+or an orphan complete file that :meth:`FileStore.orphans` reports for ``memeflow gc``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+_KEY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[0-9a-f]{64}\.[a-z0-9]{1,6}$")
+_TMP_PREFIX = ".tmp-"
+
+
+class InvalidStorageKey(ValueError):
+    """A storage key must be ``<uuid namespace>/<sha256 hex>.<ext>``."""
+
+
+def storage_key(namespace: uuid.UUID | str, sha256: str, extension: str) -> str:
+    """The key of a file: never derived from the scope id itself, only its namespace uuid."""
+    ext = extension if extension.startswith(".") else f".{extension}"
+    key = f"{uuid.UUID(str(namespace))}/{sha256}{ext}"
+    _check(key)
+    return key
+
+
+def _check(key: str) -> str:
+    if not _KEY.match(key):
+        raise InvalidStorageKey(f"invalid storage key {key!r}")
+    return key
+
+
+class FileStore:
+    """Atomic, content-addressed files under one root directory."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def path(self, key: str) -> Path:
+        """Absolute path of ``key`` (validated: no traversal is possible)."""
+        return self.root / _check(key)
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def write(self, key: str, data: bytes) -> bool:
+        """Write ``data`` under ``key`` atomically; returns True if the file was newly created.
+
+        Content addressing makes an existing file with the same key identical, so it is kept.
+        """
+        target = self.path(key)
+        if target.is_file():
+            return False
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_dir(target.parent)
+        return True
+
+    def read(self, key: str) -> bytes:
+        return self.path(key).read_bytes()
+
+    def delete(self, key: str) -> bool:
+        """Remove the file of ``key``; True if it existed."""
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            return False
+        _fsync_dir(self.path(key).parent)
+        return True
+
+    def iter_keys(self) -> Iterator[str]:
+        """Every complete file key under the root (temp files excluded)."""
+        if not self.root.is_dir():
+            return
+        for ns in sorted(self.root.iterdir()):
+            if not ns.is_dir():
+                continue
+            for f in sorted(ns.iterdir()):
+                key = f"{ns.name}/{f.name}"
+                if f.is_file() and _KEY.match(key):
+                    yield key
+
+    def orphans(self, referenced: Iterable[str]) -> list[str]:
+        """Keys of files no image row references (``referenced`` = all images.storage_key)."""
+        known = set(referenced)
+        return [k for k in self.iter_keys() if k not in known]
+
+    def stale_temp_files(self) -> list[Path]:
+        """Temp files left by a crash mid-write (safe to remove once no writer is running)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,141 @@
+"""Bad input: each gets its 4xx and stable code, and leaves no rows and no files behind."""
+
+from __future__ import annotations
+
+import io
+import struct
+import uuid
+import zlib
+
+import pytest
+from sqlalchemy import text
+
+from app.api import create_app
+from app.auth import LocalScopeResolver
+from tests.api.conftest import png_bytes, upload
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_bomb(width: int = 30000, height: int = 30000) -> bytes:
+    """A PNG header claiming width x height pixels with a tiny (invalid) body: cheap to craft."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 64)
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
+
+
+def snapshot(engine, store_root):
+    with engine.connect() as conn:
+        images = conn.execute(text("SELECT count(*) FROM images")).scalar_one()
+        jobs = conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one()
+        tasks = conn.execute(text("SELECT count(*) FROM tasks")).scalar_one()
+    files = sorted(str(p) for p in store_root.rglob("*")) if store_root.exists() else []
+    return images, jobs, tasks, files
+
+
+@pytest.fixture()
+def unchanged(engine, settings):
+    before = snapshot(engine, settings.storage_path)
+    yield
+    assert snapshot(engine, settings.storage_path) == before
+
+
+UPLOAD_CASES = [
+    ("zero bytes", b"", {}, 422, "invalid_image"),
+    ("truncated png", png_bytes()[:40], {}, 422, "invalid_image"),
+    ("text named .png", b"hello, I am not an image\n" * 4, {}, 415, "unsupported_media_type"),
+    ("png bomb", png_bomb(), {}, 422, "invalid_image"),
+    ("bad policy", png_bytes(), {"reverse_image_policy": "always"}, 422, "invalid_reverse_image_policy"),
+    ("unknown form field", png_bytes(), {"scope_id": "beta"}, 422, "validation_error"),
+    ("bad process flag", png_bytes(), {"process": "perhaps"}, 422, "validation_error"),
+]
+
+
+@pytest.mark.parametrize("name,data,form,status,code", UPLOAD_CASES, ids=[c[0] for c in UPLOAD_CASES])
+def test_bad_uploads(client, unchanged, name, data, form, status, code):
+    r = upload(client, data, **form)
+    assert r.status_code == status, r.get_json()
+    assert r.get_json()["error"] == code
+
+
+def test_missing_file(client, unchanged):
+    r = client.post("/api/v1/images", data={"display_name": "x"}, content_type="multipart/form-data")
+    assert (r.status_code, r.get_json()["error"]) == (400, "missing_file")
+    r = client.post("/api/v1/images", data={"file": "not a file part"}, content_type="multipart/form-data")
+    assert (r.status_code, r.get_json()["error"]) == (400, "missing_file")
+    r = client.post("/api/v1/images", json={"file": "x"})
+    assert (r.status_code, r.get_json()["error"]) == (415, "unsupported_media_type")
+
+
+def test_extra_file_part_rejected(client, unchanged):
+    r = client.post(
+        "/api/v1/images",
+        data={"file": (io.BytesIO(png_bytes()), "a.png"), "other": (io.BytesIO(b"x"), "b.txt")},
+        content_type="multipart/form-data",
+    )
+    assert (r.status_code, r.get_json()["error"]) == (422, "validation_error")
+
+
+def test_body_over_limit(settings, engine, orch, publisher, store, unchanged):
+    app = create_app(
+        scope_resolver=LocalScopeResolver(), settings=settings.replace(max_upload_bytes=2000),
+        orchestrator=orch, engine=engine, publisher=publisher, store=store,
+    )
+    c = app.test_client()
+    big = png_bytes(size=(400, 400), fmt="BMP")[:3000]  # content irrelevant: size is checked first
+    r = upload(c, b"\x89PNG\r\n\x1a\n" + big)
+    assert (r.status_code, r.get_json()["error"]) == (413, "payload_too_large")
+    huge = b"\x89PNG\r\n\x1a\n" + b"\0" * (200 * 1024)  # over MAX_CONTENT_LENGTH (limit + framing)
+    r = upload(c, huge)
+    assert (r.status_code, r.get_json()["error"]) == (413, "payload_too_large")
+
+
+def test_json_body_errors(client, unchanged):
+    some = uuid.uuid4()
+    cases = [
+        ("post", f"/api/v1/images/{some}/process", {"force_stages": ["ocr"]}, 422, "invalid_stage"),
+        ("post", f"/api/v1/images/{some}/process", {"reverse_image_policy": "x"}, 422, "invalid_reverse_image_policy"),
+        ("post", f"/api/v1/images/{some}/process", {"scope_id": "beta"}, 422, "validation_error"),
+        ("post", f"/api/v1/images/{some}/process", {"force_stages": "visual"}, 422, "invalid_stage"),
+        ("patch", f"/api/v1/images/{some}", {"context": {"title": "t", "evil": 1}}, 422, "validation_error"),
+        ("patch", f"/api/v1/images/{some}", {"display_name": 5}, 422, "validation_error"),
+        ("patch", f"/api/v1/images/{some}", {}, 422, "validation_error"),
+        ("post", "/api/v1/batches", {"all": True, "scope_id": "beta"}, 422, "validation_error"),
+        ("post", "/api/v1/batches", {"all": "yes please"}, 422, "validation_error"),
+        ("post", "/api/v1/batches", {"image_ids": ["not-a-uuid"]}, 422, "validation_error"),
+        ("post", "/api/v1/batches", {}, 422, "validation_error"),
+        ("post", "/api/v1/batches", {"all": True, "reverse_image_policy": "x"}, 422, "invalid_reverse_image_policy"),
+        ("post", "/api/v1/search/visual", {"image_id": "nope"}, 422, "validation_error"),
+        ("post", "/api/v1/search/visual", {"image_id": str(some), "x": 1}, 422, "validation_error"),
+    ]
+    for method, path, body, status, code in cases:
+        r = getattr(client, method)(path, json=body)
+        assert (r.status_code, r.get_json()["error"]) == (status, code), (path, body, r.get_json())
+    r = client.post(f"/api/v1/images/{some}/process", data="{not json", content_type="application/json")
+    assert r.status_code == 400 and r.get_json()["error"] == "invalid_json"
+
+
+def test_query_errors(client, unchanged):
+    for path, code in [
+        ("/api/v1/images?cursor=abc", "invalid_cursor"),
+        ("/api/v1/images?cursor=eyJ4IjoxfQ.AAAA", "invalid_cursor"),
+        ("/api/v1/images?limit=0", "validation_error"),
+        ("/api/v1/images?limit=101", "validation_error"),
+        ("/api/v1/images?limit=ten", "validation_error"),
+        ("/api/v1/jobs?status=exploded", "validation_error"),
+        ("/api/v1/jobs?image_id=123", "validation_error"),
+        ("/api/v1/jobs?cursor=%%%", "invalid_cursor"),
+        ("/api/v1/search/text", "validation_error"),
+        ("/api/v1/search/text?q=", "validation_error"),
+        ("/api/v1/search/text?q=x&limit=1000", "validation_error"),
+    ]:
+        r = client.get(path)
+        assert (r.status_code, r.get_json()["error"]) == (422, code), (path, r.get_json())
+
+
+def test_invalid_uuid_paths_are_404(client, unchanged):
+    for path in ["/api/v1/images/123", "/api/v1/jobs/xyz", "/api/v1/tasks/1", "/api/v1/batches/../x"]:
+        r = client.get(path)
+        assert (r.status_code, r.get_json()["error"]) == (404, "not_found"), path
