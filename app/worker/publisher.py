@@ -81,3 +81,12 @@ class CeleryHintPublisher:
             metrics.HINT_PUBLISH_FAILURES.labels(lane=str(hint.lane)).inc()
         if hints:
             log.debug("dropped %d hints: %s", len(hints), why)
+
+
+def publisher_from_settings(settings) -> CeleryHintPublisher:
+    """A publisher on ``settings.broker_url`` (the API's and CLI's default; see app.api)."""
+    from app.worker.celery_app import celery_app, celery_app_for
+
+    if settings.broker_url:
+        return CeleryHintPublisher(celery_app_for(settings.broker_url, "memeflow-publisher"))
+    return CeleryHintPublisher(celery_app)
