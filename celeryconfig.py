@@ -48,7 +48,6 @@ broker_transport_options = {
     "interval_max": 0.5,
     "visibility_timeout": 3600,
 }
-broker_pool_limit = 4
 
 task_serializer = "json"
 accept_content = ["json"]
