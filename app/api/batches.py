@@ -9,17 +9,13 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import protect, publish, scope_id, services
-from app.api.errors import ApiError
 from app.api.images import _error_docs
 
 blp = protect(Blueprint("batches", __name__, url_prefix="/api/v1/batches", description="Batches"))
 
 
 def _orch_call(name: str):
-    fn = getattr(services().orchestrator, name, None)
-    if fn is None:
-        raise ApiError(501, "not_implemented", f"batches are not available in this build ({name})")
-    return fn
+    return getattr(services().orchestrator, name)
 
 
 @blp.route("")

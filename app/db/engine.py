@@ -35,6 +35,12 @@ def ensure_vector_index(conn: Connection, table: str, model: str, dims: int) -> 
     if table not in ("visual_embeddings", "text_embeddings"):
         raise ValueError(f"no vector column on {table}")
     name = vector_index_name(table, model, int(dims))
+    if conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name}).scalar():
+        return name  # already there: don't take the table lock CREATE INDEX needs
+    # concurrent IF NOT EXISTS can still collide in pg_class: one creator per index name at a time
+    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
+    if conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name}).scalar():
+        return name
     literal = model.replace("'", "''")
     conn.execute(
         text(

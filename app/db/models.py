@@ -23,6 +23,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Sequence,
     SmallInteger,
     String,
     Text,
@@ -313,6 +314,11 @@ class LaneSlot(Base):
         status_check("lane", E.Lane),
         Index("ix_lane_slots_task", "task_id", postgresql_where=text("task_id IS NOT NULL")),
     )
+
+
+# Global dispatch counter for round-robin fairness (migration 0002); lane_fairness keeps each
+# (lane, resource_key, scope)'s latest value.
+LANE_DISPATCH_SEQ = Sequence("lane_dispatch_seq", metadata=Base.metadata)
 
 
 class LaneFairness(Base):

@@ -17,34 +17,30 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import changes, execution, sweep as sweep_mod
+from app.orchestrator import batches, changes, execution, grants, lanes, sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
+from app.orchestrator.policy import Denial, OperationPolicy, policy_from_settings
 from app.orchestrator.store import reads
 from app.orchestrator.types import Claim, StageConfigs, SweepReport
+
+
+_INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
-class Denial:
-    """An operation policy said no: the stage and job become blocked with this error."""
-
-    def __init__(self, code: str, message: str, retry_at: datetime | None = None):
-        self.error = {"code": code, "message": message}
-        self.retry_at = retry_at
-
-
 class Orchestrator:
     def __init__(
         self, engine: Engine, settings: Settings, *, clock: Callable[[], datetime] | None = None,
-        policy: Any = None, stage_configs: StageConfigs | None = None, rand: random.Random | None = None,
+        policy: OperationPolicy | None = None, stage_configs: StageConfigs | None = None, rand: random.Random | None = None,
     ):
         self.engine = engine
         self.settings = settings
         self.now = clock or utcnow
-        self.policy = policy
+        self.policy: OperationPolicy = policy if policy is not None else policy_from_settings(settings)
         self.rand = rand or random.Random()
         self._stage_configs = stage_configs
 
@@ -121,7 +117,21 @@ class Orchestrator:
         return execution.heartbeat(self, claim)
 
     def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
+        table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
+        if table is not None:
+            self.ensure_vector_index(table, artifact.model, artifact.dims)
         return execution.complete_task(self, claim, artifact)
+
+    def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
+        """Make sure the per-model HNSW index exists before the first vector of a model lands."""
+        key = (str(self.engine.url), table, model, int(dims))
+        if key in _INDEXED:
+            return
+        from app.db.engine import ensure_vector_index
+
+        with self.engine.begin() as conn:
+            ensure_vector_index(conn, table, model, int(dims))
+        _INDEXED.add(key)
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
         return execution.fail_task(self, claim, error)
@@ -135,43 +145,50 @@ class Orchestrator:
     def sweep(self) -> SweepReport:
         return sweep_mod.sweep(self)
 
+    # ------------------------------------------------------------------ batches (SPEC §4.8)
+    create_batch = batches.create_batch
+    get_batch = batches.get_batch
+    cancel_batch = batches.cancel_batch
+    seed_batch = batches.seed_batch
+
     # ------------------------------------------------------------------ hooks (policy, lanes, batches)
     def job_priority(self, job: RowMapping) -> int:
         """Interactive work (uploads, explicit requests) before library batches."""
         return 0 if job["batch_id"] else 1
 
     def before_agent_task_txn(self, conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
-        return None
+        """Acquire the new logical agent task's grant (after dedupe); a Denial blocks the job."""
+        return grants.before_agent_task_txn(self, conn, job, fingerprint)
 
     def bind_grant_txn(self, conn: Connection, job: RowMapping, fingerprint: str, task_id: uuid.UUID) -> None:
-        return None
+        grants.bind_grant_txn(self, conn, job, fingerprint, task_id)
 
     def commit_grant_txn(self, conn: Connection, claim: Claim) -> None:
-        return None
+        grants.commit_grant_txn(self, conn, claim)
 
     def mark_grant_unknown_txn(self, conn: Connection, claim: Claim) -> None:
-        return None
+        grants.mark_grant_unknown_txn(self, conn, claim)
 
     def on_task_cancelled_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
-        return None
+        grants.release_if_unattempted_txn(self, conn, task_id)
 
     def acquire_slot_txn(self, conn: Connection, row: RowMapping) -> bool:
-        return True
+        return lanes.acquire_slot_txn(self, conn, row)
 
     def extend_slot_txn(self, conn: Connection, claim: Claim) -> None:
-        return None
+        lanes.extend_slot_txn(self, conn, claim)
 
     def release_slot_txn(self, conn: Connection, claim: Claim) -> None:
-        return None
+        lanes.release_slot_txn(self, conn, claim)
 
     def next_fair_hints_txn(self, conn: Connection, claim: Claim) -> list[Hint]:
-        return []
+        return lanes.next_fair_hints_txn(self, conn, claim)
 
     def release_orphan_slots_txn(self, conn: Connection) -> int:
-        return 0
+        return lanes.release_orphan_slots_txn(self, conn)
 
     def continue_batches(self) -> tuple[int, list[Hint]]:
-        return 0, []
+        return batches.continue_batches(self)
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

@@ -17,7 +17,6 @@ from app.api import create_app
 from app.auth import LocalScopeResolver
 from app.orchestrator import Orchestrator
 from tests.api.conftest import png_bytes, upload
-from tests.api.test_batches import BatchingOrchestrator
 
 FUZZ = hsettings(
     max_examples=15,
@@ -30,9 +29,7 @@ FUZZ = hsettings(
 
 @pytest.fixture()
 def fuzz_app(settings, engine, publisher, store):
-    # batches run against the stand-in until the orchestrator's batch backend lands
-    orch_cls = Orchestrator if hasattr(Orchestrator, "create_batch") else BatchingOrchestrator
-    return create_app(scope_resolver=LocalScopeResolver(), settings=settings, orchestrator=orch_cls(engine, settings),
+    return create_app(scope_resolver=LocalScopeResolver(), settings=settings, orchestrator=Orchestrator(engine, settings),
                       engine=engine, publisher=publisher, store=store)
 
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import psycopg2
 import redis
 
 from app.embedded import EmbeddedServices
 
 
-def test_start_stop_restart_keeps_data_and_second_start_reuses(tmp_path):
+def test_start_stop_restart_keeps_data_and_second_start_reuses():
+    # not pytest's tmp_path: its parents are 0700 and the unprivileged postgres user must reach the dir
+    tmp_path = Path(tempfile.mkdtemp(prefix="memeflow-embedded-"))
     svc = EmbeddedServices(tmp_path / "var", fast_unsafe=True)
     urls = svc.start()
     try:
@@ -35,3 +41,4 @@ def test_start_stop_restart_keeps_data_and_second_start_reuses(tmp_path):
     finally:
         svc.stop()
     assert svc.urls() is None
+    shutil.rmtree(tmp_path, ignore_errors=True)

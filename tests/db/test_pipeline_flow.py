@@ -55,6 +55,9 @@ def test_happy_path_costs_at_most_seven_commits_per_job(engine, settings):
 
     orch = Orchestrator(engine, settings.replace(heartbeat_s=59, lease_s=60))
     pub = RecordingPublisher()
+    cfg = orch.stage_configs  # vector indexes are created once per model, before the first vector
+    orch.ensure_vector_index("visual_embeddings", cfg.visual["model"], cfg.visual["dims"])
+    orch.ensure_vector_index("text_embeddings", cfg.text["model"], cfg.text["dims"])
     commits = []
     event.listen(engine, "commit", lambda conn: commits.append(1))
     n = 20

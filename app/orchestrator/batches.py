@@ -1,0 +1,205 @@
+"""Batches — "process the whole library" (SPEC §4.8).
+
+A batch snapshots its target set (all images of the scope created up to the batch, or a list of
+ids) and seeds it page by page: each page is one transaction that creates or reuses every image's
+job in ``explicit`` mode and records a ``batch_items`` row. Seeding pauses while the queued
+backlog is above ``batch_backlog_threshold`` (so at most threshold + one page is ever queued) and
+the sweep continues it. Progress is exact: terminal item jobs / total.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING, Iterable
+
+from app.db.enums import ACTIVE_JOB_STATUSES, JobMode, JobStatus
+from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
+from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, NotFound
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import batches as store
+from app.orchestrator.store import images, jobs
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+SEEDING, RUNNING, COMPLETED, CANCELLED = "seeding", "running", "completed", "cancelled"
+FINISHED = (COMPLETED, CANCELLED)
+CANCEL_PAGE = 500
+SWEEP_BATCHES = 20
+
+
+def _uuid_list(values: Iterable) -> list[uuid.UUID]:
+    out: list[uuid.UUID] = []
+    try:
+        for v in values:
+            u = v if isinstance(v, uuid.UUID) else uuid.UUID(str(v))
+            if u not in out:
+                out.append(u)
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidRequest("image_ids must be a list of image ids", code="invalid_image_ids") from None
+    return out
+
+
+def create_batch(
+    orch: "Orchestrator", scope_id: str, *, all: bool = False, image_ids: list | None = None,
+    reverse_image_policy: str = "forbid",
+) -> tuple[dict, list[Hint]]:
+    """Create a batch and seed its first page; the sweep seeds the rest. Returns (batch, hints)."""
+    if reverse_image_policy not in ("forbid", "auto"):
+        raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
+    if bool(all) == bool(image_ids):
+        raise InvalidRequest("give either all=true or a non-empty image_ids list", code="invalid_batch_target")
+    ids = None if all else _uuid_list(image_ids or [])
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        images.ensure_scope_txn(conn, scope_id)
+        if ids is not None:
+            missing = [str(i) for i in ids if i not in store.existing_ids_txn(conn, scope_id, ids)]
+            if missing:  # another scope's id behaves exactly like a missing one
+                raise NotFound(f"image not found: {', '.join(missing[:5])}")
+            cursor: dict = {"offset": 0}
+            total = len(ids)
+        else:
+            cursor = {"until": now.isoformat(), "after": None}
+            total = store.count_images_until_txn(conn, scope_id, now)
+        batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
+                                       policy=reverse_image_policy, cursor=cursor, total=total, now=now)
+    _, hints = seed_batch(orch, batch["id"], max_pages=1)
+    return get_batch(orch, scope_id, batch["id"]), hints
+
+
+def seed_batch(orch: "Orchestrator", batch_id: uuid.UUID | str, max_pages: int | None = None) -> tuple[int, list[Hint]]:
+    """Seed pages until done, paused by back-pressure, cancelled, or ``max_pages``. Returns (items, hints)."""
+    batch_id = batch_id if isinstance(batch_id, uuid.UUID) else uuid.UUID(str(batch_id))
+    seeded, hints, pages = 0, [], 0
+    while max_pages is None or pages < max_pages:
+        n, page_hints, more = _seed_page(orch, batch_id)
+        seeded, pages = seeded + n, pages + 1
+        hints += page_hints
+        if not more:
+            break
+    return seeded, hints
+
+
+def _seed_page(orch: "Orchestrator", batch_id: uuid.UUID) -> tuple[int, list[Hint], bool]:
+    """One page in one transaction; ``more`` = another page may be seeded right away."""
+    s = orch.settings
+    page_size, threshold = s.batch_page_size, s.batch_backlog_threshold
+    with orch.engine.begin() as conn:
+        batch = store.batch_txn(conn, batch_id, lock=True)  # one seeder per batch at a time
+        if batch is None or batch["status"] != SEEDING:
+            return 0, [], False
+        if store.queued_backlog_txn(conn, threshold + 1) > threshold:
+            return 0, [], False  # back-pressure: the sweep continues later
+        now = orch.now()
+        cursor = dict(batch["seed_cursor"] or {})
+        if batch["select_all"]:
+            after = cursor.get("after")
+            after_key = (datetime.fromisoformat(after[0]), uuid.UUID(after[1])) if after else None
+            rows = store.image_page_txn(conn, batch["scope_id"], datetime.fromisoformat(cursor["until"]), after_key,
+                                        page_size)
+            page_ids = [r["id"] for r in rows]
+            if rows:
+                cursor["after"] = [rows[-1]["created_at"].isoformat(), str(rows[-1]["id"])]
+            done = len(rows) < page_size
+        else:
+            offset = int(cursor.get("offset", 0))
+            requested = list(batch["requested_ids"] or [])
+            page_ids = requested[offset:offset + page_size]
+            cursor["offset"] = offset + len(page_ids)
+            done = cursor["offset"] >= len(requested)
+        items, hints, gone = [], [], 0
+        for image_id in page_ids:
+            image = images.lock_image_txn(conn, batch["scope_id"], image_id)
+            if image is None:
+                gone += 1  # deleted since the snapshot: no longer part of the target set
+                continue
+            try:
+                job, _, job_hints = create_or_reuse_job_txn(
+                    orch, conn, image, mode=JobMode.EXPLICIT, policy=batch["reverse_image_policy"], batch_id=batch_id
+                )
+                job_id = job["id"] if job else None
+                hints += job_hints
+            except GenerationPolicyConflict as exc:
+                # An active job with another policy owns the image; the item follows that job.
+                job_id = uuid.UUID(str(exc.details["job_id"]))
+            items.append({"batch_id": batch_id, "image_id": image_id, "scope_id": batch["scope_id"],
+                          "job_id": job_id, "now": now})
+        store.insert_items_txn(conn, items)
+        fields: dict = {"seed_cursor": cursor, "total": batch["total"] - gone}
+        if done:
+            fields["status"] = RUNNING
+        store.update_batch_txn(conn, batch_id, now, from_statuses=(SEEDING,), **fields)
+    return len(items), hints, not done
+
+
+def get_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str) -> dict:
+    """SPEC §6 Batch: {id, status, total, counts, progress, created_at, completed_at}."""
+    bid = _batch_uuid(batch_id)
+    with orch.engine.connect() as conn:
+        batch = store.batch_txn(conn, bid, scope_id)
+        if batch is None:
+            raise NotFound("batch not found")
+        counts = store.item_counts_txn(conn, bid)
+    total = batch["total"]
+    terminal = sum(n for status, n in counts.items() if status not in ACTIVE_JOB_STATUSES)
+    if total:
+        progress = round(terminal / total, 6)
+    else:
+        progress = 1.0 if batch["status"] == COMPLETED else 0.0
+    return {
+        "id": str(batch["id"]), "status": batch["status"], "total": total, "counts": counts, "progress": progress,
+        "reverse_image_policy": batch["reverse_image_policy"],
+        "created_at": batch["created_at"].isoformat(),
+        "completed_at": batch["completed_at"].isoformat() if batch["completed_at"] else None,
+    }
+
+
+def cancel_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str) -> dict:
+    """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged."""
+    bid = _batch_uuid(batch_id)
+    with orch.engine.begin() as conn:
+        batch = store.batch_txn(conn, bid, scope_id, lock=True)
+        if batch is None:
+            raise NotFound("batch not found")
+        if batch["status"] in FINISHED:
+            return get_batch(orch, scope_id, bid)
+        now = orch.now()
+        store.update_batch_txn(conn, bid, now, from_statuses=(SEEDING, RUNNING), status=CANCELLED, completed_at=now)
+    while True:  # page by page, through the same path as POST /jobs/{id}/cancel
+        with orch.engine.begin() as conn:
+            job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
+            for job_id in job_ids:
+                job = jobs.lock_job_txn(conn, job_id)
+                if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
+                    _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
+        if len(job_ids) < CANCEL_PAGE:
+            break
+    return get_batch(orch, scope_id, bid)
+
+
+def continue_batches(orch: "Orchestrator") -> tuple[int, list[Hint]]:
+    """Sweep step: seed batches still seeding; complete running ones whose item jobs are all terminal."""
+    with orch.engine.connect() as conn:
+        open_batches = store.open_batches_txn(conn, SWEEP_BATCHES)
+    seeded, hints = 0, []
+    for b in open_batches:
+        if b["status"] == SEEDING:
+            n, h = seed_batch(orch, b["id"])
+            seeded, hints = seeded + n, hints + h
+        with orch.engine.begin() as conn:
+            batch = store.batch_txn(conn, b["id"], lock=True)
+            if batch is not None and batch["status"] == RUNNING and not store.has_active_item_jobs_txn(conn, b["id"]):
+                now = orch.now()
+                store.update_batch_txn(conn, b["id"], now, from_statuses=(RUNNING,), status=COMPLETED, completed_at=now)
+    return seeded, hints
+
+
+def _batch_uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise NotFound("batch not found") from None

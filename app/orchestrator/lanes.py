@@ -1,0 +1,88 @@
+"""Lane concurrency and fairness (SPEC §4.10) for the agent lane.
+
+Limits are DB-wide (``lane_slots``), so they hold however many worker processes run: a global
+pool (resource key ``*``) of ``agent_lane_limit`` slots and, per resource key (provider:model),
+``agent_resource_limit`` slots; 0 means unlimited. A claim takes its slot(s) in the claim
+transaction; completion, failure and abandon release them in theirs (fenced by generation).
+
+Fairness is round-robin over scopes by ``lane_fairness.last_dispatch_seq``: a claim is refused
+while another scope with a due task was served less recently (its hint is dropped; the slot-free
+path and the sweep hint the fairest task), and every admitted claim moves its scope to the back.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.db.enums import Lane
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import slots, tasks
+from app.orchestrator.types import Claim
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+GLOBAL_KEY = "*"
+LIMITED_LANES = (Lane.AGENT.value,)
+
+
+def _pools(orch: "Orchestrator", resource_key: str) -> list[tuple[str, int]]:
+    s = orch.settings
+    pools = []
+    if s.agent_lane_limit > 0:
+        pools.append((GLOBAL_KEY, s.agent_lane_limit))
+    if s.agent_resource_limit > 0:
+        pools.append((resource_key, s.agent_resource_limit))
+    return pools
+
+
+def acquire_slot_txn(orch: "Orchestrator", conn: Connection, row: RowMapping) -> bool:
+    """In the claim transaction: admit the claim fairly and take its slots; False = refuse it."""
+    lane = row["lane"]
+    if lane not in LIMITED_LANES:
+        return True
+    pools = _pools(orch, row["resource_key"])
+    if not pools:
+        return True  # unlimited: nothing to share, so nothing to be fair about
+    now = orch.now()
+    if slots.fairer_scope_waiting_txn(conn, lane, row["resource_key"], row["scope_id"], now):
+        return False
+    expires = now + timedelta(seconds=orch.settings.lease_s)
+    for key, limit in pools:
+        if slots.take_over_txn(conn, lane, key, row["id"], row["claim_generation"], expires, now):
+            continue
+        slots.ensure_slots_txn(conn, lane, key, limit, now)
+        if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now):
+            return False
+    slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])
+    return True
+
+
+def extend_slot_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+    if claim.lane in LIMITED_LANES:
+        now = orch.now()
+        slots.extend_txn(conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
+
+
+def release_slot_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+    if claim.lane in LIMITED_LANES:
+        slots.release_txn(conn, claim.task_id, claim.generation, orch.now())
+
+
+def next_fair_hints_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> list[Hint]:
+    """A slot just freed: hint the fairest queued due task of the lane (marked hinted)."""
+    if claim.lane not in LIMITED_LANES:
+        return []
+    now = orch.now()
+    rows = slots.fairest_queued_txn(conn, claim.lane, now, 1)
+    if not rows:
+        return []
+    tasks.mark_hinted_txn(conn, [r["id"] for r in rows], now)
+    return [Hint(r["lane"], r["id"]) for r in rows]
+
+
+def release_orphan_slots_txn(orch: "Orchestrator", conn: Connection) -> int:
+    return slots.release_orphans_txn(conn, orch.now())

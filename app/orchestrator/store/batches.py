@@ -1,0 +1,137 @@
+"""Batches and their items (SPEC §4.8): the snapshot target set, seeded page by page."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.fingerprints import canonical_json
+
+ACTIVE_JOB = "('queued', 'running')"
+
+
+def insert_batch_txn(
+    conn: Connection, scope_id: str, *, select_all: bool, requested_ids: list[uuid.UUID] | None, policy: str,
+    cursor: dict[str, Any], total: int, now: datetime,
+) -> RowMapping:
+    return conn.execute(
+        text(
+            "INSERT INTO batches (id, scope_id, status, select_all, requested_ids, reverse_image_policy, seed_cursor,"
+            " total, created_at, updated_at) VALUES (:id, :s, 'seeding', :all, :ids, :p, CAST(:cur AS jsonb), :total,"
+            " :now, :now) RETURNING *"
+        ),
+        {"id": uuid.uuid4(), "s": scope_id, "all": select_all, "ids": requested_ids, "p": policy,
+         "cur": canonical_json(cursor), "total": total, "now": now},
+    ).mappings().one()
+
+
+def batch_txn(conn: Connection, batch_id: uuid.UUID, scope_id: str | None = None, *, lock: bool = False
+              ) -> RowMapping | None:
+    sql = "SELECT * FROM batches WHERE id = :id" + (" AND scope_id = :s" if scope_id else "")
+    return conn.execute(text(sql + (" FOR UPDATE" if lock else "")), {"id": batch_id, "s": scope_id}).mappings().first()
+
+
+def count_images_until_txn(conn: Connection, scope_id: str, until: datetime) -> int:
+    return conn.execute(
+        text("SELECT count(*) FROM images WHERE scope_id = :s AND created_at <= :u"), {"s": scope_id, "u": until}
+    ).scalar_one()
+
+
+def existing_ids_txn(conn: Connection, scope_id: str, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    return set(
+        conn.execute(text("SELECT id FROM images WHERE scope_id = :s AND id = ANY(:ids)"),
+                     {"s": scope_id, "ids": ids}).scalars()
+    )
+
+
+def image_page_txn(
+    conn: Connection, scope_id: str, until: datetime, after: tuple[datetime, uuid.UUID] | None, n: int
+) -> list[RowMapping]:
+    """Next page of the scope's images in (created_at, id) order (keyset over ix_images_scope_page)."""
+    return list(
+        conn.execute(
+            text(
+                "SELECT id, created_at FROM images WHERE scope_id = :s AND created_at <= :u"
+                " AND (CAST(:ac AS timestamptz) IS NULL OR (created_at, id) > (:ac, :aid))"
+                " ORDER BY created_at, id LIMIT :n"
+            ),
+            {"s": scope_id, "u": until, "ac": after[0] if after else None, "aid": after[1] if after else None,
+             "n": n},
+        ).mappings()
+    )
+
+
+def queued_backlog_txn(conn: Connection, cap: int) -> int:
+    """Queued tasks, counted up to ``cap`` (a bounded scan of the partial 'queued' index)."""
+    return conn.execute(
+        text("SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT :cap) q"), {"cap": cap}
+    ).scalar_one()
+
+
+def insert_items_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(
+            text(
+                "INSERT INTO batch_items (batch_id, image_id, scope_id, job_id, created_at)"
+                " VALUES (:batch_id, :image_id, :scope_id, :job_id, :now) ON CONFLICT DO NOTHING"
+            ),
+            rows,
+        )
+
+
+def update_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime, *, from_statuses: tuple[str, ...],
+                     **fields: Any) -> bool:
+    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "seed_cursor" else f"{k} = :{k}" for k in fields)
+    params = {k: (canonical_json(v) if k == "seed_cursor" else v) for k, v in fields.items()}
+    res = conn.execute(
+        text(f"UPDATE batches SET {sets}, updated_at = :now WHERE id = :id AND status = ANY(:from_)"),
+        {"id": batch_id, "now": now, "from_": list(from_statuses), **params},
+    )
+    return res.rowcount > 0
+
+
+def item_counts_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, int]:
+    rows = conn.execute(
+        text(
+            "SELECT j.status, count(*) FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id"
+            " WHERE bi.batch_id = :b GROUP BY j.status"
+        ),
+        {"b": batch_id},
+    ).all()
+    return {status: n for status, n in rows}
+
+
+def has_active_item_jobs_txn(conn: Connection, batch_id: uuid.UUID) -> bool:
+    return conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id"
+            f" WHERE bi.batch_id = :b AND j.status IN {ACTIVE_JOB})"
+        ),
+        {"b": batch_id},
+    ).scalar_one()
+
+
+def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list[uuid.UUID]:
+    """Active jobs the batch created (ix_processing_jobs_batch), a page at a time."""
+    return list(
+        conn.execute(
+            text(f"SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN {ACTIVE_JOB} LIMIT :n"),
+            {"b": batch_id, "n": n},
+        ).scalars()
+    )
+
+
+def open_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
+    """Batches still seeding or running, least recently touched first (ix_batches_active)."""
+    return list(
+        conn.execute(
+            text(
+                "SELECT id, status FROM batches WHERE status IN ('seeding', 'running') ORDER BY updated_at LIMIT :n"
+            ),
+            {"n": limit},
+        ).mappings()
+    )

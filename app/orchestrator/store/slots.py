@@ -1,0 +1,166 @@
+"""Lane slots and fairness (SPEC §4.10): DB-wide concurrency slots and round-robin dispatch.
+
+A slot is held by (task_id, claim_generation); every release or extension is fenced by that
+pair. A slot is free when it has no holder or its holder is no longer running with the
+generation it took the slot with (the holder finished or was re-claimed by a newer execution).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, RowMapping
+
+# Distinct (resource_key, scope_id) pairs with queued tasks in a lane: a loose index scan over
+# ix_tasks_claimable, so its cost follows the number of waiting scopes, not the backlog size.
+_WAITING = (
+    "WITH RECURSIVE w AS ("
+    " (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'"
+    "  ORDER BY resource_key, scope_id LIMIT 1)"
+    " UNION ALL"
+    " SELECT n.resource_key, n.scope_id FROM w, LATERAL (SELECT resource_key, scope_id FROM tasks"
+    "  WHERE lane = :lane AND status = 'queued' AND (resource_key, scope_id) > (w.resource_key, w.scope_id)"
+    "  ORDER BY resource_key, scope_id LIMIT 1) n"
+    ")"
+)
+# The best due task of each waiting pair (priority, then age) with the pair's last dispatch.
+_HEADS = (
+    " SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,"
+    "  coalesce(f.last_dispatch_seq, 0) AS seq FROM w"
+    " LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id"
+    " CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane"
+    "  AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id"
+    "  AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts"
+    "  ORDER BY t.priority DESC, t.created_at LIMIT 1) c"
+)
+
+
+def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> None:
+    """Create slot rows 0..limit-1 on demand.
+
+    A plain read first: once the rows exist (the steady state) no INSERT runs, because a
+    speculative insert would wait on slot rows that concurrent claimers hold locked.
+    """
+    have = conn.execute(
+        text("SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit"),
+        {"lane": lane, "rk": resource_key, "limit": limit},
+    ).scalar_one()
+    if have >= limit:
+        return
+    conn.execute(
+        text(
+            "INSERT INTO lane_slots (lane, resource_key, slot_no, updated_at)"
+            " SELECT :lane, :rk, g, :now FROM generate_series(0, :limit - 1) g"
+            " ON CONFLICT DO NOTHING"
+        ),
+        {"lane": lane, "rk": resource_key, "limit": limit, "now": now},
+    )
+
+
+def take_over_txn(
+    conn: Connection, lane: str, resource_key: str, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime
+) -> bool:
+    """A re-claim of a task that still holds a slot (expired lease) moves it to the new generation."""
+    res = conn.execute(
+        text(
+            "UPDATE lane_slots SET claim_generation = :gen, lease_expires_at = :exp, updated_at = :now"
+            " WHERE lane = :lane AND resource_key = :rk AND task_id = :t"
+        ),
+        {"lane": lane, "rk": resource_key, "t": task_id, "gen": gen, "exp": expires, "now": now},
+    )
+    return res.rowcount > 0
+
+
+def take_free_txn(
+    conn: Connection, lane: str, resource_key: str, limit: int, task_id: uuid.UUID, gen: int, expires: datetime,
+    now: datetime,
+) -> bool:
+    """Take one free slot below ``limit``; slots other claimers are taking right now are skipped."""
+    row = conn.execute(
+        text(
+            # a CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row
+            "WITH pick AS (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk"
+            "  AND slot_no < :limit AND (ls.task_id IS NULL OR NOT EXISTS (SELECT 1 FROM tasks t"
+            "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
+            "  ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED)"
+            " UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp,"
+            " updated_at = :now FROM pick"
+            " WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = pick.slot_no RETURNING s.slot_no"
+        ),
+        {"lane": lane, "rk": resource_key, "limit": limit, "t": task_id, "gen": gen, "exp": expires, "now": now},
+    ).first()
+    return row is not None
+
+
+def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime) -> None:
+    conn.execute(
+        text(
+            "UPDATE lane_slots SET lease_expires_at = :exp, updated_at = :now"
+            " WHERE task_id = :t AND claim_generation = :gen"
+        ),
+        {"t": task_id, "gen": gen, "exp": expires, "now": now},
+    )
+
+
+def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -> int:
+    """Free every slot this execution holds (fenced by generation)."""
+    return conn.execute(
+        text(
+            "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
+            " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
+        ),
+        {"t": task_id, "gen": gen, "now": now},
+    ).rowcount
+
+
+def release_orphans_txn(conn: Connection, now: datetime) -> int:
+    """Free slots whose holder is not running with that generation, or whose lease expired."""
+    return conn.execute(
+        text(
+            "WITH o AS (SELECT lane, resource_key, slot_no FROM lane_slots ls"
+            "  WHERE ls.task_id IS NOT NULL AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t"
+            "   WHERE t.id = ls.task_id AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
+            "  FOR UPDATE SKIP LOCKED)"
+            " UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
+            " updated_at = :now FROM o"
+            " WHERE s.lane = o.lane AND s.resource_key = o.resource_key AND s.slot_no = o.slot_no"
+        ),
+        {"now": now},
+    ).rowcount
+
+
+def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id: str) -> None:
+    """This (lane, resource_key, scope) was just dispatched: it goes to the back of the round."""
+    conn.execute(
+        text(
+            "INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)"
+            " VALUES (:lane, :rk, :s, nextval('lane_dispatch_seq'))"
+            " ON CONFLICT (lane, resource_key, scope_id) DO UPDATE SET last_dispatch_seq = EXCLUDED.last_dispatch_seq"
+        ),
+        {"lane": lane, "rk": resource_key, "s": scope_id},
+    )
+
+
+def fairer_scope_waiting_txn(conn: Connection, lane: str, resource_key: str, scope_id: str, now: datetime) -> bool:
+    """Does another scope with a due task in this (lane, resource_key) wait longer than ``scope_id``?"""
+    return conn.execute(
+        text(
+            _WAITING + ", h AS (" + _HEADS + ")"
+            " SELECT EXISTS (SELECT 1 FROM h WHERE h.resource_key = :rk AND h.scope_id <> :s"
+            "  AND h.seq < coalesce((SELECT last_dispatch_seq FROM lane_fairness WHERE lane = :lane"
+            "   AND resource_key = :rk AND scope_id = :s), 0))"
+        ),
+        {"lane": lane, "rk": resource_key, "s": scope_id, "now": now},
+    ).scalar_one()
+
+
+def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -> list[RowMapping]:
+    """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age."""
+    return list(
+        conn.execute(
+            text(_WAITING + _HEADS + " ORDER BY seq, c.priority DESC, c.created_at LIMIT :n"),
+            {"lane": lane, "now": now, "n": n},
+        ).mappings()
+    )
