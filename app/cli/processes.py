@@ -399,8 +399,10 @@ def beat(schedule: Path | None) -> None:
 
 @click.command()
 @click.option("--port", type=int, default=None, help="Port (default MEMEFLOW_FLOWER_PORT).")
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Bind address (0.0.0.0 in a container; set MEMEFLOW_FLOWER_BASIC_AUTH then).")
 @friendly_errors
-def flower(port: int | None) -> None:
+def flower(port: int | None, address: str) -> None:
     """Run Flower (MEMEFLOW_FLOWER_BASIC_AUTH=user:password enables basic auth)."""
     s = cli_settings()
-    _exec(flower_cmd(port or s.flower_port, s.flower_basic_auth), _urls_env(s))
+    _exec(flower_cmd(port or s.flower_port, s.flower_basic_auth, address), _urls_env(s))

@@ -6,7 +6,15 @@ Start a worker with ``celery -A app.worker.celery_app worker -Q visual`` (or ``m
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from celery import Celery
+
+try:
+    import celeryconfig  # noqa: F401 - installed as a top-level module (setup.cfg py_modules)
+except ImportError:  # running from a source checkout whose root is not on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 celery_app = Celery("memeflow")
 celery_app.config_from_object("celeryconfig")
