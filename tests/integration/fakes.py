@@ -36,6 +36,17 @@ def record_call(stage: str, key: str) -> None:
         os.close(fd)
 
 
+def read_calls_by_pid(path: Path) -> list[tuple[str, int, str]]:
+    """(stage, pid, key) per recorded line."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        stage, pid, key = line.split(" ", 2)
+        out.append((stage, int(pid), key))
+    return out
+
+
 def read_calls(path: Path) -> list[tuple[str, str]]:
     """(stage, key) per recorded invocation."""
     if not path.exists():
@@ -50,6 +61,10 @@ def read_calls(path: Path) -> list[tuple[str, str]]:
 class CountingVisual(DeterministicVisualProvider):
     name = "counting-visual"
 
+    def __init__(self, **options) -> None:
+        record_call("init-visual", "-")  # proves which processes load which stage's "model"
+        super().__init__(**options)
+
     def embed(self, images: list[DecodedImage]) -> list[list[float]]:
         for image in images:
             record_call("visual", pixel_key(image))
@@ -59,6 +74,10 @@ class CountingVisual(DeterministicVisualProvider):
 class CountingAgent(DeterministicAgent):
     name = "counting-agent"
 
+    def __init__(self, **options) -> None:
+        record_call("init-agent", "-")
+        super().__init__(**options)
+
     def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
         record_call("agent", pixel_key(image))
         return super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
@@ -66,6 +85,10 @@ class CountingAgent(DeterministicAgent):
 
 class CountingText(DeterministicTextProvider):
     name = "counting-text"
+
+    def __init__(self, **options) -> None:
+        record_call("init-text", "-")
+        super().__init__(**options)
 
     def embed(self, documents: list[str]) -> list[list[float]]:
         for doc in documents:

@@ -29,7 +29,7 @@ from tests.integration.conftest import (
     make_publisher,
     wait_jobs_terminal,
 )
-from tests.integration.fakes import FaultyPublisher, read_calls
+from tests.integration.fakes import FaultyPublisher, read_calls, read_calls_by_pid
 
 pytestmark = pytest.mark.slow
 
@@ -94,13 +94,18 @@ def queue_is_drained(broker_url: str) -> bool:
 def test_200_images_flow_end_to_end_through_all_three_queues(cluster, engine, publisher, call_log):
     counting(cluster)
     orch = make_orch(engine, cluster.settings)
-    start_lanes(cluster)
+    procs = start_lanes(cluster)
     job_ids = ingest_many(orch, cluster.settings, publisher, range(200))
 
     counts = wait_jobs_terminal(engine, job_ids, timeout=100)
 
     assert counts == {"succeeded": 200}
     assert_each_stage_once(call_log, 200)
+    # each worker created only its own lane's provider, once, however many tasks it ran
+    inits = collections.Counter((stage, pid) for stage, pid, _ in read_calls_by_pid(call_log) if stage.startswith("init-"))
+    for lane, stage in (("visual", "init-visual"), ("agent", "init-agent"), ("embedding", "init-text")):
+        pid = procs[lane].popen.pid
+        assert {s: n for (s, p), n in inits.items() if p == pid} == {stage: 1}, (lane, inits)
     with engine.connect() as conn:
         lanes = dict(conn.execute(text("SELECT lane, count(*) FROM tasks WHERE status = 'succeeded' GROUP BY lane")).all())
     assert lanes == {"visual": 200, "agent": 200, "embedding": 200}
