@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 __all__ = ["Settings", "get_settings", "reset_settings"]
 
@@ -88,7 +88,7 @@ class Settings:
         return self.database_url is None or self.broker_url is None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
         """Build settings from ``env`` (default ``os.environ``); ``overrides`` win."""
         env = os.environ if env is None else env
         values: dict[str, object] = {}
@@ -115,7 +115,7 @@ class Settings:
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 
-    def replace(self, **changes: object) -> "Settings":
+    def replace(self, **changes: object) -> Settings:
         new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
         new.validate()
         return new

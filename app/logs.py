@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 CONTEXT_FIELDS = ("job_id", "task_id", "scope_id", "stage", "lane", "generation", "owner", "batch_id", "code")
 
@@ -13,7 +13,7 @@ CONTEXT_FIELDS = ("job_id", "task_id", "scope_id", "stage", "lane", "generation"
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {
-            "ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.config import Settings
-from app.embedded import EmbeddedServices, EmbeddedServiceError, ServiceUrls
+from app.embedded import EmbeddedServiceError, EmbeddedServices, ServiceUrls
 
 
 def embedded_services(settings: Settings) -> EmbeddedServices:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from app.cli import db as _db
+from app.cli import processes as _processes
 from app.cli import services as _services
 
 
@@ -18,6 +19,10 @@ main.add_command(_db.db)
 main.add_command(_services.up)
 main.add_command(_services.services_status)
 main.add_command(_services.services_stop)
+main.add_command(_processes.api)
+main.add_command(_processes.worker)
+main.add_command(_processes.beat)
+main.add_command(_processes.flower)
 
 from app.cli import admin as _admin  # noqa: E402
 from app.cli import demo as _demo  # noqa: E402

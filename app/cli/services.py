@@ -1,4 +1,4 @@
-"""``memeflow up``: run the embedded PostgreSQL and Redis (and later the whole stack) until Ctrl-C."""
+"""``memeflow up`` (the whole stack until Ctrl-C) and the embedded services' status/stop."""
 
 from __future__ import annotations
 
@@ -12,30 +12,36 @@ from app.runtime import embedded_services
 
 
 @click.command()
+@click.option("--no-flower", is_flag=True, help="Do not start Flower.")
+@click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]),
+              help="Celery pool of each lane worker.")
+@click.option("-c", "--concurrency", type=int, default=1, show_default=True, help="Processes per lane worker.")
 @friendly_errors
-def up() -> None:
-    """Start the embedded services in the foreground; Ctrl-C stops them cleanly."""
-    settings = cli_settings()
-    services = embedded_services(settings)
-    urls = services.start()
-    from app.db.engine import upgrade_to_head
+def up(no_flower: bool, pool: str, concurrency: int) -> None:
+    """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
+    API, one worker per lane, a maintenance worker, beat and Flower."""
+    from app.cli.processes import Stack, StackError
 
-    upgrade_to_head(urls.database_url)
-    click.echo(f"postgres: {urls.database_url}")
-    click.echo(f"redis:    {urls.broker_url}")
-    click.echo("running; press Ctrl-C to stop")
+    settings = cli_settings()
+    components = tuple(c for c in Stack.ALL if not (no_flower and c == "flower"))
+    stack = Stack(settings, components=components, worker_pool=pool, worker_concurrency=concurrency)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        while not stop.wait(1.0):
-            if services.urls() is None:
-                click.echo("error: an embedded service died", err=True)
-                raise SystemExit(1)
-    except KeyboardInterrupt:
-        pass
+        click.echo("starting memeflow…")
+        stack.start()
+        for name, url in stack.urls().items():
+            click.echo(f"{name:9} {url}")
+        click.echo(f"logs      {stack.log_dir}")
+        click.echo("running; press Ctrl-C to stop")
+        stack.supervise(stop)
+    except StackError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1)
     finally:
         click.echo("stopping…")
-        services.stop()
+        stack.stop()
         click.echo("stopped")
 
 

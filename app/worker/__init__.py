@@ -1,0 +1,1 @@
+"""Celery runtime: the app, thin tasks, and the hint publisher over the broker."""

@@ -1,0 +1,93 @@
+"""Per-process worker state: settings, engine, orchestrator, publisher, owner id, providers.
+
+Created lazily once per worker process (and reset in a forked pool child, which must not reuse
+its parent's database connections). Providers are loaded per lane on first use, so a process that
+only serves the ``visual`` queue never loads the text model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from app.config import Settings, get_settings
+
+log = logging.getLogger(__name__)
+#: Optional ``module:callable(celery_app) -> HintPublisher``; chaos tests inject faulty publishers.
+PUBLISHER_ENV = "MEMEFLOW_WORKER_PUBLISHER"
+_LANE_PROVIDER = {"visual": "visual", "agent": "agent", "embedding": "text"}
+
+
+class WorkerRuntime:
+    """Everything a task needs, built once per process."""
+
+    def __init__(self, settings: Settings, celery_app) -> None:
+        from app.db.engine import make_engine
+        from app.orchestrator import Orchestrator
+        from app.worker.broker import database_url_for
+        from app.worker.providers import Providers
+        from app.worker.publisher import CeleryHintPublisher, new_owner_id
+
+        self.settings = settings
+        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4)
+        self.orch = Orchestrator(self.engine, settings)
+        self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(
+            celery_app
+        )
+        self.owner = new_owner_id()
+        self.pid = os.getpid()
+        # Lazy handles: a lane's tasks touch only their own stage's provider.
+        self.providers = Providers(settings)
+
+    def load_lane(self, lane: str) -> Any:
+        """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
+        provider = getattr(self.providers, _LANE_PROVIDER[lane])
+        warm = getattr(provider, "warm", None) or getattr(provider, "load", None)
+        if callable(warm):
+            warm()
+        log.info("providers loaded", extra={"lane": lane, "owner": self.owner})
+        return provider
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _publisher_factory():
+    """``MEMEFLOW_WORKER_PUBLISHER=module:callable`` wraps the publisher (fault-injection tests)."""
+    import importlib
+
+    module, _, attr = os.environ[PUBLISHER_ENV].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> WorkerRuntime:
+    """This process's runtime; rebuilt after a fork (a new pid never inherits connections)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            from app.worker.celery_app import celery_app
+
+            _runtime = WorkerRuntime(get_settings(), celery_app)
+        return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget this process's runtime (after fork, or on shutdown)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None and _runtime.pid == os.getpid():
+            _runtime.close()
+        _runtime = None
+
+
+def preload(lanes: list[str]) -> None:
+    """Build the runtime and load the providers of ``lanes`` now, not on the first task."""
+    runtime = get_runtime()
+    for lane in lanes:
+        runtime.load_lane(lane)

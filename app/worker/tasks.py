@@ -1,0 +1,131 @@
+"""Thin Celery tasks. A message body is one ID; PostgreSQL decides whether there is work.
+
+Each task calls one orchestrator entry point and publishes the hints it returns (the orchestrator
+has committed by then). No business logic here: a stale, duplicate, foreign or unknown id simply
+finds nothing to claim and the message is acked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+
+from celery import signals
+
+import celeryconfig
+from app.worker.celery_app import celery_app
+from app.worker.runtime import get_runtime, preload, reset_runtime
+
+log = logging.getLogger(__name__)
+
+#: Comma-separated lanes whose providers a worker loads at start (set by ``memeflow worker``).
+PRELOAD_ENV = "MEMEFLOW_WORKER_LANES"
+
+
+def _parse_id(raw: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(raw))
+    except (TypeError, ValueError):
+        return None
+
+
+def _run_leaf(lane: str, raw_task_id: object) -> None:
+    task_id = _parse_id(raw_task_id)
+    if task_id is None:
+        log.warning("malformed hint dropped", extra={"lane": lane})
+        return
+    from app.worker import run
+
+    rt = get_runtime()
+    if lane == "embedding":
+        # The hinted task first, plus up to batch-1 other due ones: one model call for all.
+        run.run_embedding_batch(
+            rt.orch, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size, first_task_id=task_id
+        )
+        return
+    run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher)
+
+
+@celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)
+def run_visual(task_id: str) -> None:
+    """Wake-up hint for a visual task."""
+    _run_leaf("visual", task_id)
+
+
+@celery_app.task(name=celeryconfig.LANE_TASKS["agent"], ignore_result=True)
+def run_agent(task_id: str) -> None:
+    """Wake-up hint for an agent task."""
+    _run_leaf("agent", task_id)
+
+
+@celery_app.task(name=celeryconfig.LANE_TASKS["embedding"], ignore_result=True)
+def run_embedding(task_id: str) -> None:
+    """Wake-up hint for a text-embedding task; drains several due tasks per model call."""
+    _run_leaf("embedding", task_id)
+
+
+@celery_app.task(name=celeryconfig.SWEEP_TASK, ignore_result=True)
+def reconcile_sweep() -> dict[str, int]:
+    """One reconcile sweep (the orchestrator takes an advisory lock; concurrent runs skip)."""
+    rt = get_runtime()
+    started = time.time()
+    report = rt.orch.sweep()
+    finished = time.time()
+    rt.publisher.publish(report.hints)
+    counts = dict(report.counts)
+    skipped = bool(getattr(report, "skipped", False))
+    # Operators see sweep cadence and cost; the two-beats test reads these lines to prove no overlap.
+    log.info("reconcile sweep %s start=%.6f end=%.6f hints=%d counts=%s", "skipped" if skipped else "ran",
+             started, finished, len(report.hints), counts, extra={"owner": rt.owner})
+    return counts
+
+
+@celery_app.task(name=celeryconfig.SEED_BATCH_TASK, ignore_result=True)
+def seed_batch(batch_id: str) -> None:
+    """Wake-up for batch seeding: seed the next pages of batches with work left.
+
+    The id only says "a batch changed"; which pages to seed (and back-pressure) is decided by the
+    orchestrator from PostgreSQL, the same step the sweep runs.
+    """
+    if _parse_id(batch_id) is None:
+        log.warning("malformed batch hint dropped")
+        return
+    rt = get_runtime()
+    _seeded, hints = rt.orch.continue_batches()
+    rt.publisher.publish(hints)
+
+
+@signals.worker_process_init.connect
+def _fresh_runtime_in_child(**_: object) -> None:
+    # A prefork child must not use the parent's pooled connections.
+    reset_runtime()
+    _preload_from_env()
+
+
+@signals.worker_init.connect
+def _preload_in_solo(sender=None, **_: object) -> None:
+    # solo/threads pools run tasks in this process; prefork children preload in their own init.
+    pool = getattr(getattr(sender, "pool_cls", None), "__module__", "") or ""
+    if pool.endswith((".solo", ".thread")):
+        _preload_from_env()
+
+
+@signals.setup_logging.connect
+def _json_logs(**_: object) -> None:
+    # Connecting this signal stops Celery from configuring logging; we install ours instead.
+    from app.config import get_settings
+    from app.logs import configure_logging
+
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
+
+
+def _preload_from_env() -> None:
+    lanes = [lane for lane in os.environ.get(PRELOAD_ENV, "").split(",") if lane in celeryconfig.LANE_TASKS]
+    if lanes:
+        try:
+            preload(lanes)
+        except Exception:
+            log.exception("preloading providers failed", extra={"lane": ",".join(lanes)})

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""memeflow pipeline throughput with no-op (deterministic) providers, publish-then-drain.
+
+Method, as in ../shared/bench/peers (so the numbers compare): with no worker running, ingest N
+images (one transaction each: image + job + first task) and publish their visual hints to Redis;
+then start W ``celery worker -P solo`` processes and time from the first task completion to the
+last job completion (process start-up excluded). Prints jobs/s, PostgreSQL commits per job
+(``xact_commit`` delta of the database over the drain, minus this script's own polling, divided
+by N; the ingest transactions are reported separately) and p50/p99 time-in-stage (task
+``started_at`` → ``completed_at``) plus queue-to-done per stage.
+
+    python bench/pipeline_throughput.py [--n 2000] [--workers 2] [--layout shared|per-lane] [--runs 1]
+
+``--layout shared`` (default): each worker consumes all three queues, like the peers' 2 solo
+nodes. ``per-lane``: one worker per lane (W is then 3). Servers: fresh embedded PostgreSQL
+(synchronous_commit on, fsync on) and Redis under a temp dir, unless --database-url/--broker-url.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from PIL import Image
+from sqlalchemy import text
+
+LANES = ("visual", "agent", "embedding")
+
+
+def png(index: int) -> bytes:
+    img = Image.new("RGB", (16, 16), (index % 256, (index >> 8) % 256, (index >> 16) % 256))
+    img.putpixel((index % 16, (index // 16) % 16), (255, 255 - index % 256, 3))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def xact_commit(engine) -> int:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        conn.commit()
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar_one())
+
+
+def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
+    import redis
+    from app.orchestrator import Orchestrator
+
+    from app.config import Settings
+    from app.db.engine import make_engine
+    from app.worker.celery_app import celery_app_for
+    from app.worker.publisher import CeleryHintPublisher
+
+    settings = Settings(
+        database_url=db_url, broker_url=broker_url, var_dir=var_dir, visual_provider="deterministic",
+        agent_provider="deterministic", text_provider="deterministic", log_json=True, log_level="WARNING",
+        lease_s=60, heartbeat_s=20, sweep_interval_s=15, rehint_grace_s=30,
+        embedding_batch_size=args.embedding_batch,
+    )
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE scopes CASCADE"))
+    redis.Redis.from_url(broker_url).flushdb()
+    orch = Orchestrator(engine, settings)
+    app = celery_app_for(broker_url, "bench")
+    publisher = CeleryHintPublisher(app)
+
+    namespace = orch.ensure_scope("local")
+    c0 = xact_commit(engine)
+    t0 = time.perf_counter()
+    salt = int(time.time())
+    for i in range(args.n):
+        data = png(i + salt * 7919)
+        sha = hashlib.sha256(data).hexdigest()
+        key = f"{namespace}/{sha}.png"
+        path = settings.storage_path / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        res = orch.ingest_image("local", sha256=sha, media_type="image/png", extension=".png",
+                                size_bytes=len(data), width=16, height=16, storage_key=key)
+        publisher.publish(res.hints)
+    publish_s = time.perf_counter() - t0
+    c1 = xact_commit(engine)
+
+    env = dict(os.environ)
+    env.update(
+        MEMEFLOW_DATABASE_URL=db_url, MEMEFLOW_BROKER_URL=broker_url, MEMEFLOW_VAR_DIR=str(var_dir),
+        MEMEFLOW_VISUAL_PROVIDER="deterministic", MEMEFLOW_AGENT_PROVIDER="deterministic",
+        MEMEFLOW_TEXT_PROVIDER="deterministic", MEMEFLOW_LOG_LEVEL="WARNING", MEMEFLOW_LEASE_S="60",
+        MEMEFLOW_HEARTBEAT_S="20", MEMEFLOW_EMBEDDING_BATCH_SIZE=str(args.embedding_batch), PYTHONPATH=str(ROOT),
+    )
+    from app.cli.processes import worker_cmd
+
+    layouts = [list(LANES)] * args.workers if args.layout == "shared" else [[lane] for lane in LANES]
+    procs = []
+    for i, lanes in enumerate(layouts):
+        cmd = worker_cmd(lanes, pool="solo", node=f"bench{i}@{socket.gethostname()}", loglevel="WARNING",
+                         heartbeat=False)
+        with open(var_dir / f"worker{i}.log", "ab") as log:
+            procs.append(subprocess.Popen(cmd, env={**env, "MEMEFLOW_WORKER_LANES": ",".join(lanes)}, cwd=ROOT,
+                                          stdout=subprocess.DEVNULL, stderr=log))
+    polls = 0
+    deadline = time.monotonic() + args.timeout
+    try:
+        while True:
+            with engine.connect() as conn:
+                done = conn.execute(text("SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")).scalar_one()
+            polls += 1
+            if done >= args.n:
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timeout: {done}/{args.n} jobs succeeded")
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    time.sleep(1.0)  # exiting backends flush their statistics
+    c2 = xact_commit(engine)
+
+    with engine.connect() as conn:
+        first, last = conn.execute(text(
+            "SELECT (SELECT min(completed_at) FROM tasks), (SELECT max(completed_at) FROM processing_jobs)")).one()
+        rows = conn.execute(text(
+            "SELECT lane, extract(epoch FROM completed_at - started_at), extract(epoch FROM completed_at - created_at)"
+            " FROM tasks WHERE status = 'succeeded'")).all()
+        attempts = conn.execute(text("SELECT max(attempt_count), count(*) FROM tasks")).one()
+    engine.dispose()
+    drain_s = (last - first).total_seconds()
+    run_s = {lane: [float(r[1]) for r in rows if r[0] == lane and r[1] is not None] for lane in LANES}
+    e2e_s = {lane: [float(r[2]) for r in rows if r[0] == lane] for lane in LANES}
+    return {
+        "n": args.n, "workers": len(layouts), "layout": args.layout, "publish_s": publish_s,
+        "publish_jobs_per_s": args.n / publish_s, "drain_s": drain_s, "jobs_per_s": args.n / drain_s,
+        "ingest_commits_per_job": (c1 - c0 - 1) / args.n,
+        "drain_commits_per_job": (c2 - c1 - polls - 1) / args.n,
+        "tasks": attempts[1], "max_attempt_count": attempts[0],
+        "run_ms": {lane: {"p50": 1000 * pct(v, 0.5), "p99": 1000 * pct(v, 0.99)} for lane, v in run_s.items()},
+        "queued_to_done_ms": {lane: {"p50": 1000 * pct(v, 0.5), "p99": 1000 * pct(v, 0.99)}
+                              for lane, v in e2e_s.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--layout", choices=["shared", "per-lane"], default="shared")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--embedding-batch", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--database-url")
+    ap.add_argument("--broker-url")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+
+    from app.db.engine import upgrade_to_head
+    from app.embedded import EmbeddedServices
+
+    tmp = Path(tempfile.mkdtemp(prefix="memeflow-bench-"))
+    services = None
+    try:
+        if args.database_url and args.broker_url:
+            db_url, broker_url = args.database_url, args.broker_url
+        else:
+            services = EmbeddedServices(tmp / "var")  # durable settings: fsync and synchronous_commit on
+            urls = services.start()
+            db_url, broker_url = args.database_url or urls.database_url, args.broker_url or urls.broker_url
+        upgrade_to_head(db_url)
+        results = []
+        for run in range(args.runs):
+            r = one_run(args, db_url, broker_url, tmp / f"run{run}")
+            results.append(r)
+            print(f"run {run + 1}: {r['jobs_per_s']:.0f} jobs/s  drain {r['drain_s']:.1f}s  "
+                  f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})",
+                  flush=True)
+        rates = [r["jobs_per_s"] for r in results]
+        last = results[-1]
+        print()
+        print(f"| N | workers ({args.layout}, solo) | jobs/s min / median / max | commits/job (drain + ingest) |"
+              " run p50/p99 ms visual · agent · embedding | queued→done p50/p99 ms visual · agent · embedding |")
+        print("|---|---|---|---|---|---|")
+        run_ms = " · ".join(f"{last['run_ms'][lane]['p50']:.1f}/{last['run_ms'][lane]['p99']:.1f}" for lane in LANES)
+        q_ms = " · ".join(f"{last['queued_to_done_ms'][lane]['p50']:.0f}/{last['queued_to_done_ms'][lane]['p99']:.0f}"
+                          for lane in LANES)
+        print(f"| {args.n} | {last['workers']} | {min(rates):.0f} / **{statistics.median(rates):.0f}** / {max(rates):.0f}"
+              f" | {last['drain_commits_per_job']:.2f} + {last['ingest_commits_per_job']:.2f} | {run_ms} | {q_ms} |")
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+    finally:
+        if services is not None:
+            with contextlib.suppress(Exception):
+                services.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Celery configuration for memeflow: queues, routes, reliability flags and the sweep schedule.
+
+Celery carries wake-up hints only. A message body is one ID string; PostgreSQL decides whether
+there is anything to do. So: JSON only, no result backend, acks late with prefetch 1 (a killed
+worker's message is redelivered, and the DB claim makes redelivery harmless), and short broker
+timeouts on the publishing side so an upload never waits on a dead Redis.
+
+Every interval comes from :class:`app.config.Settings` (``MEMEFLOW_*``), so tests run fast.
+"""
+
+from __future__ import annotations
+
+from kombu import Exchange, Queue
+
+from app.config import get_settings
+from app.worker.broker import broker_url_for
+
+_settings = get_settings()
+
+LANES = ("visual", "agent", "embedding")
+MAINTENANCE = "maintenance"
+QUEUES = (*LANES, MAINTENANCE)
+
+#: One Celery task name per lane; the body is the task id and nothing else.
+LANE_TASKS = {
+    "visual": "memeflow.run_visual",
+    "agent": "memeflow.run_agent",
+    "embedding": "memeflow.run_embedding",
+}
+SWEEP_TASK = "memeflow.reconcile_sweep"
+SEED_BATCH_TASK = "memeflow.seed_batch"
+
+broker_url = broker_url_for(_settings)
+broker_connection_retry_on_startup = True
+broker_connection_retry = True
+broker_connection_max_retries = None  # a worker waits for its broker forever
+broker_connection_timeout = 2.0
+# Applies to every connection (workers and publishers). socket_connect_timeout keeps a publish
+# against an unreachable host short; max_retries bounds kombu's reconnect loop when a producer
+# opens its channel, so a hint publish fails fast and the sweep re-hints later.
+broker_transport_options = {
+    "socket_connect_timeout": 1.0,
+    "socket_timeout": 5.0,
+    "socket_keepalive": True,
+    "max_retries": 1,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+    "visibility_timeout": 3600,
+}
+
+task_serializer = "json"
+accept_content = ["json"]
+event_serializer = "json"
+result_accept_content = ["json"]
+result_backend = None
+task_ignore_result = True
+task_store_errors_even_if_ignored = False
+
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+worker_hijack_root_logger = False
+worker_redirect_stdouts = False
+worker_send_task_events = True  # Flower shows task flow
+task_send_sent_event = False
+worker_cancel_long_running_tasks_on_connection_loss = False
+
+task_default_queue = MAINTENANCE
+task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
+task_routes = {
+    **{name: {"queue": lane, "routing_key": lane} for lane, name in LANE_TASKS.items()},
+    SWEEP_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
+    SEED_BATCH_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
+}
+
+timezone = "UTC"
+enable_utc = True
+beat_schedule = {
+    "reconcile-sweep": {
+        "task": SWEEP_TASK,
+        "schedule": float(_settings.sweep_interval_s),
+        "args": (),
+        # A sweep that waited longer than a few intervals is pointless: a newer one follows.
+        "options": {"queue": MAINTENANCE, "expires": max(3 * float(_settings.sweep_interval_s), 1.0)},
+    },
+}
+beat_max_loop_interval = max(min(float(_settings.sweep_interval_s), 5.0), 0.1)

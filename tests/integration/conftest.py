@@ -1,0 +1,260 @@
+"""Real Celery worker and beat processes against the session's PostgreSQL and Redis.
+
+Each test gets its own database (see tests/conftest.py) and its own Redis database index
+(flushed first), so queues never leak between tests. Processes are started with fast intervals
+and deterministic or counting providers, and are always stopped by pid at teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import pytest
+import redis as redis_lib
+from PIL import Image
+
+from app.config import Settings
+from tests.conftest import poll_until
+
+ROOT = Path(__file__).resolve().parents[2]
+_redis_db = itertools.count(1)
+
+
+def redis_url_with_db(url: str, db: int) -> str:
+    return url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def make_publisher(broker_url: str):
+    """A CeleryHintPublisher on a Celery app pointed at ``broker_url`` (the test's own)."""
+    from app.worker.celery_app import celery_app_for
+    from app.worker.publisher import CeleryHintPublisher
+
+    app = celery_app_for(broker_url, "memeflow-test")
+    return CeleryHintPublisher(app, cooldown_s=0.2), app
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class CeleryCluster:
+    """Starts real ``celery worker``/``beat`` processes for one test and cleans them up."""
+
+    settings: Settings
+    broker_url: str
+    tmp: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        env.update(
+            MEMEFLOW_DATABASE_URL=str(s.database_url), MEMEFLOW_BROKER_URL=self.broker_url,
+            MEMEFLOW_VAR_DIR=str(Path(s.var_dir).resolve()), MEMEFLOW_LEASE_S=str(s.lease_s),
+            MEMEFLOW_HEARTBEAT_S=str(s.heartbeat_s), MEMEFLOW_SWEEP_INTERVAL_S=str(s.sweep_interval_s),
+            MEMEFLOW_REHINT_GRACE_S=str(s.rehint_grace_s), MEMEFLOW_BACKOFF_BASE_S=str(s.backoff_base_s),
+            MEMEFLOW_BACKOFF_MAX_S=str(s.backoff_max_s), MEMEFLOW_VISUAL_PROVIDER=s.visual_provider,
+            MEMEFLOW_AGENT_PROVIDER=s.agent_provider, MEMEFLOW_TEXT_PROVIDER=s.text_provider,
+            MEMEFLOW_EMBEDDING_BATCH_SIZE=str(s.embedding_batch_size), MEMEFLOW_LOG_JSON="1",
+            MEMEFLOW_LOG_LEVEL="INFO", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1",
+        )
+        if s.storage_dir:
+            env["MEMEFLOW_STORAGE_DIR"] = str(s.storage_dir)
+        env.update(self.extra_env)
+        env.update(extra)
+        return env
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Proc:
+        log_path = self.tmp / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *lanes: str, name: str | None = None, wait: bool = True, **env: str) -> Proc:
+        """A solo-pool worker consuming ``lanes``; returns once it logs ``ready``."""
+        from app.cli.processes import worker_cmd
+
+        name = name or f"{'-'.join(lanes)}-{uuid.uuid4().hex[:6]}"
+        cmd = worker_cmd(list(lanes), pool="solo", node=f"{name}@{socket.gethostname()}", heartbeat=False)
+        proc = self._spawn(name, cmd, self.env(MEMEFLOW_WORKER_LANES=",".join(lanes), **env))
+        if wait:
+            self.wait_ready(proc)
+        return proc
+
+    def wait_ready(self, proc: Proc, timeout: float = 60.0) -> None:
+        def ready() -> bool:
+            if not proc.alive:
+                raise AssertionError(f"{proc.name} exited {proc.popen.returncode}:\n{proc.log()[-3000:]}")
+            return " ready." in proc.log()
+
+        poll_until(ready, timeout=timeout, interval=0.1, what=f"{proc.name} ready")
+
+    def beat(self, name: str | None = None) -> Proc:
+        from app.cli.processes import beat_cmd
+
+        name = name or f"beat-{uuid.uuid4().hex[:6]}"
+        return self._spawn(name, beat_cmd(self.tmp / f"{name}-schedule"), self.env())
+
+    def kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.popen.pid, sig)
+        proc.popen.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.popen.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait(timeout=10)
+
+
+@pytest.fixture()
+def broker_url(services) -> str:
+    """The session Redis with a database index of this test's own, flushed."""
+    url = redis_url_with_db(services.redis_url(), 1 + (next(_redis_db) % 15))
+    client = redis_lib.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture()
+def call_log(tmp_path) -> Path:
+    return tmp_path / "calls.log"
+
+
+@pytest.fixture()
+def it_settings(settings, broker_url) -> Settings:
+    return settings.replace(broker_url=broker_url, log_json=True, embedding_batch_size=8)
+
+
+@pytest.fixture()
+def cluster(it_settings, broker_url, tmp_path, call_log) -> CeleryCluster:
+    c = CeleryCluster(it_settings, broker_url, tmp_path, extra_env={"MEMEFLOW_TEST_CALL_LOG": str(call_log)})
+    yield c
+    c.stop_all()
+
+
+@pytest.fixture()
+def orch(engine, it_settings):
+    from app.orchestrator import Orchestrator
+
+    return Orchestrator(engine, it_settings)
+
+
+@pytest.fixture()
+def publisher(broker_url):
+    pub, app = make_publisher(broker_url)
+    yield pub
+    with contextlib.suppress(Exception):
+        app.close()
+
+
+def png_bytes(index: int, size: int = 24) -> bytes:
+    """A small PNG unique to ``index``."""
+    img = Image.new("RGB", (size, size), ((index * 37) % 256, (index * 91) % 256, (index // 7 * 53) % 256))
+    img.putpixel((index % size, (index // size) % size), (255 - (index % 256), index % 251, 7))
+    img.putpixel((0, 0), (index % 256, (index >> 8) % 256, (index >> 16) % 256))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def ingest(orch, settings: Settings, index: int, scope: str = "local", **kwargs):
+    """Store a unique PNG and ingest it like the API does; returns the IngestResult."""
+    import hashlib
+
+    data = png_bytes(index)
+    sha = hashlib.sha256(data).hexdigest()
+    namespace = orch.ensure_scope(scope)
+    key = f"{namespace}/{sha}.png"
+    path = settings.storage_path / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return orch.ingest_image(scope, sha256=sha, media_type="image/png", extension=".png", size_bytes=len(data),
+                             width=24, height=24, storage_key=key, **kwargs)
+
+
+class Sweeper:
+    """Calls ``orch.sweep()`` every ``interval`` in a thread and publishes its hints (like beat)."""
+
+    def __init__(self, orch, publisher, interval: float) -> None:
+        self.orch, self.publisher, self.interval = orch, publisher, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.errors: list[BaseException] = []
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                report = self.orch.sweep()
+                self.publisher.publish(report.hints)
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                self.errors.append(exc)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def job_statuses(engine, job_ids) -> dict[str, int]:
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
+            {"ids": [str(j) for j in job_ids]},
+        ).all()
+    return {status: n for status, n in rows}
+
+
+def wait_jobs_terminal(engine, job_ids, timeout: float, ok: Callable[[dict], bool] | None = None) -> dict:
+    total = len(list(job_ids))
+
+    def done():
+        counts = job_statuses(engine, job_ids)
+        active = counts.get("queued", 0) + counts.get("running", 0)
+        return counts if active == 0 and sum(counts.values()) == total else None
+
+    return poll_until(done, timeout=timeout, interval=0.25, what=f"{total} jobs terminal")
+
+
+PYTHON = sys.executable

@@ -1,0 +1,165 @@
+"""Providers for the integration tests, loaded in worker processes by ``module:Class`` names.
+
+They wrap the deterministic providers and append one line per provider invocation to the file
+named by ``MEMEFLOW_TEST_CALL_LOG`` (``O_APPEND`` writes of one short line are atomic), so a
+test can count calls across processes. ``BlockingAgent`` additionally parks inside the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from app.stages.agent.deterministic import DeterministicAgent
+from app.stages.images import DecodedImage
+from app.stages.text.deterministic import DeterministicTextProvider
+from app.stages.visual.deterministic import DeterministicVisualProvider
+
+CALL_LOG_ENV = "MEMEFLOW_TEST_CALL_LOG"
+GATE_DIR_ENV = "MEMEFLOW_TEST_GATE_DIR"
+
+
+def pixel_key(image: DecodedImage) -> str:
+    return hashlib.sha256(image.image.tobytes()).hexdigest()[:16]
+
+
+def record_call(stage: str, key: str) -> None:
+    path = os.environ.get(CALL_LOG_ENV)
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{stage} {os.getpid()} {key}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def read_calls_by_pid(path: Path) -> list[tuple[str, int, str]]:
+    """(stage, pid, key) per recorded line."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        stage, pid, key = line.split(" ", 2)
+        out.append((stage, int(pid), key))
+    return out
+
+
+def read_calls(path: Path) -> list[tuple[str, str]]:
+    """(stage, key) per recorded invocation."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        stage, _pid, key = line.split(" ", 2)
+        out.append((stage, key))
+    return out
+
+
+class CountingVisual(DeterministicVisualProvider):
+    name = "counting-visual"
+
+    def __init__(self, **options) -> None:
+        record_call("init-visual", "-")  # proves which processes load which stage's "model"
+        super().__init__(**options)
+
+    def embed(self, images: list[DecodedImage]) -> list[list[float]]:
+        for image in images:
+            record_call("visual", pixel_key(image))
+        return super().embed(images)
+
+
+class CountingAgent(DeterministicAgent):
+    name = "counting-agent"
+
+    def __init__(self, **options) -> None:
+        record_call("init-agent", "-")
+        super().__init__(**options)
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        record_call("agent", pixel_key(image))
+        return super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+
+
+class CountingText(DeterministicTextProvider):
+    name = "counting-text"
+
+    def __init__(self, **options) -> None:
+        record_call("init-text", "-")
+        super().__init__(**options)
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        for doc in documents:
+            record_call("text", hashlib.sha256(doc.encode()).hexdigest()[:16])
+        return super().embed(documents)
+
+
+class BlockingAgent(DeterministicAgent):
+    """Records its result (the "server" did the work), then parks until ``<gate>/release`` exists.
+
+    ``<gate>/entered`` tells the test the worker is inside the call; killing the worker there
+    leaves an ``external_started`` attempt whose result ``lookup`` can still find.
+    """
+
+    name = "blocking-agent"
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        record_call("agent", pixel_key(image))
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        gate = Path(os.environ[GATE_DIR_ENV])
+        (gate / "entered").write_text(attempt_id)
+        deadline = time.monotonic() + 120
+        while not (gate / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return result
+
+
+class BlockingVisual(DeterministicVisualProvider):
+    """The first call parks inside ``embed`` (after writing ``entered-visual``) until
+    ``<gate>/release-visual`` exists; later calls run straight through."""
+
+    name = "blocking-visual"
+
+    def embed(self, images: list[DecodedImage]) -> list[list[float]]:
+        for image in images:
+            record_call("visual", pixel_key(image))
+        gate = Path(os.environ[GATE_DIR_ENV])
+        if (gate / "entered-visual").exists():  # only the first execution parks
+            return super().embed(images)
+        (gate / "entered-visual").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not (gate / "release-visual").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return super().embed(images)
+
+
+
+class FaultyPublisher:
+    """Wraps a publisher: drops 30% of hints and sends 30% twice (seeded per process)."""
+
+    def __init__(self, inner, drop: float = 0.3, dup: float = 0.3, seed: int | None = None) -> None:
+        import random
+
+        self.inner, self.drop, self.dup = inner, drop, dup
+        self.rng = random.Random(seed if seed is not None else os.getpid())
+
+    def publish(self, hints) -> None:
+        out = []
+        for hint in hints:
+            r = self.rng.random()
+            if r < self.drop:
+                record_call("hint-dropped", str(hint.task_id))
+                continue
+            out.append(hint)
+            if r < self.drop + self.dup:
+                out.append(hint)
+        self.inner.publish(out)
+
+
+def faulty_celery_publisher(celery_app) -> FaultyPublisher:
+    """``MEMEFLOW_WORKER_PUBLISHER`` factory for worker processes."""
+    from app.worker.publisher import CeleryHintPublisher
+
+    return FaultyPublisher(CeleryHintPublisher(celery_app))

@@ -1,0 +1,55 @@
+"""`memeflow up`'s supervisor: every part starts, Flower sees the workers, an upload flows, and
+stop() leaves no process behind."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import pytest
+import requests
+from PIL import Image
+
+from app.cli.processes import Stack
+from app.embedded import _pid_alive
+from tests.conftest import poll_until
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings):
+    settings = it_settings.replace(api_port=_free_port(), flower_port=_free_port(), log_json=True)
+    stack = Stack(settings, echo=lambda *a, **k: None, start_timeout_s=90)
+    stack.start()
+    pids = []
+    try:
+        pids = [c.proc.pid for c in stack.children]
+        assert {c.name for c in stack.children} == set(Stack.ALL)
+        flower = f"http://127.0.0.1:{settings.flower_port}/workers?json=1"
+
+        def online():
+            data = requests.get(flower, timeout=5).json()["data"]
+            return sorted(w["hostname"].split("@")[0] for w in data if w.get("status"))
+
+        assert poll_until(lambda: online() == ["agent", "embedding", "maintenance", "visual"] and online(),
+                          timeout=30, interval=0.5, what="Flower shows the four workers online")
+        buf = io.BytesIO()
+        Image.new("RGB", (20, 20), (1, 2, 3)).save(buf, format="PNG")
+        api = f"http://127.0.0.1:{settings.api_port}/api/v1"
+        resp = requests.post(f"{api}/images", files={"file": ("a.png", buf.getvalue(), "image/png")}, timeout=10)
+        assert resp.status_code == 201, resp.text
+        job_id = resp.json()["job"]["id"]
+        job = poll_until(
+            lambda: (j := requests.get(f"{api}/jobs/{job_id}", timeout=5).json())["status"] == "succeeded" and j,
+            timeout=60, interval=0.2, what="the uploaded image's job",
+        )
+        assert [s["status"] for s in job["stages"]] == ["succeeded"] * 3
+    finally:
+        stack.stop()
+    assert not [pid for pid in pids if _pid_alive(pid)]

@@ -1,0 +1,87 @@
+"""Celery configuration and the hint publisher, without a broker."""
+
+from __future__ import annotations
+
+import uuid
+
+from app import metrics
+from app.orchestrator.hints import Hint
+
+
+def test_config_carries_ids_only_with_late_acks_and_no_results():
+    import celeryconfig as c
+
+    assert c.task_serializer == "json" and c.accept_content == ["json"]
+    assert c.task_acks_late is True and c.task_reject_on_worker_lost is True
+    assert c.worker_prefetch_multiplier == 1
+    assert c.task_ignore_result is True and c.result_backend is None
+    assert {q.name for q in c.task_queues} == {"visual", "agent", "embedding", "maintenance"}
+    for lane, name in c.LANE_TASKS.items():
+        assert c.task_routes[name]["queue"] == lane
+    assert c.beat_schedule["reconcile-sweep"]["task"] == c.SWEEP_TASK
+    assert c.worker_hijack_root_logger is False
+
+
+def test_tasks_are_registered_under_their_lane_names():
+    import celeryconfig as c
+    from app.worker.celery_app import celery_app
+
+    for name in (*c.LANE_TASKS.values(), c.SWEEP_TASK, c.SEED_BATCH_TASK):
+        assert name in celery_app.tasks
+
+
+class _App:
+    def __init__(self, fail: bool = False):
+        self.fail, self.sent = fail, []
+
+    def send_task(self, name, args, queue, routing_key, retry):
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.sent.append((name, args, queue, retry))
+
+
+def _failures(lane: str) -> float:
+    return metrics.HINT_PUBLISH_FAILURES.labels(lane=lane)._value.get()
+
+
+def test_publisher_sends_the_task_id_only_on_the_lane_queue_without_retries():
+    from app.worker.publisher import CeleryHintPublisher
+
+    app = _App()
+    tid = uuid.uuid4()
+    CeleryHintPublisher(app).publish([Hint("agent", tid)])
+    assert app.sent == [("memeflow.run_agent", [str(tid)], "agent", False)]
+
+
+def test_publisher_never_raises_counts_failures_and_cools_down():
+    from app.worker.publisher import CeleryHintPublisher
+
+    now = [100.0]
+    app = _App(fail=True)
+    pub = CeleryHintPublisher(app, cooldown_s=1.0, clock=lambda: now[0])
+    before = _failures("visual")
+    pub.publish([Hint("visual", uuid.uuid4()) for _ in range(3)])  # first fails, rest dropped
+    assert _failures("visual") - before == 3
+    app.fail = False
+    pub.publish([Hint("visual", uuid.uuid4())])  # still cooling down: dropped, not sent
+    assert app.sent == [] and _failures("visual") - before == 4
+    now[0] += 1.5
+    pub.publish([Hint("visual", uuid.uuid4())])
+    assert len(app.sent) == 1
+
+
+def test_unknown_lane_is_counted_not_sent():
+    from app.worker.publisher import CeleryHintPublisher
+
+    app = _App()
+    before = _failures("bogus")
+    CeleryHintPublisher(app).publish([Hint("bogus", uuid.uuid4())])
+    assert app.sent == [] and _failures("bogus") - before == 1
+
+
+def test_settings_env_round_trips_through_from_env(tmp_path):
+    from app.cli.processes import settings_env
+    from app.config import Settings
+
+    s = Settings(var_dir=tmp_path, lease_s=2.5, heartbeat_s=0.5, log_json=False, broker_url="redis://x:1/3")
+    assert Settings.from_env(settings_env(s)) == s
