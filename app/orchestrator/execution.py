@@ -58,10 +58,11 @@ def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, 
 
 
 @retry_on_disconnect
-def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str) -> Claim | None:
-    """One conditional UPDATE; None means the hint was stale or a duplicate (ack and drop)."""
+def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
+    """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
+    to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop)."""
     with orch.engine.begin() as conn:
-        row = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s)
+        row = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane)
         if row is None:
             metrics.EMPTY_CLAIMS.labels("unknown").inc()
             return None
@@ -93,7 +94,7 @@ def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int
         raise ValueError("the agent lane is claimed one task at a time")
     now = orch.now()
     with orch.engine.begin() as conn:
-        first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s)
+        first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s, lane)
         rows = [first] if first is not None else []
         if n - len(rows) > 0:
             rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)

@@ -104,8 +104,8 @@ class Orchestrator:
         return dict(row) if row else None
 
     # ------------------------------------------------------------------ workers
-    def claim_task(self, task_id: uuid.UUID | str, owner: str) -> Claim | None:
-        return execution.claim_task(self, _uuid(task_id), owner)
+    def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None) -> Claim | None:
+        return execution.claim_task(self, _uuid(task_id), owner, lane)
 
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)

@@ -81,10 +81,11 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
 
 
 def run_task(
-    orch: Orchestrator, task_id: uuid.UUID | str, owner: str, providers: Providers, publisher: HintPublisher
+    orch: Orchestrator, task_id: uuid.UUID | str, owner: str, providers: Providers, publisher: HintPublisher,
+    lane: str | None = None,
 ) -> str:
-    """Handle one hint. 'dropped' = stale or duplicate hint (nothing claimed)."""
-    claim = orch.claim_task(task_id, owner)
+    """Handle one hint. 'dropped' = stale, duplicate or wrong-lane hint (nothing claimed)."""
+    claim = orch.claim_task(task_id, owner, lane)
     if claim is None:
         return "dropped"
     return execute_claim(orch, claim, providers, publisher)

@@ -45,7 +45,7 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
             rt.orch, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size, first_task_id=task_id
         )
         return
-    run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher)
+    run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher, lane=lane)
 
 
 @celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)

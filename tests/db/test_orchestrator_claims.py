@@ -141,3 +141,15 @@ def test_text_completion_from_old_metadata_hash_writes_nothing(engine, settings)
     new_job = orch.get_job("local", edited.job["id"])
     stages = {s["stage"]: s["status"] for s in new_job["stages"]}
     assert stages == {"visual": "reused", "agent": "reused", "text_embedding": "queued"}
+
+
+def test_a_hint_on_the_wrong_lane_queue_claims_nothing(engine, settings):
+    orch = Orchestrator(engine, settings)
+    res = store_and_ingest(orch, "local", png_bytes(31))
+    (hint,) = res.hints
+    assert hint.lane == "visual"
+    assert orch.claim_task(hint.task_id, "agent-worker", lane="agent") is None
+    assert orch.claim_with_batch(hint.task_id, "embedding", 4, "embedding-worker") == []
+    assert _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=hint.task_id) == 0
+    claim = orch.claim_task(hint.task_id, "visual-worker", lane="visual")
+    assert claim is not None and claim.generation == 1

@@ -55,7 +55,9 @@ def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> 
     return existing[0], existing[1], False
 
 
-def claim_txn(conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, lease_s: float) -> RowMapping | None:
+def claim_txn(
+    conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, lease_s: float, lane: str | None = None
+) -> RowMapping | None:
     """The one road into 'running': queued and due, or running with an expired lease.
 
     Bumps claim_generation (the fencing token) and moves the waiting stage(s) and job to running,
@@ -69,6 +71,7 @@ def claim_txn(conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, l
                 " claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,"
                 " started_at = coalesce(started_at, :now), updated_at = :now"
                 " WHERE id = :id AND NOT cancel_requested AND attempt_count < max_attempts"
+                " AND (CAST(:lane AS text) IS NULL OR lane = :lane)"
                 " AND ((status = 'queued' AND available_at <= :now)"
                 "  OR (status = 'running' AND lease_expires_at < :now))"
                 f" RETURNING {_CLAIM_RETURNING}"
@@ -81,7 +84,7 @@ def claim_txn(conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, l
                 " FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'"
                 ") SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
             ),
-            {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s)},
+            {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s), "lane": lane},
         )
         .mappings()
         .first()
