@@ -51,31 +51,37 @@ def _internal_error(exc: Exception) -> StageError:
     return RetryableError(f"{type(exc).__name__}: {exc}", code="internal_error", not_executed=False)
 
 
+def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object | None:
+    """The claim's artifact (None: an interrupted paid call whose outcome cannot be proven)."""
+    if claim.lane == Lane.AGENT and claim.recovering:
+        return executor.recover_agent(orch.settings, providers, claim)
+    if claim.lane == Lane.VISUAL:
+        return executor.execute_visual(orch.settings, providers, claim)
+    if claim.lane == Lane.AGENT:
+        return executor.execute_agent(orch.settings, providers, claim)
+    return executor.execute_text_batch(orch, orch.settings, providers, [claim])[0]
+
+
 def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:
     """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'."""
-    outcome = "succeeded"
+    artifact, error = None, None
     with Heartbeat(orch, [claim]) as hb:
         try:
-            if claim.lane == Lane.AGENT and claim.recovering:
-                artifact = executor.recover_agent(orch.settings, providers, claim)
-                if artifact is None:
-                    publisher.publish(orch.mark_unknown_execution(claim))
-                    return "unknown"
-            elif claim.lane == Lane.VISUAL:
-                artifact = executor.execute_visual(orch.settings, providers, claim)
-            elif claim.lane == Lane.AGENT:
-                artifact = executor.execute_agent(orch.settings, providers, claim)
-            else:
-                artifact = executor.execute_text_batch(orch, orch.settings, providers, [claim])[0]
+            artifact = _compute(orch, claim, providers)
         except StageError as exc:
-            hints, outcome = orch.fail_task(claim, exc), "failed"
+            error = exc
         except Exception as exc:  # noqa: BLE001 - turned into a typed failure, logged with context
             log.exception("stage raised", extra={"task_id": claim.task_id, "stage": claim.stage})
-            hints, outcome = orch.fail_task(claim, _internal_error(exc)), "failed"
-        else:
-            hints = orch.complete_task(claim, artifact)
-            if hb.stop_requested.is_set():
-                outcome = "cancelled"
+            error = _internal_error(exc)
+    # The terminal write happens after the heartbeat stopped: a beat landing just after the
+    # completion committed would match no running row and be counted as a fencing rejection.
+    if error is not None:
+        hints, outcome = orch.fail_task(claim, error), "failed"
+    elif artifact is None:
+        hints, outcome = orch.mark_unknown_execution(claim), "unknown"
+    else:
+        hints = orch.complete_task(claim, artifact)
+        outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
     publisher.publish(hints)
     return outcome
 
@@ -102,14 +108,16 @@ def run_embedding_batch(
         claims = orch.claim_batch(Lane.EMBEDDING.value, n, owner)
     if not claims:
         return 0
+    err: StageError | None = None
     with Heartbeat(orch, claims):
         try:
             artifacts = executor.execute_text_batch(orch, orch.settings, providers, claims)
         except Exception as exc:  # noqa: BLE001
             err = exc if isinstance(exc, StageError) else _internal_error(exc)
-            for claim in claims:
-                publisher.publish(orch.fail_task(claim, err))
-            return len(claims)
+    if err is not None:  # failed after the heartbeat stopped, like completions (see execute_claim)
+        for claim in claims:
+            publisher.publish(orch.fail_task(claim, err))
+        return len(claims)
     for claim, artifact in zip(claims, artifacts):
         publisher.publish(orch.complete_task(claim, artifact))
     return len(claims)
