@@ -4,7 +4,6 @@ from app.orchestrator.errors import (
     ContextGenerationInProgress, GenerationPolicyConflict, InvalidRequest, JobNotActive, JobNotRetryable, NotFound,
     OrchestratorError,
 )
-from app.orchestrator.execution import FencingRejected
 from app.orchestrator.hints import Hint, HintPublisher, NullPublisher, RecordingPublisher
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import (
@@ -13,7 +12,7 @@ from app.orchestrator.types import (
 )
 
 __all__ = [
-    "AgentArtifact", "Claim", "ContextGenerationInProgress", "FencingRejected", "GenerationPolicyConflict", "Hint",
+    "AgentArtifact", "Claim", "ContextGenerationInProgress", "GenerationPolicyConflict", "Hint",
     "HintPublisher", "ImageJobResult", "IngestResult", "InvalidRequest", "JobNotActive", "JobNotRetryable",
     "JobResult", "NotFound", "NullPublisher", "Orchestrator", "OrchestratorError", "RecordingPublisher",
     "StageConfigs", "SweepReport", "TextArtifact", "VisualArtifact",

@@ -44,10 +44,6 @@ def retry_on_disconnect(fn):
     return wrapper
 
 
-class FencingRejected(Exception):
-    """A write of a stale execution matched zero rows (another claim owns the task now)."""
-
-
 def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, recovering: bool = False) -> Claim:
     return Claim(
         task_id=row["id"], scope_id=row["scope_id"], job_id=row["job_id"], image_id=row["image_id"],
