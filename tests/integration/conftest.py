@@ -277,7 +277,7 @@ class LiveStack:
 
     def cli(self, *args: str, timeout: float = 180.0, **env: str) -> subprocess.CompletedProcess:
         """``memeflow ARGS`` as a subprocess against this stack (URLs set: nothing embedded starts)."""
-        return subprocess.run([PYTHON, "-m", "app.cli", *map(str, args)], env=self.env(COLUMNS="200", **env),
+        return subprocess.run([PYTHON, "-m", "app.cli", *map(str, args)], check=False, env=self.env(COLUMNS="200", **env),
                               cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 

@@ -38,7 +38,7 @@ def test_sample_memes_are_processed_and_found_by_their_words(live_stack, tmp_pat
     ids = list(report.image_ids.values())
 
     def all_terminal():
-        stages, jobs = stage_progress(live_stack.engine, ids)
+        _, jobs = stage_progress(live_stack.engine, ids)
         return jobs if sum(jobs.values()) == len(ids) and set(jobs) <= {"succeeded", "failed", "blocked",
                                                                          "unknown_execution", "cancelled"} else None
 
