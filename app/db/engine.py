@@ -12,13 +12,20 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
 
 
-def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False) -> Engine:
-    """An engine for ``url`` with short timeouts; statements never wait minutes on a lock."""
+def make_engine(
+    url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False, pre_ping: bool = True
+) -> Engine:
+    """An engine for ``url`` with short timeouts; statements never wait minutes on a lock.
+
+    ``pre_ping=False`` (workers) saves a round trip per checkout; a connection broken by a
+    database restart is then detected on use, the pool is invalidated and the orchestrator
+    retries that operation once (``execution.retry_on_disconnect``).
+    """
     return create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_recycle=1800,
         echo=echo,
         connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},

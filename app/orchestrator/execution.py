@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError
 
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, Stage, StageStatus, TaskStatus
@@ -24,6 +26,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def retry_on_disconnect(fn):
+    """Run a worker-side transaction again once if the connection was found broken (e.g. after
+    a PostgreSQL restart). Safe: a claim is conditional and every later write is fenced, so a
+    transaction that did commit before the connection broke is rejected, not applied twice."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+            log.warning("database connection lost; retrying once", extra={"code": fn.__name__})
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 class FencingRejected(Exception):
     """A write of a stale execution matched zero rows (another claim owns the task now)."""
 
@@ -37,6 +57,7 @@ def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, 
     )
 
 
+@retry_on_disconnect
 def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale or a duplicate (ack and drop)."""
     with orch.engine.begin() as conn:
@@ -53,6 +74,7 @@ def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str) -> Claim | 
     return claim
 
 
+@retry_on_disconnect
 def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Claim]:
     """Claim up to ``n`` due tasks of a batched lane; each keeps its own fencing token."""
     if lane == Lane.AGENT:
@@ -64,6 +86,7 @@ def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Cla
     return [_claim_from_row(r, owner) for r in rows]
 
 
+@retry_on_disconnect
 def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
     """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction."""
     if lane == Lane.AGENT:
@@ -83,7 +106,8 @@ def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int
 
 def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, owner: str) -> Claim:
     """Commit an external_started attempt with the claim — or surface an interrupted one to recover."""
-    open_attempt = attempts.open_attempt_txn(conn, row["id"])
+    # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
+    open_attempt = attempts.open_attempt_txn(conn, row["id"]) if row["attempt_count"] > 1 else None
     if open_attempt is not None:
         return _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True)
     attempt_id = attempts.start_attempt_txn(
@@ -93,6 +117,7 @@ def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, 
     return _claim_from_row(row, owner, attempt_id)
 
 
+@retry_on_disconnect
 def heartbeat(orch: "Orchestrator", claim: Claim) -> bool:
     """Extend the lease. False = stop: fenced out, or cancellation requested."""
     with orch.engine.begin() as conn:
@@ -114,6 +139,7 @@ def _rejected_txn(orch: "Orchestrator", conn: Connection, claim: Claim, operatio
     )
 
 
+@retry_on_disconnect
 def complete_task(orch: "Orchestrator", claim: Claim, artifact: Any) -> list[Hint]:
     """Fenced completion: re-check the target, write the artifact, advance the job(s) — one transaction."""
     with orch.engine.begin() as conn:
@@ -194,6 +220,7 @@ def _write_artifact_txn(
     return image
 
 
+@retry_on_disconnect
 def fail_task(orch: "Orchestrator", claim: Claim, error: StageError) -> list[Hint]:
     """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code."""
     now = orch.now()
@@ -253,6 +280,7 @@ def mark_unknown_execution(orch: "Orchestrator", claim: Claim) -> list[Hint]:
     )
 
 
+@retry_on_disconnect
 def abandon_task(orch: "Orchestrator", claim: Claim, reason: str = "cancelled") -> None:
     """The worker stopped on a cancel request: record it (fenced) and free the slot."""
     with orch.engine.begin() as conn:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
 
 GLOBAL_KEY = "*"
+_SLOTS_READY: set[tuple[str, str, str, int]] = set()
 LIMITED_LANES = (Lane.AGENT.value,)
 
 
@@ -52,9 +53,15 @@ def acquire_slot_txn(orch: "Orchestrator", conn: Connection, row: RowMapping) ->
         return False
     expires = now + timedelta(seconds=orch.settings.lease_s)
     for key, limit in pools:
-        if slots.take_over_txn(conn, lane, key, row["id"], row["claim_generation"], expires, now):
+        # only a re-claim (an earlier execution's lease expired) can still hold a slot
+        if row["attempt_count"] > 1 and slots.take_over_txn(
+            conn, lane, key, row["id"], row["claim_generation"], expires, now
+        ):
             continue
-        slots.ensure_slots_txn(conn, lane, key, limit, now)
+        marker = (str(orch.engine.url), lane, key, limit)
+        # slot rows are never deleted: once seen committed, skip the check in this process
+        if marker not in _SLOTS_READY and slots.ensure_slots_txn(conn, lane, key, limit, now):
+            _SLOTS_READY.add(marker)
         if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now):
             return False
     slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])

@@ -31,7 +31,7 @@ class WorkerRuntime:
         from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings
-        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4)
+        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4, pre_ping=False)
         self.orch = Orchestrator(self.engine, settings)
         self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(
             celery_app

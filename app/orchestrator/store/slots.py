@@ -37,7 +37,7 @@ _HEADS = (
 )
 
 
-def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> None:
+def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> bool:
     """Create slot rows 0..limit-1 on demand.
 
     A plain read first: once the rows exist (the steady state) no INSERT runs, because a
@@ -48,7 +48,7 @@ def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int,
         {"lane": lane, "rk": resource_key, "limit": limit},
     ).scalar_one()
     if have >= limit:
-        return
+        return True  # committed rows, visible to everyone from now on
     conn.execute(
         text(
             "INSERT INTO lane_slots (lane, resource_key, slot_no, updated_at)"
@@ -57,6 +57,7 @@ def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int,
         ),
         {"lane": lane, "rk": resource_key, "limit": limit, "now": now},
     )
+    return False  # inserted in this (uncommitted) transaction
 
 
 def take_over_txn(
