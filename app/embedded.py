@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 if "XDG_RUNTIME_DIR" not in os.environ:
     _runtime = Path(f"/tmp/runtime-{os.getuid()}")
     _runtime.mkdir(mode=0o700, exist_ok=True)
+    with contextlib.suppress(OSError):  # made by an older run with the umask's mode: platformdirs warns
+        _runtime.chmod(0o700)
     os.environ["XDG_RUNTIME_DIR"] = str(_runtime)
 
 DATABASE_NAME = "memeflow"

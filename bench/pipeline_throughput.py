@@ -69,10 +69,10 @@ def xact_commit(engine) -> int:
 
 def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     import redis
-    from app.orchestrator import Orchestrator
 
     from app.config import Settings
     from app.db.engine import make_engine
+    from app.orchestrator import Orchestrator
     from app.worker.celery_app import celery_app_for
     from app.worker.publisher import CeleryHintPublisher
 

@@ -24,11 +24,22 @@ main.add_command(_processes.worker)
 main.add_command(_processes.beat)
 main.add_command(_processes.flower)
 
-from app.cli import admin as _admin  # noqa: E402
-from app.cli import demo as _demo  # noqa: E402
-from app.cli import ingest as _ingest  # noqa: E402
+from app.cli import admin as _admin
+from app.cli import demo as _demo
+from app.cli import ingest as _ingest
 
 main.add_command(_demo.demo)
 main.add_command(_ingest.ingest)
 main.add_command(_admin.scopes)
 main.add_command(_admin.tokens)
+
+from app.cli import batch as _batch
+from app.cli import maintenance as _maintenance
+from app.cli import search as _search
+from app.cli import status as _status
+
+main.add_command(_status.status)
+main.add_command(_search.search)
+main.add_command(_maintenance.sweep)
+main.add_command(_maintenance.gc)
+main.add_command(_batch.process_all)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -28,6 +32,18 @@ def friendly_errors(fn):
         except (EmbeddedServiceError, SettingsError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except Exception as exc:
+            from sqlalchemy.exc import OperationalError
+
+            from app.orchestrator.errors import OrchestratorError
+
+            if isinstance(exc, OperationalError):
+                click.echo(f"error: cannot reach the database: {str(exc.orig).strip().splitlines()[0]}", err=True)
+                sys.exit(1)
+            if isinstance(exc, OrchestratorError):
+                click.echo(f"error: {getattr(exc, 'code', 'error')}: {exc}", err=True)
+                sys.exit(1)
+            raise
 
     return wrapper
 
@@ -36,3 +52,34 @@ def database_url(start: bool = False) -> str:
     from app.runtime import resolve_urls
 
     return resolve_urls(cli_settings(), start=start).database_url
+
+
+@dataclass
+class Connected:
+    """What an operator command needs: settings with resolved URLs, an engine, the orchestrator."""
+
+    settings: Settings
+    engine: Any
+    orch: Any
+
+
+@contextmanager
+def connected() -> Iterator[Connected]:
+    """Connect to the configured stack without starting anything.
+
+    With MEMEFLOW_DATABASE_URL and MEMEFLOW_BROKER_URL set those are used; otherwise the embedded
+    servers under MEMEFLOW_VAR_DIR must already run (else :class:`EmbeddedServiceError`, which
+    :func:`friendly_errors` turns into a message and exit code 1).
+    """
+    from app.db.engine import make_engine
+    from app.orchestrator import Orchestrator
+    from app.runtime import resolve_urls
+
+    settings = cli_settings()
+    urls = resolve_urls(settings, start=False)
+    settings = settings.replace(database_url=urls.database_url, broker_url=urls.broker_url)
+    engine = make_engine(settings.database_url)
+    try:
+        yield Connected(settings, engine, Orchestrator(engine, settings))
+    finally:
+        engine.dispose()

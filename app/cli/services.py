@@ -38,7 +38,7 @@ def up(no_flower: bool, pool: str, concurrency: int) -> None:
         stack.supervise(stop)
     except StackError as exc:
         click.echo(f"error: {exc}", err=True)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         click.echo("stopping…")
         stack.stop()

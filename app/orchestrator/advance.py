@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import (
-    ACTIVE_JOB_STATUSES, NEEDS_HUMAN_JOB_STATUSES, STAGE_LANE, STAGE_ORDER, ContextStatus, JobMode, JobStatus,
-    Stage, StageStatus,
+    ACTIVE_JOB_STATUSES,
+    NEEDS_HUMAN_JOB_STATUSES,
+    STAGE_LANE,
+    STAGE_ORDER,
+    ContextStatus,
+    JobMode,
+    JobStatus,
+    Stage,
+    StageStatus,
 )
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.errors import GenerationPolicyConflict
@@ -51,7 +59,7 @@ def plan_for_txn(
     return plan(facts, JobFacts(image["sha256"], configs, policy, frozenset(force), frozenset(succeeded)))
 
 
-def _end_job_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
+def _end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
     now = orch.now()
     jobs.update_job_txn(
         conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=status,
@@ -64,7 +72,7 @@ def _end_job_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, status
 
 
 def advance_job_txn(
-    orch: "Orchestrator", conn: Connection, job_id: uuid.UUID, image: RowMapping | None = None
+    orch: Orchestrator, conn: Connection, job_id: uuid.UUID, image: RowMapping | None = None
 ) -> list[Hint]:
     """Re-plan an active job against the current facts; create the next leaf task or finish it.
 
@@ -117,7 +125,7 @@ def advance_job_txn(
 
 
 def _run_stage_txn(
-    orch: "Orchestrator", conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
+    orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
     stage: str, row: dict, fingerprint: str | None, job_fields: dict,
 ) -> list[Hint]:
     """Make sure the first invalid stage has an active leaf task (create, or reuse by dedupe key),
@@ -188,7 +196,7 @@ def target_matches(job: RowMapping, image: RowMapping, config_hash: str, policy:
 
 
 def create_or_reuse_job_txn(
-    orch: "Orchestrator", conn: Connection, image: RowMapping, *, mode: str, policy: str,
+    orch: Orchestrator, conn: Connection, image: RowMapping, *, mode: str, policy: str,
     force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None,
 ) -> tuple[RowMapping | None, bool, list[Hint]]:
     """SPEC §4.2. The caller holds the image row lock; the active-job index is the referee."""

@@ -10,8 +10,9 @@ the sweep continues it. Progress is exact: terminal item jobs / total.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from app.db.enums import ACTIVE_JOB_STATUSES, JobMode, JobStatus
 from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
@@ -42,7 +43,7 @@ def _uuid_list(values: Iterable) -> list[uuid.UUID]:
 
 
 def create_batch(
-    orch: "Orchestrator", scope_id: str, *, all: bool = False, image_ids: list | None = None,
+    orch: Orchestrator, scope_id: str, *, all: bool = False, image_ids: list | None = None,
     reverse_image_policy: str = "forbid",
 ) -> tuple[dict, list[Hint]]:
     """Create a batch and seed its first page; the sweep seeds the rest. Returns (batch, hints)."""
@@ -69,7 +70,7 @@ def create_batch(
     return get_batch(orch, scope_id, batch["id"]), hints
 
 
-def seed_batch(orch: "Orchestrator", batch_id: uuid.UUID | str, max_pages: int | None = None) -> tuple[int, list[Hint]]:
+def seed_batch(orch: Orchestrator, batch_id: uuid.UUID | str, max_pages: int | None = None) -> tuple[int, list[Hint]]:
     """Seed pages until done, paused by back-pressure, cancelled, or ``max_pages``. Returns (items, hints)."""
     batch_id = batch_id if isinstance(batch_id, uuid.UUID) else uuid.UUID(str(batch_id))
     seeded, hints, pages = 0, [], 0
@@ -82,7 +83,7 @@ def seed_batch(orch: "Orchestrator", batch_id: uuid.UUID | str, max_pages: int |
     return seeded, hints
 
 
-def _seed_page(orch: "Orchestrator", batch_id: uuid.UUID) -> tuple[int, list[Hint], bool]:
+def _seed_page(orch: Orchestrator, batch_id: uuid.UUID) -> tuple[int, list[Hint], bool]:
     """One page in one transaction; ``more`` = another page may be seeded right away."""
     s = orch.settings
     page_size, threshold = s.batch_page_size, s.batch_backlog_threshold
@@ -134,7 +135,7 @@ def _seed_page(orch: "Orchestrator", batch_id: uuid.UUID) -> tuple[int, list[Hin
     return len(items), hints, not done
 
 
-def get_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str) -> dict:
+def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
     """SPEC §6 Batch: {id, status, total, counts, progress, created_at, completed_at}."""
     bid = _batch_uuid(batch_id)
     with orch.engine.connect() as conn:
@@ -156,7 +157,7 @@ def get_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str) ->
     }
 
 
-def cancel_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str) -> dict:
+def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
     """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged."""
     bid = _batch_uuid(batch_id)
     with orch.engine.begin() as conn:
@@ -179,7 +180,7 @@ def cancel_batch(orch: "Orchestrator", scope_id: str, batch_id: uuid.UUID | str)
     return get_batch(orch, scope_id, bid)
 
 
-def continue_batches(orch: "Orchestrator") -> tuple[int, list[Hint]]:
+def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     """Sweep step: seed batches still seeding; complete running ones whose item jobs are all terminal."""
     with orch.engine.connect() as conn:
         open_batches = store.open_batches_txn(conn, SWEEP_BATCHES)

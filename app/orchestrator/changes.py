@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from app.db.enums import ACTIVE_JOB_STATUSES, STAGE_ORDER, ContextStatus, JobMode, JobStatus
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
 from app.orchestrator.errors import (
-    ContextGenerationInProgress, InvalidRequest, JobNotActive, JobNotRetryable, NotFound,
+    ContextGenerationInProgress,
+    InvalidRequest,
+    JobNotActive,
+    JobNotRetryable,
+    NotFound,
 )
 from app.orchestrator.store import images, jobs, tasks
-from app.orchestrator.types import IngestResult, ImageJobResult, JobResult
+from app.orchestrator.types import ImageJobResult, IngestResult, JobResult
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
@@ -39,7 +44,7 @@ def _check_stages(force_stages: Iterable[str]) -> list[str]:
 
 
 def ingest_image(
-    orch: "Orchestrator", scope_id: str, *, sha256: str, media_type: str, extension: str, size_bytes: int,
+    orch: Orchestrator, scope_id: str, *, sha256: str, media_type: str, extension: str, size_bytes: int,
     width: int, height: int, storage_key: str, display_name: str | None = None,
     reverse_image_policy: str = "forbid", process: bool = True,
 ) -> IngestResult:
@@ -67,7 +72,7 @@ def ingest_image(
 
 
 def request_processing(
-    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, mode: str = JobMode.EXPLICIT,
+    orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, mode: str = JobMode.EXPLICIT,
     reverse_image_policy: str = "forbid", force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None,
 ) -> JobResult:
     _check_policy(reverse_image_policy)
@@ -85,7 +90,7 @@ def request_processing(
     return JobResult(job=orch.get_job(scope_id, job_id), created=created, hints=hints)
 
 
-def retry_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> JobResult:
+def retry_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> JobResult:
     """A new revision in explicit mode, resuming at the first failed/blocked/unknown/stale stage."""
     with orch.engine.begin() as conn:
         job = jobs.lock_job_txn(conn, job_id, scope_id)
@@ -101,7 +106,7 @@ def retry_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> JobResu
     return result
 
 
-def cancel_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> dict:
+def cancel_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> dict:
     with orch.engine.begin() as conn:
         job = jobs.lock_job_txn(conn, job_id, scope_id)
         if job is None:
@@ -113,7 +118,7 @@ def cancel_job(orch: "Orchestrator", scope_id: str, job_id: uuid.UUID) -> dict:
 
 
 def edit_context(
-    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, display_name: Any = UNSET, context: Any = UNSET,
+    orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, display_name: Any = UNSET, context: Any = UNSET,
 ) -> ImageJobResult:
     """A human edit: new metadata_hash → an auto revision that reuses visual and agent."""
     with orch.engine.begin() as conn:
@@ -151,7 +156,7 @@ def edit_context(
 
 
 def replace_content(
-    orch: "Orchestrator", scope_id: str, image_id: uuid.UUID, *, sha256: str, media_type: str, extension: str,
+    orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, sha256: str, media_type: str, extension: str,
     size_bytes: int, width: int, height: int, storage_key: str,
 ) -> ImageJobResult:
     """New bytes: the active job ends target_changed and a new auto job starts for the new sha."""
@@ -180,7 +185,7 @@ def replace_content(
                           old_storage_key=old_key if key_free else None)
 
 
-def delete_image(orch: "Orchestrator", scope_id: str, image_id: uuid.UUID) -> str | None:
+def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID) -> str | None:
     """Delete the image (cascade). Returns the storage key to remove after commit, if now unused."""
     with orch.engine.begin() as conn:
         image = images.lock_image_txn(conn, scope_id, image_id)

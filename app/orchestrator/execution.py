@@ -44,10 +44,6 @@ def retry_on_disconnect(fn):
     return wrapper
 
 
-class FencingRejected(Exception):
-    """A write of a stale execution matched zero rows (another claim owns the task now)."""
-
-
 def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, recovering: bool = False) -> Claim:
     return Claim(
         task_id=row["id"], scope_id=row["scope_id"], job_id=row["job_id"], image_id=row["image_id"],
@@ -58,7 +54,7 @@ def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, 
 
 
 @retry_on_disconnect
-def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
+def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
     to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop)."""
     with orch.engine.begin() as conn:
@@ -76,7 +72,7 @@ def claim_task(orch: "Orchestrator", task_id: uuid.UUID, owner: str, lane: str |
 
 
 @retry_on_disconnect
-def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Claim]:
+def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim]:
     """Claim up to ``n`` due tasks of a batched lane; each keeps its own fencing token."""
     if lane == Lane.AGENT:
         raise ValueError("the agent lane is claimed one task at a time (attempt protocol, lane slots)")
@@ -88,7 +84,7 @@ def claim_batch(orch: "Orchestrator", lane: str, n: int, owner: str) -> list[Cla
 
 
 @retry_on_disconnect
-def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
+def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
     """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction."""
     if lane == Lane.AGENT:
         raise ValueError("the agent lane is claimed one task at a time")
@@ -105,7 +101,7 @@ def claim_with_batch(orch: "Orchestrator", task_id: uuid.UUID, lane: str, n: int
     return [_claim_from_row(r, owner) for r in rows]
 
 
-def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, owner: str) -> Claim:
+def _agent_attempt_txn(orch: Orchestrator, conn: Connection, row: RowMapping, owner: str) -> Claim:
     """Commit an external_started attempt with the claim — or surface an interrupted one to recover."""
     # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
     open_attempt = attempts.open_attempt_txn(conn, row["id"]) if row["attempt_count"] > 1 else None
@@ -119,7 +115,7 @@ def _agent_attempt_txn(orch: "Orchestrator", conn: Connection, row: RowMapping, 
 
 
 @retry_on_disconnect
-def heartbeat(orch: "Orchestrator", claim: Claim) -> bool:
+def heartbeat(orch: Orchestrator, claim: Claim) -> bool:
     """Extend the lease. False = stop: fenced out, or cancellation requested."""
     with orch.engine.begin() as conn:
         row = tasks.heartbeat_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(), orch.settings.lease_s)
@@ -130,7 +126,7 @@ def heartbeat(orch: "Orchestrator", claim: Claim) -> bool:
     return not row["cancel_requested"]
 
 
-def _rejected_txn(orch: "Orchestrator", conn: Connection, claim: Claim, operation: str) -> None:
+def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation: str) -> None:
     metrics.FENCING_REJECTIONS.labels(operation).inc()
     counters.bump_txn(conn, "fencing_rejection", orch.now())
     log.warning(
@@ -141,7 +137,7 @@ def _rejected_txn(orch: "Orchestrator", conn: Connection, claim: Claim, operatio
 
 
 @retry_on_disconnect
-def complete_task(orch: "Orchestrator", claim: Claim, artifact: Any) -> list[Hint]:
+def complete_task(orch: Orchestrator, claim: Claim, artifact: Any) -> list[Hint]:
     """Fenced completion: re-check the target, write the artifact, advance the job(s) — one transaction."""
     with orch.engine.begin() as conn:
         image = images.lock_image_txn(conn, claim.scope_id, claim.image_id, share=claim.stage != Stage.AGENT)
@@ -186,7 +182,7 @@ def _result_summary(artifact: Any) -> dict:
 
 
 def _write_artifact_txn(
-    orch: "Orchestrator", conn: Connection, claim: Claim, image: RowMapping, artifact: Any
+    orch: Orchestrator, conn: Connection, claim: Claim, image: RowMapping, artifact: Any
 ) -> RowMapping:
     """Write the artifact; returns the image row as it is now (agent completions rewrite it)."""
     now = orch.now()
@@ -222,7 +218,7 @@ def _write_artifact_txn(
 
 
 @retry_on_disconnect
-def fail_task(orch: "Orchestrator", claim: Claim, error: StageError) -> list[Hint]:
+def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]:
     """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code."""
     now = orch.now()
     decision = decide_retry(
@@ -272,7 +268,7 @@ def fail_task(orch: "Orchestrator", claim: Claim, error: StageError) -> list[Hin
     return hints
 
 
-def mark_unknown_execution(orch: "Orchestrator", claim: Claim) -> list[Hint]:
+def mark_unknown_execution(orch: Orchestrator, claim: Claim) -> list[Hint]:
     """Recovery could not prove what an interrupted paid call did: end honestly, never re-call."""
     return fail_task(
         orch, claim,
@@ -282,7 +278,7 @@ def mark_unknown_execution(orch: "Orchestrator", claim: Claim) -> list[Hint]:
 
 
 @retry_on_disconnect
-def abandon_task(orch: "Orchestrator", claim: Claim, reason: str = "cancelled") -> None:
+def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> None:
     """The worker stopped on a cancel request: record it (fenced) and free the slot."""
     with orch.engine.begin() as conn:
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 METADATA_SCHEMA_VERSION = 1
 # The context keys that make up the metadata hash and the semantic document; provenance and the

@@ -28,7 +28,7 @@ def idempotency_key(job: RowMapping, fingerprint: str) -> str:
     return f"{fingerprint}:{job['id']}"
 
 
-def before_agent_task_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
+def before_agent_task_txn(orch: Orchestrator, conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
     """Acquire a grant for a new logical agent task; None = go ahead (granted, or deduplicated)."""
     if store.active_task_exists_txn(conn, job["scope_id"], fp.dedupe_key(job["image_id"], Stage.AGENT, fingerprint)):
         return None  # the insert will reuse a live task, which already holds its grant
@@ -40,28 +40,28 @@ def before_agent_task_txn(orch: "Orchestrator", conn: Connection, job: RowMappin
     return None
 
 
-def bind_grant_txn(orch: "Orchestrator", conn: Connection, job: RowMapping, fingerprint: str,
+def bind_grant_txn(orch: Orchestrator, conn: Connection, job: RowMapping, fingerprint: str,
                    task_id: uuid.UUID) -> None:
     grant_id = conn.info.get(_PENDING, {}).pop((job["id"], fingerprint), None)
     if grant_id is not None:
         store.bind_task_txn(conn, grant_id, task_id, orch.now())
 
 
-def commit_grant_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+def commit_grant_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
     """In the fenced completion transaction: the paid operation happened exactly once."""
     grant_id = store.task_grant_txn(conn, claim.task_id)
     if grant_id is not None:
         orch.policy.commit(conn, grant_id, orch.now())
 
 
-def mark_grant_unknown_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+def mark_grant_unknown_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
     grant_id = store.task_grant_txn(conn, claim.task_id)
     mark = getattr(orch.policy, "mark_unknown", None)
     if grant_id is not None and mark is not None:
         mark(conn, grant_id, orch.now())
 
 
-def release_if_unattempted_txn(orch: "Orchestrator", conn: Connection, task_id: uuid.UUID) -> None:
+def release_if_unattempted_txn(orch: Orchestrator, conn: Connection, task_id: uuid.UUID) -> None:
     """A task cancelled before any attempt never called out: give its grant back."""
     grant_id = store.task_grant_txn(conn, task_id)
     if grant_id is not None and not store.task_has_attempts_txn(conn, task_id):

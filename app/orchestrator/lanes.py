@@ -30,7 +30,7 @@ _SLOTS_READY: set[tuple[str, str, str, int]] = set()
 LIMITED_LANES = (Lane.AGENT.value,)
 
 
-def _pools(orch: "Orchestrator", resource_key: str) -> list[tuple[str, int]]:
+def _pools(orch: Orchestrator, resource_key: str) -> list[tuple[str, int]]:
     s = orch.settings
     pools = []
     if s.agent_lane_limit > 0:
@@ -40,7 +40,7 @@ def _pools(orch: "Orchestrator", resource_key: str) -> list[tuple[str, int]]:
     return pools
 
 
-def acquire_slot_txn(orch: "Orchestrator", conn: Connection, row: RowMapping) -> bool:
+def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> bool:
     """In the claim transaction: admit the claim fairly and take its slots; False = refuse it."""
     lane = row["lane"]
     if lane not in LIMITED_LANES:
@@ -68,18 +68,18 @@ def acquire_slot_txn(orch: "Orchestrator", conn: Connection, row: RowMapping) ->
     return True
 
 
-def extend_slot_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
     if claim.lane in LIMITED_LANES:
         now = orch.now()
         slots.extend_txn(conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
 
 
-def release_slot_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> None:
+def release_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
     if claim.lane in LIMITED_LANES:
         slots.release_txn(conn, claim.task_id, claim.generation, orch.now())
 
 
-def next_fair_hints_txn(orch: "Orchestrator", conn: Connection, claim: Claim) -> list[Hint]:
+def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> list[Hint]:
     """A slot just freed: hint the fairest queued due task of the lane (marked hinted)."""
     if claim.lane not in LIMITED_LANES:
         return []
@@ -91,5 +91,5 @@ def next_fair_hints_txn(orch: "Orchestrator", conn: Connection, claim: Claim) ->
     return [Hint(r["lane"], r["id"]) for r in rows]
 
 
-def release_orphan_slots_txn(orch: "Orchestrator", conn: Connection) -> int:
+def release_orphan_slots_txn(orch: Orchestrator, conn: Connection) -> int:
     return slots.release_orphans_txn(conn, orch.now())

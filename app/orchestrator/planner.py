@@ -7,9 +7,10 @@ Validity over history: only the current artifacts and their input fingerprints c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from typing import Any
 
 from app.db.enums import STAGE_ORDER, ContextStatus, Stage
 from app.orchestrator import fingerprints as fp

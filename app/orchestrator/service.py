@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, execution, grants, lanes, sweep as sweep_mod
+from app.orchestrator import batches, changes, execution, grants, lanes
+from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
 from app.orchestrator.policy import Denial, OperationPolicy, policy_from_settings
 from app.orchestrator.store import reads
 from app.orchestrator.types import Claim, StageConfigs, SweepReport
-
 
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
 

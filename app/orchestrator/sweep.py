@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def sweep(orch: "Orchestrator") -> SweepReport:
+def sweep(orch: Orchestrator) -> SweepReport:
     started = time.monotonic()
     report = SweepReport()
     with orch.engine.connect() as lock_conn:
@@ -44,7 +44,7 @@ def sweep(orch: "Orchestrator") -> SweepReport:
     return report
 
 
-def _run_steps(orch: "Orchestrator", report: SweepReport) -> None:
+def _run_steps(orch: Orchestrator, report: SweepReport) -> None:
     s = orch.settings
     limit, grace = s.sweep_batch_limit, s.rehint_grace_s
     # 1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)

@@ -30,11 +30,11 @@ class StageConfigs:
         return config_hash(self.agent)
 
     @classmethod
-    def from_job_config(cls, config: dict[str, Any]) -> "StageConfigs":
+    def from_job_config(cls, config: dict[str, Any]) -> StageConfigs:
         return cls(visual=config["visual"], agent=config["agent"], text=config["text_embedding"])
 
     @classmethod
-    def from_settings(cls, settings) -> "StageConfigs":
+    def from_settings(cls, settings) -> StageConfigs:
         """Configs of the configured providers (cheap: loads no model)."""
         from app.worker.providers import provider_configs
 

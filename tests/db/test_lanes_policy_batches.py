@@ -68,8 +68,8 @@ def test_a_task_cancelled_before_any_attempt_releases_its_grant(engine, settings
     pub = RecordingPublisher()
     res = store_and_ingest(orch, "local", png_bytes(1))
     pub.publish(res.hints)
-    from tests.support.agents import step
     from app.worker.providers import Providers
+    from tests.support.agents import step
 
     hint = step(orch, Providers(settings), pub, stop_lane="agent")
     assert hint is not None

@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy import text
 
-from app.orchestrator import Orchestrator, RecordingPublisher, VisualArtifact
+from app.orchestrator import Orchestrator, RecordingPublisher
 from app.worker import executor
 from app.worker.providers import Providers
 from tests.support.clock import FakeClock
@@ -113,8 +113,8 @@ def test_content_replaced_mid_run_writes_no_artifact_and_new_version_proceeds(en
     assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 0
     assert _scalar(engine, "SELECT status FROM tasks WHERE id = :t", t=claim.task_id) == "cancelled"
     # the new version's job runs through
-    from tests.support.pipeline import Workers
     from tests.conftest import poll_until
+    from tests.support.pipeline import Workers
 
     with Workers(orch, pub, n=2):
         poll_until(lambda: orch.get_job("local", replaced.job["id"])["status"] == "succeeded", timeout=30)

@@ -147,7 +147,7 @@ def test_retryable_twice_then_success_backs_off_and_finishes_on_attempt_3(engine
     task_id = res.hints[0].task_id
     pub = RecordingPublisher()
     due = []
-    for attempt in (1, 2):
+    for _attempt in (1, 2):
         assert run_task(orch, task_id, "w", providers, pub) == "failed"
         (available_at,) = _q(engine, "SELECT available_at FROM tasks WHERE id = :t", t=task_id)[0]
         due.append(available_at - clock())

@@ -64,8 +64,8 @@ def test_happy_path_costs_at_most_seven_commits_per_job(engine, settings):
     with Workers(orch, pub, n=1):
         for i in range(n):
             pub.publish(store_and_ingest(orch, "local", png_bytes(900 + i)).hints)
-            poll_until(lambda: _counts(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0]
-                       == i + 1, timeout=30)
+            poll_until(lambda want=i + 1: _counts(
+                engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == want, timeout=30)
     # ensure_scope inside store_and_ingest is a test-harness commit per upload: not part of the job
     per_job = (len(commits) - n) / n
     assert per_job <= 7, per_job

@@ -258,3 +258,62 @@ def wait_jobs_terminal(engine, job_ids, timeout: float, ok: Callable[[dict], boo
 
 
 PYTHON = sys.executable
+
+
+# ---------------------------------------------------------------------------- a live stack with real providers
+@dataclass
+class LiveStack:
+    """Real Celery workers (one per lane) with the real default providers, on a session database.
+
+    Shared by the reduced demo path and the CLI tests: the models load once per worker process.
+    """
+
+    settings: Settings
+    cluster: CeleryCluster
+    engine: object
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return self.cluster.env(**extra)
+
+    def cli(self, *args: str, timeout: float = 180.0, **env: str) -> subprocess.CompletedProcess:
+        """``memeflow ARGS`` as a subprocess against this stack (URLs set: nothing embedded starts)."""
+        return subprocess.run([PYTHON, "-m", "app.cli", *map(str, args)], check=False, env=self.env(COLUMNS="200", **env),
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def live_stack(services, template_db, tmp_path_factory):
+    from app.db.engine import make_engine
+    from tests.conftest import admin_connect
+
+    name = f"t_live_{uuid.uuid4().hex[:12]}"
+    conn = admin_connect(services)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
+    conn.close()
+    broker = redis_url_with_db(services.redis_url(), 1 + (next(_redis_db) % 15))
+    client = redis_lib.Redis.from_url(broker)
+    client.flushdb()
+    client.close()
+    tmp = tmp_path_factory.mktemp("live-stack")
+    settings = Settings(
+        database_url=services.postgres_url(name), broker_url=broker, var_dir=tmp / "var",
+        lease_s=30.0, heartbeat_s=1.0, sweep_interval_s=0.5, rehint_grace_s=1.0, backoff_base_s=0.05,
+        backoff_max_s=0.5, visual_provider="perceptual-v1", agent_provider="local-ocr",
+        text_provider="all-MiniLM-L6-v2", embedding_batch_size=8, log_json=True,
+    )
+    cluster = CeleryCluster(settings, broker, tmp)
+    engine = make_engine(settings.database_url)
+    try:
+        for lane in ("visual", "agent", "embedding"):
+            cluster.worker(lane, name=f"live-{lane}", wait=False)
+        for proc in cluster.procs:
+            cluster.wait_ready(proc)
+        yield LiveStack(settings, cluster, engine)
+    finally:
+        cluster.stop_all()
+        engine.dispose()
+        conn = admin_connect(services)
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.close()

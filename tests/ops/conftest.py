@@ -57,7 +57,7 @@ class Seeder:
     def job(self, scope_id: str, image_id: uuid.UUID, status: str, stages: tuple[str, str, str], *,
             revision: int = 1, error: dict | None = None, batch_id: uuid.UUID | None = None) -> uuid.UUID:
         job_id = uuid.uuid4()
-        current = next((st for st, ss in zip(STAGES, stages) if ss not in ("succeeded", "reused")), None)
+        current = next((st for st, ss in zip(STAGES, stages, strict=True) if ss not in ("succeeded", "reused")), None)
         self.conn.execute(text("""
             INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
                                          reverse_image_policy, mode, status, current_stage, error, batch_id,
@@ -67,7 +67,7 @@ class Seeder:
                     CASE WHEN :st = 'blocked' THEN now() + interval '1 hour' END)"""),
             {"id": job_id, "s": scope_id, "img": image_id, "rev": revision, "h": _sha("cfg"), "st": status,
              "cur": current, "err": json.dumps(error) if error else None, "b": batch_id})
-        for pos, (stage, sstatus) in enumerate(zip(STAGES, stages)):
+        for pos, (stage, sstatus) in enumerate(zip(STAGES, stages, strict=True)):
             self.conn.execute(text("""
                 INSERT INTO job_stages (job_id, stage, scope_id, position, status, started_at, completed_at)
                 VALUES (:j, :st, :s, :p, :ss,

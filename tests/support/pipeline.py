@@ -53,7 +53,7 @@ class Workers:
         self._threads: list[threading.Thread] = []
         self.errors: list[BaseException] = []
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         for i in range(self.n):
             t = threading.Thread(target=self._loop, args=(f"test-worker-{i}-{uuid.uuid4().hex[:6]}",), daemon=True)
             t.start()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
+
+from app.orchestrator.store._sql import sql
 
 
 def visual_exists_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, config: dict) -> bool:
     return conn.execute(
-        text(
+        sql(
             "SELECT EXISTS (SELECT 1 FROM visual_embeddings WHERE scope_id = :s AND image_id = :i"
             " AND image_sha256 = :sha AND model = :m AND preprocess_version = :pv AND dims = :d)"
         ),
@@ -25,7 +26,7 @@ def text_exists_txn(
     if metadata_hash is None:
         return False
     return conn.execute(
-        text(
+        sql(
             "SELECT EXISTS (SELECT 1 FROM text_embeddings WHERE scope_id = :s AND image_id = :i"
             " AND image_sha256 = :sha AND metadata_hash = :mh AND model = :m AND dims = :d AND status = 'ready')"
         ),
@@ -39,7 +40,7 @@ def insert_visual_txn(
     dims: int, vector: list[float], task_id: uuid.UUID,
 ) -> None:
     conn.execute(
-        text(
+        sql(
             "INSERT INTO visual_embeddings (scope_id, image_id, image_sha256, model, preprocess_version, dims,"
             " embedding, task_id) VALUES (:s, :i, :sha, :m, :pv, :d, CAST(:v AS vector), :t)"
             " ON CONFLICT (scope_id, image_id, model, preprocess_version, image_sha256) DO NOTHING"
@@ -54,7 +55,7 @@ def insert_text_txn(
     dims: int, document_version: str, document: str, vector: list[float], task_id: uuid.UUID,
 ) -> None:
     conn.execute(
-        text(
+        sql(
             "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
             " document_version, document, embedding, status, task_id)"
             " VALUES (:s, :i, :sha, :mh, :m, :d, :dv, :doc, CAST(:v AS vector), 'ready', :t)"

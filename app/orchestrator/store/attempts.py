@@ -6,17 +6,17 @@ import secrets
 import uuid
 from datetime import datetime
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
 
 
 def open_attempt_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
     """The latest attempt still in external_started (an execution that never finished)."""
     return (
         conn.execute(
-            text(
+            sql(
                 "SELECT * FROM task_attempts WHERE task_id = :t AND state = 'external_started'"
                 " ORDER BY attempt_no DESC LIMIT 1 FOR UPDATE"
             ),
@@ -34,7 +34,7 @@ def start_attempt_txn(
     """Insert a new attempt in external_started with an unguessable attempt id; returns it."""
     attempt_id = secrets.token_hex(16)
     conn.execute(
-        text(
+        sql(
             "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
             " input_digest, target_sha256, created_at, updated_at)"
             " SELECT :a, :s, :t, coalesce(max(attempt_no), 0) + 1, :g, 'external_started', :d, :sha, :now, :now"
@@ -51,7 +51,7 @@ def finish_attempt_txn(
     result: dict | None = None, error: dict | None = None, request_id: str | None = None,
 ) -> bool:
     res = conn.execute(
-        text(
+        sql(
             "UPDATE task_attempts SET state = :st, result = CAST(:res AS jsonb), error = CAST(:err AS jsonb),"
             " provider_request_id = coalesce(:rid, provider_request_id), updated_at = :now"
             " WHERE attempt_id = :a AND task_id = :t AND state = 'external_started'"

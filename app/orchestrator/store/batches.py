@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
 
 ACTIVE_JOB = "('queued', 'running')"
 
@@ -19,7 +19,7 @@ def insert_batch_txn(
     cursor: dict[str, Any], total: int, now: datetime,
 ) -> RowMapping:
     return conn.execute(
-        text(
+        sql(
             "INSERT INTO batches (id, scope_id, status, select_all, requested_ids, reverse_image_policy, seed_cursor,"
             " total, created_at, updated_at) VALUES (:id, :s, 'seeding', :all, :ids, :p, CAST(:cur AS jsonb), :total,"
             " :now, :now) RETURNING *"
@@ -31,19 +31,20 @@ def insert_batch_txn(
 
 def batch_txn(conn: Connection, batch_id: uuid.UUID, scope_id: str | None = None, *, lock: bool = False
               ) -> RowMapping | None:
-    sql = "SELECT * FROM batches WHERE id = :id" + (" AND scope_id = :s" if scope_id else "")
-    return conn.execute(text(sql + (" FOR UPDATE" if lock else "")), {"id": batch_id, "s": scope_id}).mappings().first()
+    statement = "SELECT * FROM batches WHERE id = :id" + (" AND scope_id = :s" if scope_id else "")
+    statement += " FOR UPDATE" if lock else ""
+    return conn.execute(sql(statement), {"id": batch_id, "s": scope_id}).mappings().first()
 
 
 def count_images_until_txn(conn: Connection, scope_id: str, until: datetime) -> int:
     return conn.execute(
-        text("SELECT count(*) FROM images WHERE scope_id = :s AND created_at <= :u"), {"s": scope_id, "u": until}
+        sql("SELECT count(*) FROM images WHERE scope_id = :s AND created_at <= :u"), {"s": scope_id, "u": until}
     ).scalar_one()
 
 
 def existing_ids_txn(conn: Connection, scope_id: str, ids: list[uuid.UUID]) -> set[uuid.UUID]:
     return set(
-        conn.execute(text("SELECT id FROM images WHERE scope_id = :s AND id = ANY(:ids)"),
+        conn.execute(sql("SELECT id FROM images WHERE scope_id = :s AND id = ANY(:ids)"),
                      {"s": scope_id, "ids": ids}).scalars()
     )
 
@@ -54,7 +55,7 @@ def image_page_txn(
     """Next page of the scope's images in (created_at, id) order (keyset over ix_images_scope_page)."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "SELECT id, created_at FROM images WHERE scope_id = :s AND created_at <= :u"
                 " AND (CAST(:ac AS timestamptz) IS NULL OR (created_at, id) > (:ac, :aid))"
                 " ORDER BY created_at, id LIMIT :n"
@@ -68,14 +69,14 @@ def image_page_txn(
 def queued_backlog_txn(conn: Connection, cap: int) -> int:
     """Queued tasks, counted up to ``cap`` (a bounded scan of the partial 'queued' index)."""
     return conn.execute(
-        text("SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT :cap) q"), {"cap": cap}
+        sql("SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT :cap) q"), {"cap": cap}
     ).scalar_one()
 
 
 def insert_items_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
     if rows:
         conn.execute(
-            text(
+            sql(
                 "INSERT INTO batch_items (batch_id, image_id, scope_id, job_id, created_at)"
                 " VALUES (:batch_id, :image_id, :scope_id, :job_id, :now) ON CONFLICT DO NOTHING"
             ),
@@ -88,7 +89,7 @@ def update_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime, *, fr
     sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "seed_cursor" else f"{k} = :{k}" for k in fields)
     params = {k: (canonical_json(v) if k == "seed_cursor" else v) for k, v in fields.items()}
     res = conn.execute(
-        text(f"UPDATE batches SET {sets}, updated_at = :now WHERE id = :id AND status = ANY(:from_)"),
+        sql(f"UPDATE batches SET {sets}, updated_at = :now WHERE id = :id AND status = ANY(:from_)"),
         {"id": batch_id, "now": now, "from_": list(from_statuses), **params},
     )
     return res.rowcount > 0
@@ -96,7 +97,7 @@ def update_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime, *, fr
 
 def item_counts_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, int]:
     rows = conn.execute(
-        text(
+        sql(
             "SELECT j.status, count(*) FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id"
             " WHERE bi.batch_id = :b GROUP BY j.status"
         ),
@@ -107,7 +108,7 @@ def item_counts_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, int]:
 
 def has_active_item_jobs_txn(conn: Connection, batch_id: uuid.UUID) -> bool:
     return conn.execute(
-        text(
+        sql(
             "SELECT EXISTS (SELECT 1 FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id"
             f" WHERE bi.batch_id = :b AND j.status IN {ACTIVE_JOB})"
         ),
@@ -119,7 +120,7 @@ def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list
     """Active jobs the batch created (ix_processing_jobs_batch), a page at a time."""
     return list(
         conn.execute(
-            text(f"SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN {ACTIVE_JOB} LIMIT :n"),
+            sql(f"SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN {ACTIVE_JOB} LIMIT :n"),
             {"b": batch_id, "n": n},
         ).scalars()
     )
@@ -129,7 +130,7 @@ def open_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
     """Batches still seeding or running, least recently touched first (ix_batches_active)."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "SELECT id, status FROM batches WHERE status IN ('seeding', 'running') ORDER BY updated_at LIMIT :n"
             ),
             {"n": limit},

@@ -5,20 +5,21 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.store._sql import sql
 
 COUNTED = ("acquired", "committed", "unknown")  # grants that consume quota
 
 
 def lock_usage_txn(conn: Connection, scope_id: str, operation: str) -> None:
     """Serialise quota decisions of one (scope, operation) until the transaction ends."""
-    conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"grant:{scope_id}:{operation}"})
+    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"grant:{scope_id}:{operation}"})
 
 
 def grant_by_key_txn(conn: Connection, scope_id: str, operation: str, key: str) -> RowMapping | None:
     return conn.execute(
-        text(
+        sql(
             "SELECT * FROM operation_grants WHERE scope_id = :s AND operation = :o AND idempotency_key = :k"
             " FOR UPDATE"
         ),
@@ -29,7 +30,7 @@ def grant_by_key_txn(conn: Connection, scope_id: str, operation: str, key: str) 
 def count_used_txn(conn: Connection, scope_id: str, operation: str, since: datetime, until: datetime) -> int:
     """Grants that consumed quota in [since, until) (ix_operation_grants_usage range scan)."""
     return conn.execute(
-        text(
+        sql(
             "SELECT count(*) FROM operation_grants WHERE scope_id = :s AND operation = :o"
             " AND created_at >= :a AND created_at < :b AND state = ANY(:st)"
         ),
@@ -43,7 +44,7 @@ def acquire_txn(conn: Connection, scope_id: str, operation: str, key: str, now: 
     An existing acquired/committed/unknown grant for the key is returned unchanged (idempotent).
     """
     return conn.execute(
-        text(
+        sql(
             "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, created_at, updated_at)"
             " VALUES (:id, :s, :o, :k, 'acquired', :now, :now)"
             " ON CONFLICT (scope_id, operation, idempotency_key) DO UPDATE SET"
@@ -62,7 +63,7 @@ def set_state_txn(
 ) -> bool:
     """Conditional state change; False when the grant is not in one of ``from_states``."""
     res = conn.execute(
-        text(
+        sql(
             "UPDATE operation_grants SET state = :st, updated_at = :now WHERE id = :id AND state = ANY(:from_)"
         ),
         {"id": grant_id, "st": state, "now": now, "from_": list(from_states)},
@@ -72,25 +73,25 @@ def set_state_txn(
 
 def bind_task_txn(conn: Connection, grant_id: uuid.UUID, task_id: uuid.UUID, now: datetime) -> None:
     """Link grant and task both ways (tasks.grant_id is how recovery and retries find it)."""
-    conn.execute(text("UPDATE operation_grants SET task_id = :t, updated_at = :now WHERE id = :g"),
+    conn.execute(sql("UPDATE operation_grants SET task_id = :t, updated_at = :now WHERE id = :g"),
                  {"g": grant_id, "t": task_id, "now": now})
-    conn.execute(text("UPDATE tasks SET grant_id = :g WHERE id = :t"), {"g": grant_id, "t": task_id})
+    conn.execute(sql("UPDATE tasks SET grant_id = :g WHERE id = :t"), {"g": grant_id, "t": task_id})
 
 
 def task_grant_txn(conn: Connection, task_id: uuid.UUID) -> uuid.UUID | None:
-    return conn.execute(text("SELECT grant_id FROM tasks WHERE id = :t"), {"t": task_id}).scalar()
+    return conn.execute(sql("SELECT grant_id FROM tasks WHERE id = :t"), {"t": task_id}).scalar()
 
 
 def task_has_attempts_txn(conn: Connection, task_id: uuid.UUID) -> bool:
     return conn.execute(
-        text("SELECT EXISTS (SELECT 1 FROM task_attempts WHERE task_id = :t)"), {"t": task_id}
+        sql("SELECT EXISTS (SELECT 1 FROM task_attempts WHERE task_id = :t)"), {"t": task_id}
     ).scalar_one()
 
 
 def active_task_exists_txn(conn: Connection, scope_id: str, dedupe_key: str) -> bool:
     """Would the task insert be deduplicated onto an existing active task (no new logical task)?"""
     return conn.execute(
-        text(
+        sql(
             "SELECT EXISTS (SELECT 1 FROM tasks WHERE scope_id = :s AND dedupe_key = :k"
             " AND status IN ('queued', 'running'))"
         ),

@@ -6,25 +6,25 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
 
 
 def ensure_scope_txn(conn: Connection, scope_id: str) -> uuid.UUID:
     conn.execute(
-        text("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns) ON CONFLICT (id) DO NOTHING"),
+        sql("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns) ON CONFLICT (id) DO NOTHING"),
         {"id": scope_id, "ns": uuid.uuid4()},
     )
-    return conn.execute(text("SELECT storage_namespace FROM scopes WHERE id = :id"), {"id": scope_id}).scalar_one()
+    return conn.execute(sql("SELECT storage_namespace FROM scopes WHERE id = :id"), {"id": scope_id}).scalar_one()
 
 
 def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], now: datetime) -> RowMapping | None:
     """Insert a new image; None if the scope already has these bytes (unique (scope, sha256))."""
     return (
         conn.execute(
-            text(
+            sql(
                 "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,"
                 " storage_key, display_name, metadata_hash, created_at, updated_at)"
                 " VALUES (:id, :scope, :sha256, :extension, :media_type, :size_bytes, :width, :height,"
@@ -42,7 +42,7 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
     mode = "FOR SHARE" if share else "FOR UPDATE"
     return (
         conn.execute(
-            text(f"SELECT * FROM images WHERE scope_id = :s AND id = :id {mode}"), {"s": scope_id, "id": image_id}
+            sql(f"SELECT * FROM images WHERE scope_id = :s AND id = :id {mode}"), {"s": scope_id, "id": image_id}
         )
         .mappings()
         .first()
@@ -52,7 +52,7 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
 def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping | None:
     return (
         conn.execute(
-            text("SELECT * FROM images WHERE scope_id = :s AND sha256 = :sha FOR UPDATE"), {"s": scope_id, "sha": sha256}
+            sql("SELECT * FROM images WHERE scope_id = :s AND sha256 = :sha FOR UPDATE"), {"s": scope_id, "sha": sha256}
         )
         .mappings()
         .first()
@@ -66,7 +66,7 @@ def write_agent_context_txn(
     """Store an agent-produced context — only if the image still has the bytes it describes."""
     return (
         conn.execute(
-            text(
+            sql(
                 "UPDATE images SET context = CAST(:ctx AS jsonb), context_status = 'ready',"
                 " context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,"
                 " updated_at = :now WHERE id = :id AND sha256 = :sha RETURNING *"
@@ -87,7 +87,7 @@ def edit_context_txn(
 ) -> RowMapping:
     return (
         conn.execute(
-            text(
+            sql(
                 "UPDATE images SET display_name = :dn, context = CAST(:ctx AS jsonb), context_status = :cs,"
                 " context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,"
                 " updated_at = :now WHERE id = :id RETURNING *"
@@ -107,7 +107,7 @@ def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str,
     """New bytes for an image: the context no longer describes them (status back to pending)."""
     return (
         conn.execute(
-            text(
+            sql(
                 "UPDATE images SET sha256 = :sha256, extension = :extension, media_type = :media_type,"
                 " size_bytes = :size_bytes, width = :width, height = :height, storage_key = :storage_key,"
                 " context_status = CASE WHEN context_status = 'edited' THEN 'edited' ELSE 'pending' END,"
@@ -123,12 +123,12 @@ def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str,
 def delete_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> str | None:
     """Delete the image; jobs, stages, tasks, attempts and embeddings cascade."""
     return conn.execute(
-        text("DELETE FROM images WHERE scope_id = :s AND id = :id RETURNING storage_key"),
+        sql("DELETE FROM images WHERE scope_id = :s AND id = :id RETURNING storage_key"),
         {"s": scope_id, "id": image_id},
     ).scalar()
 
 
 def storage_key_in_use_txn(conn: Connection, storage_key: str) -> bool:
     return conn.execute(
-        text("SELECT EXISTS (SELECT 1 FROM images WHERE storage_key = :k)"), {"k": storage_key}
+        sql("SELECT EXISTS (SELECT 1 FROM images WHERE storage_key = :k)"), {"k": storage_key}
     ).scalar_one()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import STAGE_ORDER
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
 
 ACTIVE = "('queued', 'running')"
 
@@ -18,7 +19,7 @@ ACTIVE = "('queued', 'running')"
 def active_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
     return (
         conn.execute(
-            text(f"SELECT * FROM processing_jobs WHERE image_id = :i AND status IN {ACTIVE} FOR UPDATE"),
+            sql(f"SELECT * FROM processing_jobs WHERE image_id = :i AND status IN {ACTIVE} FOR UPDATE"),
             {"i": image_id},
         )
         .mappings()
@@ -29,7 +30,7 @@ def active_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
 def latest_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
     return (
         conn.execute(
-            text("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"), {"i": image_id}
+            sql("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"), {"i": image_id}
         )
         .mappings()
         .first()
@@ -44,7 +45,7 @@ def insert_job_txn(
     """Insert a queued job and its three pending stages (the active-job index is the referee)."""
     job = (
         conn.execute(
-            text(
+            sql(
                 "INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,"
                 " reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)"
                 " VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b,"
@@ -58,7 +59,7 @@ def insert_job_txn(
         .one()
     )
     conn.execute(
-        text(
+        sql(
             "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
             " VALUES (:j, :stage, :s, :pos, 'pending', :now, :now)"
         ),
@@ -68,12 +69,12 @@ def insert_job_txn(
 
 
 def lock_job_txn(conn: Connection, job_id: uuid.UUID, scope_id: str | None = None) -> RowMapping | None:
-    sql = "SELECT * FROM processing_jobs WHERE id = :id" + (" AND scope_id = :s" if scope_id else "") + " FOR UPDATE"
-    return conn.execute(text(sql), {"id": job_id, "s": scope_id}).mappings().first()
+    statement = "SELECT * FROM processing_jobs WHERE id = :id" + (" AND scope_id = :s" if scope_id else "") + " FOR UPDATE"
+    return conn.execute(sql(statement), {"id": job_id, "s": scope_id}).mappings().first()
 
 
 def stages_txn(conn: Connection, job_id: uuid.UUID) -> dict[str, RowMapping]:
-    rows = conn.execute(text("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
+    rows = conn.execute(sql("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
     return {r["stage"]: r for r in rows}
 
 
@@ -81,7 +82,7 @@ def update_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, now: datet
     sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
     params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
     conn.execute(
-        text(f"UPDATE job_stages SET {sets}, updated_at = :now WHERE job_id = :j AND stage = :stage"),
+        sql(f"UPDATE job_stages SET {sets}, updated_at = :now WHERE job_id = :j AND stage = :stage"),
         {"j": job_id, "stage": stage, "now": now, **params},
     )
 
@@ -94,7 +95,7 @@ def set_stages_where_task_txn(
     params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
     return list(
         conn.execute(
-            text(
+            sql(
                 f"UPDATE job_stages SET {sets}, updated_at = :now WHERE task_id = :t AND status = ANY(:from_)"
                 " RETURNING job_id"
             ),
@@ -112,7 +113,7 @@ def update_job_txn(
     params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
     cond = " AND status = ANY(:from_)" if from_statuses else ""
     res = conn.execute(
-        text(f"UPDATE processing_jobs SET {sets}, updated_at = :now WHERE id = :id{cond}"),
+        sql(f"UPDATE processing_jobs SET {sets}, updated_at = :now WHERE id = :id{cond}"),
         {"id": job_id, "now": now, "from_": list(from_statuses or ()), **params},
     )
     return res.rowcount > 0
@@ -120,7 +121,7 @@ def update_job_txn(
 
 def cancel_open_stages_txn(conn: Connection, job_id: uuid.UUID, status: str, now: datetime) -> None:
     conn.execute(
-        text(
+        sql(
             "UPDATE job_stages SET status = :st, updated_at = :now WHERE job_id = :j"
             " AND status IN ('pending', 'queued', 'running')"
         ),
@@ -130,7 +131,7 @@ def cancel_open_stages_txn(conn: Connection, job_id: uuid.UUID, status: str, now
 
 def agent_stage_in_progress_txn(conn: Connection, image_id: uuid.UUID) -> bool:
     return conn.execute(
-        text(
+        sql(
             "SELECT EXISTS (SELECT 1 FROM processing_jobs j JOIN job_stages s ON s.job_id = j.id"
             f" WHERE j.image_id = :i AND j.status IN {ACTIVE} AND s.stage = 'agent'"
             " AND s.status IN ('queued', 'running'))"
@@ -142,7 +143,7 @@ def agent_stage_in_progress_txn(conn: Connection, image_id: uuid.UUID) -> bool:
 def image_ref_txn(conn: Connection, job_id: uuid.UUID) -> RowMapping | None:
     """(scope_id, image_id) of a job, unlocked: callers lock the image first, then the job."""
     return conn.execute(
-        text("SELECT scope_id, image_id FROM processing_jobs WHERE id = :id"), {"id": job_id}
+        sql("SELECT scope_id, image_id FROM processing_jobs WHERE id = :id"), {"id": job_id}
     ).mappings().first()
 
 
@@ -150,7 +151,7 @@ def job_facts_txn(conn: Connection, job_id: uuid.UUID, image_sha256: str, metada
     """Lock the job and read, in one statement, its stages (with their tasks' status) and whether
     the artifacts its frozen config needs exist for the given image version."""
     return conn.execute(
-        text(
+        sql(
             "SELECT j.*,"
             " (SELECT json_agg(json_build_object('stage', s.stage, 'status', s.status, 'task_id', s.task_id,"
             "   'task_status', t.status)) FROM job_stages s LEFT JOIN tasks t ON t.id = s.task_id"

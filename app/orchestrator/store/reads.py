@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import STAGE_ORDER
+from app.orchestrator.store._sql import sql
 
 _STAGE_POS = {s.value: n for n, s in enumerate(STAGE_ORDER)}
 _DONE = ("succeeded", "reused")
@@ -32,12 +32,12 @@ def image_doc(row: RowMapping, latest: RowMapping | None) -> dict[str, Any]:
 
 def get_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> dict[str, Any] | None:
     row = conn.execute(
-        text("SELECT * FROM images WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": image_id}
+        sql("SELECT * FROM images WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": image_id}
     ).mappings().first()
     if row is None:
         return None
     latest = conn.execute(
-        text("SELECT id, status FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"),
+        sql("SELECT id, status FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"),
         {"i": image_id},
     ).mappings().first()
     return image_doc(row, latest)
@@ -47,7 +47,7 @@ def list_images_txn(
     conn: Connection, scope_id: str, after: tuple[datetime, uuid.UUID] | None, limit: int
 ) -> list[dict[str, Any]]:
     rows = conn.execute(
-        text(
+        sql(
             "SELECT i.*, lj.id AS lj_id, lj.status AS lj_status FROM images i"
             " LEFT JOIN LATERAL (SELECT id, status FROM processing_jobs WHERE image_id = i.id"
             " ORDER BY revision DESC LIMIT 1) lj ON true"
@@ -83,11 +83,11 @@ def job_doc(row: RowMapping, stages: list[RowMapping]) -> dict[str, Any]:
 
 def get_job_txn(conn: Connection, scope_id: str, job_id: uuid.UUID) -> dict[str, Any] | None:
     row = conn.execute(
-        text("SELECT * FROM processing_jobs WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": job_id}
+        sql("SELECT * FROM processing_jobs WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": job_id}
     ).mappings().first()
     if row is None:
         return None
-    stages = conn.execute(text("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
+    stages = conn.execute(sql("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
     return job_doc(row, list(stages))
 
 
@@ -96,7 +96,7 @@ def list_jobs_txn(
     after: tuple[datetime, uuid.UUID] | None, limit: int,
 ) -> list[dict[str, Any]]:
     rows = conn.execute(
-        text(
+        sql(
             "SELECT * FROM processing_jobs WHERE scope_id = :s"
             " AND (CAST(:st AS text) IS NULL OR status = :st) AND (CAST(:img AS uuid) IS NULL OR image_id = :img)"
             " AND (CAST(:ac AS timestamptz) IS NULL OR (created_at, id) > (:ac, :aid))"
@@ -108,7 +108,7 @@ def list_jobs_txn(
     if not rows:
         return []
     stages = conn.execute(
-        text("SELECT * FROM job_stages WHERE job_id = ANY(:ids)"), {"ids": [r["id"] for r in rows]}
+        sql("SELECT * FROM job_stages WHERE job_id = ANY(:ids)"), {"ids": [r["id"] for r in rows]}
     ).mappings().all()
     by_job: dict[uuid.UUID, list[RowMapping]] = {}
     for s in stages:
@@ -118,12 +118,12 @@ def list_jobs_txn(
 
 def get_task_txn(conn: Connection, scope_id: str, task_id: uuid.UUID) -> dict[str, Any] | None:
     row = conn.execute(
-        text("SELECT * FROM tasks WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": task_id}
+        sql("SELECT * FROM tasks WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": task_id}
     ).mappings().first()
     if row is None:
         return None
     attempts = conn.execute(
-        text(
+        sql(
             "SELECT attempt_id, attempt_no, state, claim_generation, error, created_at, updated_at"
             " FROM task_attempts WHERE task_id = :t ORDER BY attempt_no"
         ),
@@ -149,7 +149,7 @@ def cursor_key_txn(conn: Connection, table: str, scope_id: str, row_id: str) -> 
     if table not in ("images", "processing_jobs"):
         raise ValueError(table)
     row = conn.execute(
-        text(f"SELECT created_at, id FROM {table} WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": row_id}
+        sql(f"SELECT created_at, id FROM {table} WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": row_id}
     ).first()
     return (row[0], row[1]) if row else None
 
@@ -157,6 +157,6 @@ def cursor_key_txn(conn: Connection, table: str, scope_id: str, row_id: str) -> 
 def text_inputs_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> RowMapping | None:
     """What the semantic document is rendered from (the worker re-checks the hash at completion)."""
     return conn.execute(
-        text("SELECT display_name, context, metadata_hash, sha256 FROM images WHERE scope_id = :s AND id = :id"),
+        sql("SELECT display_name, context, metadata_hash, sha256 FROM images WHERE scope_id = :s AND id = :id"),
         {"s": scope_id, "id": image_id},
     ).mappings().first()

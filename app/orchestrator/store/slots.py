@@ -10,8 +10,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.store._sql import sql
 
 # Distinct (resource_key, scope_id) pairs with queued tasks in a lane: a loose index scan over
 # ix_tasks_claimable, so its cost follows the number of waiting scopes, not the backlog size.
@@ -44,13 +45,13 @@ def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int,
     speculative insert would wait on slot rows that concurrent claimers hold locked.
     """
     have = conn.execute(
-        text("SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit"),
+        sql("SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit"),
         {"lane": lane, "rk": resource_key, "limit": limit},
     ).scalar_one()
     if have >= limit:
         return True  # committed rows, visible to everyone from now on
     conn.execute(
-        text(
+        sql(
             "INSERT INTO lane_slots (lane, resource_key, slot_no, updated_at)"
             " SELECT :lane, :rk, g, :now FROM generate_series(0, :limit - 1) g"
             " ON CONFLICT DO NOTHING"
@@ -65,7 +66,7 @@ def take_over_txn(
 ) -> bool:
     """A re-claim of a task that still holds a slot (expired lease) moves it to the new generation."""
     res = conn.execute(
-        text(
+        sql(
             "UPDATE lane_slots SET claim_generation = :gen, lease_expires_at = :exp, updated_at = :now"
             " WHERE lane = :lane AND resource_key = :rk AND task_id = :t"
         ),
@@ -80,7 +81,7 @@ def take_free_txn(
 ) -> bool:
     """Take one free slot below ``limit``; slots other claimers are taking right now are skipped."""
     row = conn.execute(
-        text(
+        sql(
             # A CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row.
             # Only the slot row's own columns decide "free": after SKIP LOCKED takes a row lock,
             # PostgreSQL re-checks the WHERE clause on the newest row version, but a subquery on
@@ -101,7 +102,7 @@ def take_free_txn(
 
 def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime) -> None:
     conn.execute(
-        text(
+        sql(
             "UPDATE lane_slots SET lease_expires_at = :exp, updated_at = :now"
             " WHERE task_id = :t AND claim_generation = :gen"
         ),
@@ -112,7 +113,7 @@ def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime
 def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -> int:
     """Free every slot this execution holds (fenced by generation)."""
     return conn.execute(
-        text(
+        sql(
             "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
             " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
         ),
@@ -128,7 +129,7 @@ def release_orphans_txn(conn: Connection, now: datetime) -> int:
     concurrent claim took after the snapshot.
     """
     candidates = conn.execute(
-        text(
+        sql(
             "SELECT ls.task_id, ls.claim_generation FROM lane_slots ls WHERE ls.task_id IS NOT NULL"
             " AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = ls.task_id"
             "  AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
@@ -138,7 +139,7 @@ def release_orphans_txn(conn: Connection, now: datetime) -> int:
     freed = 0
     for task_id, gen in candidates:
         freed += conn.execute(
-            text(
+            sql(
                 "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
                 " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
             ),
@@ -150,7 +151,7 @@ def release_orphans_txn(conn: Connection, now: datetime) -> int:
 def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id: str) -> None:
     """This (lane, resource_key, scope) was just dispatched: it goes to the back of the round."""
     conn.execute(
-        text(
+        sql(
             "INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)"
             " VALUES (:lane, :rk, :s, nextval('lane_dispatch_seq'))"
             " ON CONFLICT (lane, resource_key, scope_id) DO UPDATE SET last_dispatch_seq = EXCLUDED.last_dispatch_seq"
@@ -162,7 +163,7 @@ def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id
 def fairer_scope_waiting_txn(conn: Connection, lane: str, resource_key: str, scope_id: str, now: datetime) -> bool:
     """Does another scope with a due task in this (lane, resource_key) wait longer than ``scope_id``?"""
     return conn.execute(
-        text(
+        sql(
             _WAITING + ", h AS (" + _HEADS + ")"
             " SELECT EXISTS (SELECT 1 FROM h WHERE h.resource_key = :rk AND h.scope_id <> :s"
             "  AND h.seq < coalesce((SELECT last_dispatch_seq FROM lane_fairness WHERE lane = :lane"
@@ -176,7 +177,7 @@ def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -
     """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age."""
     return list(
         conn.execute(
-            text(_WAITING + _HEADS + " ORDER BY seq, c.priority DESC, c.created_at LIMIT :n"),
+            sql(_WAITING + _HEADS + " ORDER BY seq, c.priority DESC, c.created_at LIMIT :n"),
             {"lane": lane, "now": now, "n": n},
         ).mappings()
     )

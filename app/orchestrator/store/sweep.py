@@ -4,25 +4,26 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.store._sql import sql
 
 SWEEP_LOCK_KEY = 0x6D656D65  # "meme": one sweep at a time across all beats and CLIs
 
 
 def try_lock(conn: Connection) -> bool:
-    return bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": SWEEP_LOCK_KEY}).scalar())
+    return bool(conn.execute(sql("SELECT pg_try_advisory_lock(:k)"), {"k": SWEEP_LOCK_KEY}).scalar())
 
 
 def unlock(conn: Connection) -> None:
-    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
+    conn.execute(sql("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
 
 
 def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[RowMapping]:
     """Queued, due tasks whose last hint is older than the grace period (or never sent)."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "UPDATE tasks SET last_hint_at = :now WHERE id IN ("
                 " SELECT id FROM tasks WHERE status = 'queued'"
                 " AND (last_hint_at IS NULL OR last_hint_at < :cutoff) AND available_at <= :now"
@@ -38,7 +39,7 @@ def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: in
     """Running tasks whose lease expired (claimable again); re-hinted at most once per grace."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "WITH pick AS (SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < :now"
                 " AND (last_hint_at IS NULL OR last_hint_at < :cutoff)"
                 " ORDER BY lease_expires_at LIMIT :n FOR UPDATE SKIP LOCKED)"
@@ -55,7 +56,7 @@ def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int) 
     """Active jobs whose current stage has no live task (it finished, failed or vanished)."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "SELECT j.id FROM processing_jobs j"
                 " LEFT JOIN job_stages s ON s.job_id = j.id AND s.stage = j.current_stage"
                 " LEFT JOIN tasks t ON t.id = s.task_id"
@@ -72,7 +73,7 @@ def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int) 
 def lane_gauges_txn(conn: Connection, now: datetime) -> list[RowMapping]:
     return list(
         conn.execute(
-            text(
+            sql(
                 "SELECT lane, count(*) FILTER (WHERE status = 'queued') AS queued,"
                 " count(*) FILTER (WHERE status = 'running') AS running,"
                 " extract(epoch FROM :now - min(available_at) FILTER (WHERE status = 'queued'"

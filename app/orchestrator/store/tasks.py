@@ -10,10 +10,10 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
 
 FENCE = "id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'"
 
@@ -30,7 +30,7 @@ def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> 
     hint right after commit, and the sweep re-hints if that publish is lost.
     """
     row = conn.execute(
-        text(
+        sql(
             "INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
             " created_at, updated_at)"
@@ -44,7 +44,7 @@ def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> 
     if row is not None:
         return row[0], "queued", True
     existing = conn.execute(
-        text(
+        sql(
             "SELECT id, status FROM tasks WHERE scope_id = :s AND dedupe_key = :k"
             " AND status IN ('queued', 'running')"
         ),
@@ -65,7 +65,7 @@ def claim_txn(
     """
     return (
         conn.execute(
-            text(
+            sql(
                 "WITH c AS ("
                 " UPDATE tasks SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,"
                 " claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,"
@@ -97,7 +97,7 @@ def claim_batch_txn(
     """Claim up to ``n`` due queued tasks of a lane at once (FOR UPDATE SKIP LOCKED)."""
     return list(
         conn.execute(
-            text(
+            sql(
                 "WITH pick AS ("
                 " SELECT id FROM tasks WHERE lane = :lane AND status = 'queued' AND available_at <= :now"
                 " AND NOT cancel_requested AND attempt_count < max_attempts"
@@ -129,7 +129,7 @@ def heartbeat_txn(
     """Extend the lease (fenced). Returns (cancel_requested,) or None when fenced out."""
     return (
         conn.execute(
-            text(f"UPDATE tasks SET lease_expires_at = :exp, updated_at = :now WHERE {FENCE} RETURNING cancel_requested"),
+            sql(f"UPDATE tasks SET lease_expires_at = :exp, updated_at = :now WHERE {FENCE} RETURNING cancel_requested"),
             {"id": task_id, "owner": owner, "gen": gen, "now": now, "exp": now + timedelta(seconds=lease_s)},
         )
         .mappings()
@@ -144,7 +144,7 @@ def finish_fenced_txn(
     """Terminal transition of the current execution; None = fencing rejection."""
     return (
         conn.execute(
-            text(
+            sql(
                 f"UPDATE tasks SET status = :st, error = CAST(:err AS jsonb), result = CAST(:res AS jsonb),"
                 f" completed_at = :now, updated_at = :now, lease_expires_at = NULL WHERE {FENCE}"
                 " RETURNING id, scope_id, job_id, stage, lane, resource_key, attempt_count"
@@ -164,7 +164,7 @@ def requeue_fenced_txn(
     """Back to queued after a retryable error, due at ``available_at`` (backoff)."""
     return (
         conn.execute(
-            text(
+            sql(
                 "UPDATE tasks SET status = 'queued', available_at = :at, error = CAST(:err AS jsonb),"
                 " lease_owner = NULL, lease_expires_at = NULL, last_hint_at = NULL, updated_at = :now"
                 f" WHERE {FENCE} RETURNING id, job_id, stage, lane, attempt_count"
@@ -181,7 +181,7 @@ def cancel_job_tasks_txn(conn: Connection, job_id: uuid.UUID, now: datetime, rea
     err = canonical_json({"code": reason, "message": f"job {reason}"})
     cancelled = list(
         conn.execute(
-            text(
+            sql(
                 "UPDATE tasks SET status = 'cancelled', error = CAST(:err AS jsonb), completed_at = :now,"
                 " updated_at = :now WHERE job_id = :j AND status = 'queued' RETURNING id"
             ),
@@ -189,7 +189,7 @@ def cancel_job_tasks_txn(conn: Connection, job_id: uuid.UUID, now: datetime, rea
         ).scalars()
     )
     conn.execute(
-        text(
+        sql(
             "UPDATE tasks SET cancel_requested = true, updated_at = :now WHERE job_id = :j AND status = 'running'"
         ),
         {"j": job_id, "now": now},
@@ -198,11 +198,11 @@ def cancel_job_tasks_txn(conn: Connection, job_id: uuid.UUID, now: datetime, rea
 
 
 def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
-    return conn.execute(text("SELECT * FROM tasks WHERE id = :id"), {"id": task_id}).mappings().first()
+    return conn.execute(sql("SELECT * FROM tasks WHERE id = :id"), {"id": task_id}).mappings().first()
 
 
 def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> None:
-    conn.execute(text("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)"), {"ids": task_ids, "now": now})
+    conn.execute(sql("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)"), {"ids": task_ids, "now": now})
 
 
 def insert_and_link_task_txn(
@@ -211,7 +211,7 @@ def insert_and_link_task_txn(
     """Fast path of advancing: create the task, point its stage at it and move the job's
     current_stage — one statement. None when an identical active task exists (dedupe)."""
     row = conn.execute(
-        text(
+        sql(
             "WITH t AS ("
             " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
@@ -242,7 +242,7 @@ def finish_and_release_stages_txn(
     Returns the task row plus ``job_ids`` (the jobs to advance), or None on fencing rejection."""
     err = None if error is None else canonical_json(error)
     return conn.execute(
-        text(
+        sql(
             "WITH f AS ("
             " UPDATE tasks SET status = :st, error = CAST(:err AS jsonb), result = CAST(:res AS jsonb),"
             f" completed_at = :now, updated_at = :now, lease_expires_at = NULL WHERE {FENCE}"

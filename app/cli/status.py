@@ -1,0 +1,105 @@
+"""``memeflow status [JOB_ID] [--watch]``: the database's truth as tables (what /ops shows)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import click
+
+from app.cli.common import connected, friendly_errors
+
+TERMINAL_STAGE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled", "skipped")
+
+
+def overview_tables(engine, scope_id: str, agent_lane_limit: int) -> tuple[Any, Any, dict]:
+    """(jobs-by-status table, lanes table, the same data as a dict) from the /ops read queries."""
+    from rich.table import Table
+
+    from app.ops import queries as Q
+
+    with engine.connect() as conn:
+        jobs = Q.jobs_by_status(conn, scope_id)
+        lanes = Q.lane_stats(conn, scope_id, {"agent": agent_lane_limit or None})
+    jobs_table = Table(title=f"jobs by status (scope {scope_id})")
+    jobs_table.add_column("status")
+    jobs_table.add_column("jobs", justify="right")
+    for status, n in jobs.items():
+        if n:
+            jobs_table.add_row(status, str(n))
+    jobs_table.add_row("[bold]total[/bold]", f"[bold]{sum(jobs.values())}[/bold]")
+    lanes_table = Table(title="lanes")
+    for col in ("lane", "queued", "due", "running", "slots in use", "oldest queued"):
+        lanes_table.add_column(col, justify="left" if col == "lane" else "right")
+    for lane in lanes:
+        slots = f"{lane.slots_in_use}/{lane.slot_limit}" if lane.slot_limit else str(lane.slots_in_use)
+        age = f"{lane.oldest_queued_age_s:.1f}s" if lane.oldest_queued_age_s is not None else "-"
+        lanes_table.add_row(lane.lane, str(lane.queued), str(lane.due), str(lane.running), slots, age)
+    data = {"jobs": jobs, "lanes": {lane.lane: {"queued": lane.queued, "due": lane.due, "running": lane.running,
+                                                "slots_in_use": lane.slots_in_use} for lane in lanes}}
+    return jobs_table, lanes_table, data
+
+
+def job_table(job: dict) -> Any:
+    """One job's stages, in pipeline order."""
+    from rich.table import Table
+
+    error = job.get("error") or {}
+    title = f"job {job['id']}  {job['status']}  progress {float(job.get('progress') or 0):.0%}"
+    if error:
+        title += f"  error {error.get('code')}: {error.get('message')}"
+    table = Table(title=title)
+    for col in ("stage", "status", "attempts", "error", "retry at", "updated"):
+        table.add_column(col)
+    for stage in job.get("stages", []):
+        err = stage.get("error") or {}
+        table.add_row(stage["stage"], stage["status"], str(stage.get("attempt_count") or 0),
+                      f"{err.get('code')}: {err.get('message')}" if err else "", str(stage.get("retry_at") or ""),
+                      str(stage.get("updated_at") or ""))
+    return table
+
+
+@click.command()
+@click.argument("job_id", required=False)
+@click.option("--scope", "scope_id", default="local", show_default=True, help="scope (tenant) to show")
+@click.option("--watch", is_flag=True, help="refresh until Ctrl-C")
+@click.option("--interval", type=click.FloatRange(0.1), default=2.0, show_default=True, help="seconds between refreshes")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables (no --watch)")
+@friendly_errors
+def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_json: bool) -> None:
+    """Jobs by status and per-lane queued/running; with JOB_ID, that job's stages."""
+    from rich.console import Console, Group
+    from rich.live import Live
+
+    if job_id is not None:
+        try:
+            job_id = str(uuid.UUID(job_id))
+        except ValueError:
+            raise click.BadParameter(f"not a job id: {job_id!r}", param_hint="JOB_ID") from None
+    if watch and as_json:
+        raise click.UsageError("--watch and --json do not go together")
+    console = Console()
+    with connected() as ctx:
+        def render() -> tuple[Any, Any]:
+            if job_id is not None:
+                job = ctx.orch.get_job(scope_id, job_id)  # NotFound → exit 1 via friendly_errors
+                return job_table(job), job
+            jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_lane_limit)
+            return Group(jobs_table, lanes_table), data
+
+        renderable, data = render()
+        if as_json:
+            click.echo(json.dumps(data, default=str, indent=2))
+            return
+        if not watch:
+            console.print(renderable)
+            return
+        stop = threading.Event()
+        with Live(renderable, console=console, refresh_per_second=4) as live:
+            try:
+                while not stop.wait(interval):
+                    live.update(render()[0])
+            except KeyboardInterrupt:
+                pass
