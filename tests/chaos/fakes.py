@@ -30,8 +30,9 @@ class AttemptRecordingAgent(DeterministicAgent):
         return result
 
     def lookup(self, attempt_id: str, *, image: DecodedImage | None = None):
-        record_call("lookup", attempt_id)
-        return super().lookup(attempt_id, image=image)
+        found = super().lookup(attempt_id, image=image)
+        record_call("lookup", f"{attempt_id} {found.status}")
+        return found
 
 
 def agent_calls(path: Path) -> Iterator[tuple[int, str, str]]:
