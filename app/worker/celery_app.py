@@ -21,7 +21,7 @@ celery_app.config_from_object("celeryconfig")
 celery_app.conf.imports = ("app.worker.tasks",)
 celery = celery_app  # `celery -A app.worker.celery_app` looks for `app` or `celery`
 
-from app.worker import tasks as _tasks  # noqa: F401  - registers the tasks on import
+from app.worker import tasks as _tasks  # noqa: F401, E402 - registers the tasks on import
 
 
 def celery_app_for(broker_url: str, name: str = "memeflow-client") -> Celery:

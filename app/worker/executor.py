@@ -80,5 +80,5 @@ def execute_text_batch(orch, settings: Settings, providers: Providers, claims: l
     vectors = providers.text.embed([d for d, _ in docs])
     return [
         TextArtifact([float(x) for x in v], cfg["model"], int(cfg["dims"]), d, str(cfg.get("document_version", "1")), mh)
-        for v, (d, mh) in zip(vectors, docs)
+        for v, (d, mh) in zip(vectors, docs, strict=True)
     ]

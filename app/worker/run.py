@@ -28,7 +28,7 @@ class Heartbeat:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 
@@ -118,6 +118,6 @@ def run_embedding_batch(
         for claim in claims:
             publisher.publish(orch.fail_task(claim, err))
         return len(claims)
-    for claim, artifact in zip(claims, artifacts):
+    for claim, artifact in zip(claims, artifacts, strict=True):
         publisher.publish(orch.complete_task(claim, artifact))
     return len(claims)
