@@ -13,6 +13,7 @@ Prints a markdown table. Uses the embedded PostgreSQL under a temp dir (fsync on
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -101,8 +102,9 @@ def main() -> None:
                 batch.append(time.perf_counter() - t)
             sweeps = {}
             for due in (0, 100, 500):
-                with engine.begin() as conn:
-                    conn.execute(text("UPDATE tasks SET last_hint_at = now() WHERE status = 'queued'"))
+                with engine.begin() as conn:  # only the previous step's re-hinted rows need resetting
+                    conn.execute(text("UPDATE tasks SET last_hint_at = now() WHERE status = 'queued'"
+                                      " AND last_hint_at < now() - interval '1 minute'"))
                     conn.execute(text(
                         "UPDATE tasks SET last_hint_at = now() - interval '1 hour' WHERE id IN"
                         " (SELECT id FROM tasks WHERE status = 'queued' LIMIT :d)"), {"d": due})
@@ -114,6 +116,7 @@ def main() -> None:
             print(f"backlog {size}: filled in {fill_s:.1f}s", flush=True)
     finally:
         svc.stop()
+        shutil.rmtree(root, ignore_errors=True)
     print("\n| queued backlog | claim_task p50 / p99 ms | claim_batch(16) p50 / p99 ms | sweep ms with 0 / 100 / 500 due |")
     print("|---|---|---|---|")
     for size, _fill, single, batch, sweeps in rows:

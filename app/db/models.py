@@ -213,6 +213,7 @@ class JobStage(Base):
         ),
         status_check("status", E.StageStatus),
         status_check("stage", E.Stage),
+        Index("ix_job_stages_task", "task_id", postgresql_where=text("task_id IS NOT NULL")),
     )
 
 
@@ -265,13 +266,22 @@ class Task(Base):
             "ix_tasks_claimable", "lane", "resource_key", "scope_id", text("priority DESC"), "created_at",
             postgresql_where=text("status = 'queued'"),
         ),
-        Index("ix_tasks_queued_due", "lane", "available_at", postgresql_where=text("status = 'queued'")),
+        # batched claims: due queued tasks of a lane in (priority, age) order
+        Index(
+            "ix_tasks_queued_due", "lane", text("priority DESC"), "available_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
         # due for re-hint
         Index(
             "ix_tasks_rehint", text("last_hint_at NULLS FIRST"), postgresql_where=text("status = 'queued'")
         ),
         # lease expired
         Index("ix_tasks_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),
+        # the sweep's stuck-job repair looks at recently finished tasks only
+        Index(
+            "ix_tasks_finished", "completed_at",
+            postgresql_where=text("status IN ('succeeded', 'failed', 'cancelled')"),
+        ),
         Index("ix_tasks_job", "job_id"),
         Index("ix_tasks_image", "scope_id", "image_id"),
     )

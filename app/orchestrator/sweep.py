@@ -84,9 +84,9 @@ def _run_steps(orch: Orchestrator, report: SweepReport) -> None:
     # 3. lane slots whose holder is gone
     with orch.engine.begin() as conn:
         report.counts["slots_released"] = orch.release_orphan_slots_txn(conn)
-    # 4. active jobs whose current stage has no live task
+    # 4. active jobs whose current stage's task finished without advancing them
     with orch.engine.begin() as conn:
-        stuck = q.stuck_jobs_txn(conn, orch.now(), grace, limit)
+        stuck = q.stuck_jobs_txn(conn, orch.now(), grace, limit, s.sweep_lookback_s)
     for job_id in stuck:
         with orch.engine.begin() as conn:
             report.hints += advance_job_txn(orch, conn, job_id)

@@ -76,3 +76,22 @@ def test_sweep_queries_use_indexes_on_200k_finished_tasks(engine, settings):
             " ORDER BY priority DESC, available_at LIMIT 10 FOR UPDATE SKIP LOCKED", {"now": orch.now()},
         )
         assert "Seq Scan on tasks" not in claim_plan, claim_plan
+
+
+def test_sweep_advances_a_job_whose_task_finished_without_advancing_it(engine, settings):
+    """Defence in depth: a task that ended behind the orchestrator's back (here: by hand) gets its
+    job moved on by the sweep, which finds it through the recently-finished-tasks index."""
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings, clock=clock)
+    res = store_and_ingest(orch, "local", png_bytes(7))
+    task_id = res.hints[0].task_id
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE tasks SET status = 'cancelled', completed_at = :t WHERE id = :id"),
+                     {"t": clock(), "id": task_id})
+    clock.advance(settings.rehint_grace_s + 1)
+    report = orch.sweep()
+    assert report.counts["jobs_advanced"] == 1
+    (hint,) = [h for h in report.hints if h.task_id != task_id]
+    job = orch.get_job("local", res.job["id"])
+    assert job["stages"][0]["task_id"] == str(hint.task_id) and job["stages"][0]["status"] == "queued"
+    assert orch.sweep().counts["jobs_advanced"] == 0  # repaired once, then nothing left to do

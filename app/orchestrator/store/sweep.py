@@ -52,20 +52,25 @@ def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: in
     )
 
 
-def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list:
-    """Active jobs whose current stage has no live task (it finished, failed or vanished)."""
+def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, lookback_s: float) -> list:
+    """Active jobs whose current stage waits on a task that already finished.
+
+    Driven by recently finished tasks (``ix_tasks_finished``), not by the active jobs: with a
+    million queued jobs the cost stays proportional to what finished in the look-back window.
+    Every transition advances its job in the same transaction, so this only repairs anomalies.
+    """
     return list(
         conn.execute(
             sql(
-                "SELECT j.id FROM processing_jobs j"
-                " LEFT JOIN job_stages s ON s.job_id = j.id AND s.stage = j.current_stage"
-                " LEFT JOIN tasks t ON t.id = s.task_id"
-                " WHERE j.status IN ('queued', 'running') AND j.updated_at < :cutoff"
-                " AND (s.job_id IS NULL OR (s.status NOT IN ('queued', 'running'))"
-                "  OR t.id IS NULL OR t.status NOT IN ('queued', 'running'))"
-                " ORDER BY j.updated_at LIMIT :n"
+                "SELECT DISTINCT j.id FROM tasks t"
+                " JOIN job_stages s ON s.task_id = t.id"
+                " JOIN processing_jobs j ON j.id = s.job_id AND j.current_stage = s.stage"
+                "  AND j.status IN ('queued', 'running')"
+                " WHERE t.status IN ('succeeded', 'failed', 'cancelled')"
+                " AND t.completed_at >= :since AND t.completed_at < :cutoff"
+                " LIMIT :n"
             ),
-            {"cutoff": now - timedelta(seconds=grace_s), "n": limit},
+            {"since": now - timedelta(seconds=lookback_s), "cutoff": now - timedelta(seconds=grace_s), "n": limit},
         ).scalars()
     )
 
