@@ -86,7 +86,7 @@ def main() -> None:
                         conn.execute(text(statement), {"n": size})
             fill_s = time.perf_counter() - t0
             settings = Settings(database_url=url, broker_url=urls.broker_url, var_dir=root / "var",
-                                rehint_grace_s=30, agent_lane_limit=0)
+                                rehint_grace_s=3600, agent_lane_limit=0)
             orch = Orchestrator(engine, settings, stage_configs=CONFIGS)
             with engine.connect() as conn:
                 ids = [r[0] for r in conn.execute(text("SELECT id FROM tasks ORDER BY random() LIMIT 300"))]
@@ -104,13 +104,18 @@ def main() -> None:
             for due in (0, 100, 500):
                 with engine.begin() as conn:  # only the previous step's re-hinted rows need resetting
                     conn.execute(text("UPDATE tasks SET last_hint_at = now() WHERE status = 'queued'"
-                                      " AND last_hint_at < now() - interval '1 minute'"))
+                                      " AND last_hint_at < now() - interval '30 minutes'"))
                     conn.execute(text(
-                        "UPDATE tasks SET last_hint_at = now() - interval '1 hour' WHERE id IN"
+                        "UPDATE tasks SET last_hint_at = now() - interval '2 hours' WHERE id IN"
                         " (SELECT id FROM tasks WHERE status = 'queued' LIMIT :d)"), {"d": due})
                 t = time.perf_counter()
                 report = orch.sweep()
                 sweeps[due] = (time.perf_counter() - t, report.counts.get("rehinted", 0))
+            with engine.connect() as conn:  # the one sweep step whose cost follows the backlog
+                t = time.perf_counter()
+                conn.execute(text("SELECT lane, count(*) FROM tasks WHERE status IN ('queued', 'running') GROUP BY lane"))
+                gauges_ms = (time.perf_counter() - t) * 1000
+            print(f"backlog {size}: gauge query {gauges_ms:.1f} ms", flush=True)
             rows.append((size, fill_s, single, batch, sweeps))
             engine.dispose()
             print(f"backlog {size}: filled in {fill_s:.1f}s", flush=True)
