@@ -7,7 +7,7 @@ from typing import Any
 from flask import Flask, Request
 from flask_smorest import Api
 
-from app.api.context import LoggingPublisher, Services
+from app.api.context import Services
 from app.api.errors import register_error_handlers
 from app.api.pagination import CursorCodec, cursor_secret
 from app.api.schemas import ErrorSchema
@@ -115,10 +115,8 @@ def create_app(
 
 def _mount_ops(app: Flask) -> None:
     """Serve the operators' /ops page from the same app (same resolver, engine, orchestrator)."""
-    try:
-        from app.ops import register_ops
-    except ImportError:  # pragma: no cover - the ops page is optional
-        return
+    from app.ops import register_ops
+
     register_ops(app)
 
 
@@ -129,22 +127,7 @@ def _visual_json_schema():
 
 
 def default_publisher(settings: Any) -> Any:
-    """The broker publisher if the worker package provides one, else a logging no-op."""
-    try:
-        from app.worker import publisher as worker_publisher  # type: ignore
-    except ImportError:
-        return LoggingPublisher()
-    for name in ("default_publisher", "make_publisher", "publisher_from_settings"):
-        factory = getattr(worker_publisher, name, None)
-        if callable(factory):
-            return factory(settings)
-    cls = getattr(worker_publisher, "CeleryHintPublisher", None)
-    if cls is None:
-        return LoggingPublisher()
-    if hasattr(cls, "from_settings"):
-        return cls.from_settings(settings)
-    try:
-        from app.worker.celery_app import celery_app  # type: ignore
-    except ImportError:
-        return LoggingPublisher()
-    return cls(celery_app)
+    """Hints go to the broker named by the settings; a broker outage never fails an upload."""
+    from app.worker.publisher import publisher_from_settings
+
+    return publisher_from_settings(settings)

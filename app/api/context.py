@@ -64,11 +64,3 @@ def publish(hints: Iterable[Any]) -> None:
         services().publisher.publish(hints)
     except Exception:  # the sweep re-hints; the request already succeeded
         log.exception("hint publish failed; the sweep will re-hint")
-
-
-class LoggingPublisher:
-    """Fallback publisher when no broker publisher is configured: logs hints, publishes nothing."""
-
-    def publish(self, hints: list[Any]) -> None:
-        for hint in hints:
-            log.info("hint not published (no broker publisher configured): %s", hint)

@@ -7,8 +7,6 @@ atomically before the database transaction, and removed again if that transactio
 from __future__ import annotations
 
 import hashlib
-import io
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,23 +14,7 @@ from flask import request
 from marshmallow import Schema
 
 from app.api.errors import ApiError, validation_error
-
-try:  # the shared decoder of the stages package (same rules as the workers)
-    from app.stages.images import EXTENSIONS, decode_image, sniff_media_type  # type: ignore
-except ImportError:  # pragma: no cover - fallback until app.stages lands
-    EXTENSIONS = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp"}
-    decode_image = None  # type: ignore[assignment]
-
-    def sniff_media_type(data: bytes) -> str | None:  # type: ignore[misc]
-        if data.startswith(b"\x89PNG\r\n\x1a\n"):
-            return "image/png"
-        if data.startswith(b"\xff\xd8\xff"):
-            return "image/jpeg"
-        if data.startswith((b"GIF87a", b"GIF89a")):
-            return "image/gif"
-        if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-            return "image/webp"
-        return None
+from app.stages.images import EXTENSIONS, decode_image, sniff_media_type
 
 
 @dataclass(frozen=True)
@@ -43,7 +25,7 @@ class ValidatedUpload:
     extension: str
     width: int
     height: int
-    decoded: Any  # DecodedImage when app.stages is available (used by visual search)
+    decoded: Any  # the DecodedImage (visual search embeds it without decoding twice)
 
     @property
     def size_bytes(self) -> int:
@@ -51,28 +33,12 @@ class ValidatedUpload:
 
 
 def _decode(data: bytes, media_type: str, max_pixels: int) -> tuple[int, int, Any]:
-    if decode_image is not None:
-        try:
-            decoded = decode_image(data, max_pixels=max_pixels)
-        except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) and any decoder error
-            raise ApiError(422, "invalid_image", str(exc) or "cannot decode image") from None
-        return decoded.width, decoded.height, decoded
-    from PIL import Image  # pragma: no cover - fallback
-
-    formats = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
+    """Full decode with the workers' rules (one decoder for the whole system)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=[formats[media_type]]) as im:
-                w, h = im.size
-                if w <= 0 or h <= 0 or w * h > max_pixels:
-                    raise ApiError(422, "invalid_image", f"image dimensions {w}x{h} exceed {max_pixels} pixels")
-                im.load()
-    except ApiError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is invalid input
-        raise ApiError(422, "invalid_image", f"cannot decode image: {exc}") from None
-    return w, h, None
+        decoded = decode_image(data, max_pixels=max_pixels)
+    except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) and any decoder error
+        raise ApiError(422, "invalid_image", str(exc) or "cannot decode image") from None
+    return decoded.width, decoded.height, decoded
 
 
 def validate_bytes(data: bytes, settings: Any) -> ValidatedUpload:
