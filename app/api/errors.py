@@ -18,6 +18,7 @@ from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
 from app.auth import Unauthorized
+from app.orchestrator.errors import OrchestratorError
 
 log = logging.getLogger("memeflow.api")
 
@@ -142,19 +143,9 @@ def register_error_handlers(app: Flask) -> None:
             resp.headers["Allow"] = ", ".join(exc.valid_methods)
         return resp
 
-    try:
-        from app.orchestrator.errors import OrchestratorError  # type: ignore
-    except ImportError:  # the orchestrator package is not installed yet
-        OrchestratorError = None  # type: ignore[assignment]
-
-    if OrchestratorError is not None:
-
-        @app.errorhandler(OrchestratorError)
-        def _domain(exc: Any):
-            status = int(getattr(exc, "status", 409) or 409)
-            code = getattr(exc, "code", None) or "conflict"
-            message = getattr(exc, "message", None) or str(exc) or code
-            return error_response(status, code, message)
+    @app.errorhandler(OrchestratorError)
+    def _domain(exc: OrchestratorError):
+        return error_response(exc.status, exc.code, exc.message or exc.code)
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
