@@ -43,7 +43,8 @@ class Settings:
     api_port: int = 5000
     flower_port: int = 5555
     flower_basic_auth: str | None = None
-    metrics_port: int = 0
+    metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
+    metrics_host: str = "0.0.0.0"
     auth: str = "none"
     max_upload_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000

@@ -1,6 +1,6 @@
 """Prometheus metrics (``memeflow_`` prefix). Counters are process-local; the API serves its own
-at ``/metrics`` and each worker process serves its own port (``MEMEFLOW_METRICS_PORT``), or the
-multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set. DB-truth gauges (queue depth, oldest
+at ``/metrics`` and each worker process serves its own on ``MEMEFLOW_METRICS_PORT`` (one port per
+process: set it per container, or leave it 0 to disable). DB-truth gauges (queue depth, oldest
 queued age) are refreshed from PostgreSQL by the sweep and by ``/metrics``."""
 
 from __future__ import annotations
@@ -27,3 +27,18 @@ OLDEST_QUEUED_AGE = Gauge(
     "memeflow_oldest_queued_age_seconds", "Age of the oldest due queued task per lane", ["lane"],
     multiprocess_mode="max",
 )
+
+_served_port: int | None = None
+
+
+def serve(port: int, host: str = "0.0.0.0") -> int:
+    """Expose this process's metrics on ``host:port`` (workers; the API serves /metrics itself).
+
+    Idempotent per process. Returns the port actually bound (``port=0`` picks a free one)."""
+    global _served_port
+    if _served_port is None:
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=host)
+        _served_port = server.server_address[1]
+    return _served_port

@@ -40,6 +40,11 @@ class WorkerRuntime:
         self.pid = os.getpid()
         # Lazy handles: a lane's tasks touch only their own stage's provider.
         self.providers = Providers(settings)
+        if settings.metrics_port:
+            from app import metrics
+
+            port = metrics.serve(settings.metrics_port, settings.metrics_host)
+            log.info("metrics served on port %s", port, extra={"owner": self.owner})
 
     def load_lane(self, lane: str) -> Any:
         """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
