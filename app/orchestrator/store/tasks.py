@@ -23,6 +23,26 @@ _CLAIM_RETURNING = (
 )
 
 
+# The claim's writes, shared by the single and the batched claim: a new execution (generation
+# + 1, lease, attempt) ...
+_CLAIM_SET = (
+    " status = 'running', lease_owner = :owner, lease_expires_at = :exp,"
+    " claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,"
+    " started_at = coalesce(started_at, :now), updated_at = :now"
+)
+# ... and, in the same statement, the claimed tasks' waiting stages and queued jobs to running.
+_CLAIMED_TO_RUNNING = (
+    ", s AS ("
+    " UPDATE job_stages js SET status = 'running', attempt_count = c.attempt_count,"
+    " started_at = coalesce(js.started_at, :now), updated_at = :now"
+    " FROM c WHERE js.task_id = c.id AND js.status IN ('queued', 'running')"
+    "), j AS ("
+    " UPDATE processing_jobs pj SET status = 'running', updated_at = :now"
+    " FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'"
+    ") SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
+)
+
+
 def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> tuple[uuid.UUID, str, bool]:
     """Create a queued task, or return the identical active one (same dedupe key in the scope).
 
@@ -67,22 +87,13 @@ def claim_txn(
         conn.execute(
             sql(
                 "WITH c AS ("
-                " UPDATE tasks SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,"
-                " claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,"
-                " started_at = coalesce(started_at, :now), updated_at = :now"
+                " UPDATE tasks SET" + _CLAIM_SET +
                 " WHERE id = :id AND NOT cancel_requested AND attempt_count < max_attempts"
                 " AND (CAST(:lane AS text) IS NULL OR lane = :lane)"
                 " AND ((status = 'queued' AND available_at <= :now)"
                 "  OR (status = 'running' AND lease_expires_at < :now))"
                 f" RETURNING {_CLAIM_RETURNING}"
-                "), s AS ("
-                " UPDATE job_stages js SET status = 'running', attempt_count = c.attempt_count,"
-                " started_at = coalesce(js.started_at, :now), updated_at = :now"
-                " FROM c WHERE js.task_id = c.id AND js.status IN ('queued', 'running')"
-                "), j AS ("
-                " UPDATE processing_jobs pj SET status = 'running', updated_at = :now"
-                " FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'"
-                ") SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
+                ")" + _CLAIMED_TO_RUNNING
             ),
             {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s), "lane": lane},
         )
@@ -103,18 +114,9 @@ def claim_batch_txn(
                 " AND NOT cancel_requested AND attempt_count < max_attempts"
                 " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
                 "), c AS ("
-                " UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,"
-                " claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,"
-                " started_at = coalesce(started_at, :now), updated_at = :now"
+                " UPDATE tasks t SET" + _CLAIM_SET +
                 f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
-                "), s AS ("
-                " UPDATE job_stages js SET status = 'running', attempt_count = c.attempt_count,"
-                " started_at = coalesce(js.started_at, :now), updated_at = :now"
-                " FROM c WHERE js.task_id = c.id AND js.status IN ('queued', 'running')"
-                "), j AS ("
-                " UPDATE processing_jobs pj SET status = 'running', updated_at = :now"
-                " FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'"
-                ") SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
+                ")" + _CLAIMED_TO_RUNNING
             ),
             {"lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s)},
         )
