@@ -171,8 +171,11 @@ def _run_stage_txn(
         "image_sha256": image["sha256"], "priority": orch.job_priority(job),
         "max_attempts": orch.settings.max_attempts,
     }
-    task_id = tasks.insert_and_link_task_txn(conn, values, now, set_metadata_hash=job_fields.get("metadata_hash"))
-    if task_id is not None:  # the common case: one statement created, linked and pointed
+    grant_id = orch.pending_grant_txn(conn, job, fingerprint) if stage == Stage.AGENT else None
+    task_id = tasks.insert_and_link_task_txn(
+        conn, values, now, set_metadata_hash=job_fields.get("metadata_hash"), grant_id=grant_id
+    )
+    if task_id is not None:  # the common case: one statement created, bound, linked and pointed
         created, task_status = True, "queued"
     else:  # an identical task is already active (dedupe): link this stage to it
         task_id, task_status, created = tasks.insert_task_txn(conn, values, now)
@@ -181,8 +184,8 @@ def _run_stage_txn(
             error=None, retry_at=None,
         )
         update_job()
-    if stage == Stage.AGENT and created:
-        orch.bind_grant_txn(conn, job, fingerprint, task_id)
+        if created:
+            orch.bind_grant_txn(conn, grant_id, task_id)
     return [Hint(lane.value, task_id)] if created else []
 
 

@@ -50,6 +50,7 @@ def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, 
         image_sha256=row["image_sha256"], stage=row["stage"], lane=row["lane"], owner=owner,
         generation=row["claim_generation"], attempt_count=row["attempt_count"], max_attempts=row["max_attempts"],
         payload=row["payload"], storage_key=row["storage_key"], attempt_id=attempt_id, recovering=recovering,
+        grant_id=row.get("grant_id"),
     )
 
 
@@ -64,6 +65,8 @@ def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | N
             return None
         if not orch.acquire_slot_txn(conn, row):
             conn.rollback()
+            with orch.engine.begin() as c2:
+                orch.claim_refused_txn(c2, task_id)
             metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
             return None
         claim = _agent_attempt_txn(orch, conn, row, owner) if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)

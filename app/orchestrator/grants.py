@@ -40,16 +40,20 @@ def before_agent_task_txn(orch: Orchestrator, conn: Connection, job: RowMapping,
     return None
 
 
-def bind_grant_txn(orch: Orchestrator, conn: Connection, job: RowMapping, fingerprint: str,
-                   task_id: uuid.UUID) -> None:
-    grant_id = conn.info.get(_PENDING, {}).pop((job["id"], fingerprint), None)
+def pending_grant_txn(conn: Connection, job: RowMapping, fingerprint: str) -> uuid.UUID | None:
+    """The grant acquired for (job, fingerprint) in this transaction and not yet bound, taken."""
+    return conn.info.get(_PENDING, {}).pop((job["id"], fingerprint), None)
+
+
+def bind_grant_txn(orch: Orchestrator, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
+    """Bind a taken grant to the task it pays for (when the task insert could not do it itself)."""
     if grant_id is not None:
         store.bind_task_txn(conn, grant_id, task_id, orch.now())
 
 
 def commit_grant_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
     """In the fenced completion transaction: the paid operation happened exactly once."""
-    grant_id = store.task_grant_txn(conn, claim.task_id)
+    grant_id = claim.grant_id or store.task_grant_txn(conn, claim.task_id)
     if grant_id is not None:
         orch.policy.commit(conn, grant_id, orch.now())
 

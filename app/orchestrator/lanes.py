@@ -79,16 +79,29 @@ def release_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None
         slots.release_txn(conn, claim.task_id, claim.generation, orch.now())
 
 
-def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> list[Hint]:
-    """A slot just freed: hint the fairest queued due task of the lane (marked hinted)."""
-    if claim.lane not in LIMITED_LANES:
+def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:
+    """``freed`` slots just freed: hint the fairest queued due tasks of the lane (marked hinted).
+
+    Only while some due task of the lane waits without a live hint (a refused claim clears its
+    task's ``last_hint_at``, as does a retry's requeue): a task whose hint is still in the broker
+    will be claimed by it, and hinting it again would only cost an empty claim.
+    """
+    if claim.lane not in LIMITED_LANES or freed < 1:
         return []
     now = orch.now()
-    rows = slots.fairest_queued_txn(conn, claim.lane, now, 1)
+    if not slots.unhinted_waiting_txn(conn, claim.lane, now):
+        return []
+    rows = slots.fairest_queued_txn(conn, claim.lane, now, freed)
     if not rows:
         return []
     tasks.mark_hinted_txn(conn, [r["id"] for r in rows], now)
     return [Hint(r["lane"], r["id"]) for r in rows]
+
+
+def refused_txn(orch: Orchestrator, conn: Connection, task_id) -> None:
+    """A claim was refused (no free slot, or a fairer scope waits): its hint is spent, so the task
+    now waits unhinted — the next released slot (or the sweep) hints the fairest such task."""
+    tasks.clear_hint_txn(conn, task_id)
 
 
 def release_orphan_slots_txn(orch: Orchestrator, conn: Connection) -> int:

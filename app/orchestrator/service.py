@@ -161,8 +161,11 @@ class Orchestrator:
         """Acquire the new logical agent task's grant (after dedupe); a Denial blocks the job."""
         return grants.before_agent_task_txn(self, conn, job, fingerprint)
 
-    def bind_grant_txn(self, conn: Connection, job: RowMapping, fingerprint: str, task_id: uuid.UUID) -> None:
-        grants.bind_grant_txn(self, conn, job, fingerprint, task_id)
+    def pending_grant_txn(self, conn: Connection, job: RowMapping, fingerprint: str) -> uuid.UUID | None:
+        return grants.pending_grant_txn(conn, job, fingerprint)
+
+    def bind_grant_txn(self, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
+        grants.bind_grant_txn(self, conn, grant_id, task_id)
 
     def commit_grant_txn(self, conn: Connection, claim: Claim) -> None:
         grants.commit_grant_txn(self, conn, claim)
@@ -175,6 +178,9 @@ class Orchestrator:
 
     def acquire_slot_txn(self, conn: Connection, row: RowMapping) -> bool:
         return lanes.acquire_slot_txn(self, conn, row)
+
+    def claim_refused_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
+        lanes.refused_txn(self, conn, task_id)
 
     def extend_slot_txn(self, conn: Connection, claim: Claim) -> None:
         lanes.extend_slot_txn(self, conn, claim)

@@ -60,6 +60,7 @@ class Claim:
     storage_key: str
     attempt_id: str | None = None  # agent: the idempotency key of this execution's attempt
     recovering: bool = False  # agent: attempt_id belongs to an earlier, interrupted execution
+    grant_id: uuid.UUID | None = None  # agent: the operation grant as of the claim (None: look it up)
 
 
 @dataclass(frozen=True)

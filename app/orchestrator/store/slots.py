@@ -173,6 +173,17 @@ def fairer_scope_waiting_txn(conn: Connection, lane: str, resource_key: str, sco
     ).scalar_one()
 
 
+def unhinted_waiting_txn(conn: Connection, lane: str, now: datetime) -> bool:
+    """Is a due queued task of ``lane`` waiting with no live hint (``last_hint_at`` cleared)?"""
+    return conn.execute(
+        sql(
+            "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND last_hint_at IS NULL"
+            " AND lane = :lane AND available_at <= :now)"
+        ),
+        {"lane": lane, "now": now},
+    ).scalar_one()
+
+
 def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -> list[RowMapping]:
     """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age."""
     return list(

@@ -19,7 +19,7 @@ FENCE = "id = :id AND lease_owner = :owner AND claim_generation = :gen AND statu
 
 _CLAIM_RETURNING = (
     "id, scope_id, job_id, image_id, image_sha256, stage, lane, resource_key, claim_generation, attempt_count,"
-    " max_attempts, payload, input_fingerprint"
+    " max_attempts, payload, input_fingerprint, grant_id"
 )
 
 
@@ -203,25 +203,34 @@ def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
     return conn.execute(sql("SELECT * FROM tasks WHERE id = :id"), {"id": task_id}).mappings().first()
 
 
+def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
+    """The task's hint was spent without a claim: it waits unhinted (see lanes.refused_txn)."""
+    conn.execute(sql("UPDATE tasks SET last_hint_at = NULL WHERE id = :id AND status = 'queued'"), {"id": task_id})
+
+
 def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> None:
     conn.execute(sql("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)"), {"ids": task_ids, "now": now})
 
 
 def insert_and_link_task_txn(
-    conn: Connection, values: dict[str, Any], now: datetime, *, set_metadata_hash: str | None
+    conn: Connection, values: dict[str, Any], now: datetime, *, set_metadata_hash: str | None,
+    grant_id: uuid.UUID | None = None,
 ) -> uuid.UUID | None:
-    """Fast path of advancing: create the task, point its stage at it and move the job's
-    current_stage — one statement. None when an identical active task exists (dedupe)."""
+    """Fast path of advancing: create the task (bound to its operation grant, if any), point its
+    stage at it and move the job's current_stage — one statement. None when an identical active
+    task exists (dedupe; the grant is then left unbound for the caller)."""
     row = conn.execute(
         sql(
             "WITH t AS ("
             " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
-            " created_at, updated_at)"
+            " grant_id, created_at, updated_at)"
             " VALUES (:id, :scope_id, :job_id, :stage, :lane, :resource_key, CAST(:payload AS jsonb),"
             " :input_fingerprint, :dedupe_key, :image_id, :image_sha256, 'queued', :priority, :now, :max_attempts,"
-            " :now, :now, :now)"
+            " :now, :grant_id, :now, :now)"
             " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING RETURNING id"
+            "), g AS ("
+            " UPDATE operation_grants SET task_id = t.id, updated_at = :now FROM t WHERE operation_grants.id = :grant_id"
             "), s AS ("
             " UPDATE job_stages SET status = 'queued', task_id = t.id, input_fingerprint = :input_fingerprint,"
             " error = NULL, retry_at = NULL, updated_at = :now FROM t WHERE job_id = :job_id AND stage = :stage"
@@ -231,7 +240,7 @@ def insert_and_link_task_txn(
             ") SELECT id FROM t"
         ),
         {**values, "id": uuid.uuid4(), "payload": canonical_json(values["payload"]), "now": now,
-         "mh": set_metadata_hash},
+         "mh": set_metadata_hash, "grant_id": grant_id},
     ).first()
     return row[0] if row else None
 
