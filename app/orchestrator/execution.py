@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError
 
 from app import metrics
-from app.db.enums import AttemptState, JobStatus, Lane, Stage, StageStatus, TaskStatus
+from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.advance import advance_job_txn
 from app.orchestrator.hints import Hint
@@ -140,31 +140,50 @@ def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation:
 
 
 @retry_on_disconnect
-def complete_task(orch: Orchestrator, claim: Claim, artifact: Any) -> list[Hint]:
-    """Fenced completion: re-check the target, write the artifact, advance the job(s) — one transaction."""
+def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list[Hint]:
+    """Fenced completion of several claims of one lane in one transaction.
+
+    Each claim is fenced on its own: a rejected one (lease lost, re-claimed) writes nothing but its
+    rejection count, and the others still land. Images are locked in id order, once, before any
+    job — the lock order every writer follows.
+    """
+    if not results:
+        return []
+    lane = results[0][0].lane
+    assert all(c.lane == lane for c, _ in results), "a completion batch is one lane"
+    outcomes: list[tuple[str, str]] = []
     with orch.engine.begin() as conn:
-        image = images.lock_image_txn(conn, claim.scope_id, claim.image_id, share=claim.stage != Stage.AGENT)
-        stale = _stale_reason(claim, image, artifact)
-        status = TaskStatus.CANCELLED if stale else TaskStatus.SUCCEEDED
-        error = {"code": stale, "message": "the target changed while the task ran"} if stale else None
-        done = tasks.finish_and_release_stages_txn(
-            conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status,
-            stage_status=StageStatus.QUEUED if stale else StageStatus.SUCCEEDED, error=error,
-            result=None if stale else _result_summary(artifact),
+        locked = images.lock_images_txn(
+            conn, sorted({c.image_id for c, _ in results}), share=lane != Lane.AGENT
         )
-        if done is None:
-            conn.rollback()
-            with orch.engine.begin() as c2:
-                _rejected_txn(orch, c2, claim, "complete")
-            return []
-        if not stale:
-            image = _write_artifact_txn(orch, conn, claim, image, artifact)
-        orch.release_slot_txn(conn, claim)
         hints: list[Hint] = []
-        for job_id in done["job_ids"]:
-            hints += advance_job_txn(orch, conn, job_id, image)
-        hints += orch.next_fair_hints_txn(conn, claim)
-    metrics.COMPLETIONS.labels(claim.lane, "stale" if stale else "succeeded").inc()
+        freed = 0
+        for claim, artifact in sorted(results, key=lambda r: r[0].image_id):
+            image = locked.get(claim.image_id)
+            if image is not None and image["scope_id"] != claim.scope_id:
+                image = None
+            stale = _stale_reason(claim, image, artifact)
+            status = TaskStatus.CANCELLED if stale else TaskStatus.SUCCEEDED
+            error = {"code": stale, "message": "the target changed while the task ran"} if stale else None
+            done = tasks.finish_and_release_stages_txn(
+                conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status,
+                stage_status=StageStatus.QUEUED if stale else StageStatus.SUCCEEDED, error=error,
+                result=None if stale else _result_summary(artifact),
+            )
+            if done is None:
+                _rejected_txn(orch, conn, claim, "complete")
+                continue
+            if not stale:
+                image = _write_artifact_txn(orch, conn, claim, image, artifact)
+                locked[claim.image_id] = image  # an agent completion rewrote it
+            orch.release_slot_txn(conn, claim)
+            freed += 1
+            for job_id in done["job_ids"]:
+                hints += advance_job_txn(orch, conn, job_id, image)
+            outcomes.append((claim.lane, "stale" if stale else "succeeded"))
+        hints += orch.next_fair_hints_txn(conn, results[0][0], freed)
+    for lane_, outcome in outcomes:
+        metrics.COMPLETIONS.labels(lane_, outcome).inc()
     return hints
 
 

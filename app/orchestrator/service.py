@@ -99,11 +99,6 @@ class Orchestrator:
             raise NotFound("task not found")
         return doc
 
-    def text_inputs(self, claim: Claim) -> dict | None:
-        with self.engine.connect() as conn:
-            row = reads.text_inputs_txn(conn, claim.scope_id, claim.image_id)
-        return dict(row) if row else None
-
     # ------------------------------------------------------------------ workers
     def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None) -> Claim | None:
         return execution.claim_task(self, _uuid(task_id), owner, lane)
@@ -118,10 +113,23 @@ class Orchestrator:
         return execution.heartbeat(self, claim)
 
     def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
-        table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
-        if table is not None:
-            self.ensure_vector_index(table, artifact.model, artifact.dims)
-        return execution.complete_task(self, claim, artifact)
+        return self.complete_tasks([(claim, artifact)])
+
+    def complete_tasks(self, results: list[tuple[Claim, Any]]) -> list[Hint]:
+        """Complete several claims of one lane in one transaction (each fenced on its own)."""
+        for claim, artifact in results:
+            table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
+            if table is not None:
+                self.ensure_vector_index(table, artifact.model, artifact.dims)
+        return execution.complete_tasks(self, results)
+
+    def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
+        """What each claim's semantic document is rendered from, in one query, by image id (rows of
+        another scope dropped; the worker re-checks the metadata hash at completion)."""
+        scopes = {c.image_id: c.scope_id for c in claims}
+        with self.engine.connect() as conn:
+            rows = reads.text_inputs_many_txn(conn, list(scopes))
+        return {iid: dict(r) for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
 
     def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
         """Make sure the per-model HNSW index exists before the first vector of a model lands."""
@@ -188,8 +196,8 @@ class Orchestrator:
     def release_slot_txn(self, conn: Connection, claim: Claim) -> None:
         lanes.release_slot_txn(self, conn, claim)
 
-    def next_fair_hints_txn(self, conn: Connection, claim: Claim) -> list[Hint]:
-        return lanes.next_fair_hints_txn(self, conn, claim)
+    def next_fair_hints_txn(self, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:
+        return lanes.next_fair_hints_txn(self, conn, claim, freed)
 
     def release_orphan_slots_txn(self, conn: Connection) -> int:
         return lanes.release_orphan_slots_txn(self, conn)

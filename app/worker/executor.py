@@ -11,7 +11,7 @@ from pathlib import Path
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
-from app.stages.errors import PermanentError
+from app.stages.errors import PermanentError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.worker.providers import Providers
 
@@ -38,9 +38,32 @@ def check_config(claim: Claim, provider) -> dict:
 
 
 def execute_visual(settings: Settings, providers: Providers, claim: Claim) -> VisualArtifact:
-    cfg = check_config(claim, providers.visual)
-    vector = providers.visual.embed([load_image(settings, claim)])[0]
-    return VisualArtifact([float(x) for x in vector], cfg["model"], cfg["preprocess_version"], int(cfg["dims"]))
+    result = execute_visual_batch(settings, providers, [claim])[0]
+    if isinstance(result, StageError):
+        raise result
+    return result
+
+
+def execute_visual_batch(
+    settings: Settings, providers: Providers, claims: list[Claim]
+) -> list[VisualArtifact | StageError]:
+    """One provider call for every claim whose image decodes; a claim's own bad input is its own
+    failure (aligned with ``claims``). A failure of the call itself raises for all of them."""
+    out: list[VisualArtifact | StageError | None] = [None] * len(claims)
+    todo: list[tuple[int, DecodedImage]] = []
+    cfg: dict = {}
+    for i, claim in enumerate(claims):
+        try:
+            cfg = check_config(claim, providers.visual)
+            todo.append((i, load_image(settings, claim)))
+        except StageError as exc:
+            out[i] = exc
+    if todo:
+        vectors = providers.visual.embed([img for _, img in todo])
+        for (i, _), vector in zip(todo, vectors, strict=True):
+            out[i] = VisualArtifact([float(x) for x in vector], cfg["model"], cfg["preprocess_version"],
+                                    int(cfg["dims"]))
+    return out  # type: ignore[return-value]
 
 
 def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact:
@@ -63,22 +86,33 @@ def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     return AgentArtifact(found.result.context, found.result.model, claim.attempt_id, found.result.request_id)
 
 
-def text_document(orch, claim: Claim, cfg: dict) -> tuple[str, str]:
+def text_document(inputs: dict | None, cfg: dict) -> tuple[str, str]:
     """(document, metadata_hash) from the image's current context."""
-    inputs = orch.text_inputs(claim)
     if inputs is None:
         raise PermanentError("the image is gone", code="target_changed")
     doc = semantic_document(inputs["display_name"], inputs["context"], cfg.get("document_version", "1"))
     return doc, inputs["metadata_hash"] or ""
 
 
-def execute_text_batch(orch, settings: Settings, providers: Providers, claims: list[Claim]) -> list[TextArtifact]:
+def execute_text_batch(
+    orch, settings: Settings, providers: Providers, claims: list[Claim]
+) -> list[TextArtifact | StageError]:
+    """One model call for every claim whose document renders (aligned with ``claims``); the
+    inputs of all of them are read in one query. A failure of the call raises for all."""
     cfg = providers.text.config()
-    for claim in claims:
-        check_config(claim, providers.text)
-    docs = [text_document(orch, c, cfg) for c in claims]
-    vectors = providers.text.embed([d for d, _ in docs])
-    return [
-        TextArtifact([float(x) for x in v], cfg["model"], int(cfg["dims"]), d, str(cfg.get("document_version", "1")), mh)
-        for v, (d, mh) in zip(vectors, docs, strict=True)
-    ]
+    inputs = orch.text_inputs_many(claims)
+    out: list[TextArtifact | StageError | None] = [None] * len(claims)
+    todo: list[tuple[int, str, str]] = []
+    for i, claim in enumerate(claims):
+        try:
+            check_config(claim, providers.text)
+            doc, mhash = text_document(inputs.get(claim.image_id), cfg)
+            todo.append((i, doc, mhash))
+        except StageError as exc:
+            out[i] = exc
+    if todo:
+        vectors = providers.text.embed([doc for _, doc, _ in todo])
+        for (i, doc, mhash), v in zip(todo, vectors, strict=True):
+            out[i] = TextArtifact([float(x) for x in v], cfg["model"], int(cfg["dims"]), doc,
+                                  str(cfg.get("document_version", "1")), mhash)
+    return out  # type: ignore[return-value]

@@ -8,7 +8,7 @@ import threading
 import uuid
 
 from app.db.enums import Lane
-from app.orchestrator.hints import HintPublisher
+from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
 from app.stages.errors import RetryableError, StageError
@@ -55,11 +55,20 @@ def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object |
     """The claim's artifact (None: an interrupted paid call whose outcome cannot be proven)."""
     if claim.lane == Lane.AGENT and claim.recovering:
         return executor.recover_agent(orch.settings, providers, claim)
-    if claim.lane == Lane.VISUAL:
-        return executor.execute_visual(orch.settings, providers, claim)
     if claim.lane == Lane.AGENT:
         return executor.execute_agent(orch.settings, providers, claim)
-    return executor.execute_text_batch(orch, orch.settings, providers, [claim])[0]
+    result = _compute_batch(orch, claim.lane, [claim], providers)[0]
+    if isinstance(result, StageError):
+        raise result
+    return result
+
+
+def _compute_batch(orch: Orchestrator, lane: str, claims: list[Claim], providers: Providers) -> list:
+    if lane == Lane.VISUAL:
+        return executor.execute_visual_batch(orch.settings, providers, claims)
+    if lane == Lane.EMBEDDING:
+        return executor.execute_text_batch(orch, orch.settings, providers, claims)
+    raise ValueError(f"the {lane} lane runs one claim at a time")
 
 
 def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:
@@ -82,7 +91,7 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     else:
         hints = orch.complete_task(claim, artifact)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
-    publisher.publish(hints)
+    publisher.publish(coalesce_hints(hints, orch.settings))
     return outcome
 
 
@@ -97,27 +106,70 @@ def run_task(
     return execute_claim(orch, claim, providers, publisher)
 
 
+def batch_size(settings, lane: str) -> int:
+    """How many due tasks one hint of ``lane`` may claim (1: the lane runs one task at a time)."""
+    return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
+        str(lane), 1
+    )
+
+
+def coalesce_hints(hints: list[Hint], settings) -> list[Hint]:
+    """One hint per ``batch_size`` new tasks of a batched lane: a hint is only a wake-up, and the
+    worker it wakes claims the hinted task plus up to batch_size - 1 other due ones. The tasks not
+    named were stamped hinted at insert; if the one hint is lost, the sweep re-hints them all."""
+    seen: dict[str, int] = {}
+    out = []
+    for hint in hints:
+        n = seen.get(str(hint.lane), 0)
+        if n % max(1, batch_size(settings, hint.lane)) == 0:
+            out.append(hint)
+        seen[str(hint.lane)] = n + 1
+    return out
+
+
+def handle_hint(
+    orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
+    publisher: HintPublisher,
+) -> int | str:
+    """What a wake-up hint of ``lane`` does: batched lanes drain a batch, the agent lane runs one."""
+    if lane == Lane.AGENT:
+        return run_task(orch, task_id, owner, providers, publisher, lane=lane)
+    return run_batch(orch, lane, owner, providers, publisher, batch_size(orch.settings, lane), first_task_id=task_id)
+
+
+def run_batch(
+    orch: Orchestrator, lane: str, owner: str, providers: Providers, publisher: HintPublisher, n: int,
+    first_task_id: uuid.UUID | str | None = None,
+) -> int:
+    """Claim up to ``n`` due tasks of a batched lane (the hinted one first), compute them with one
+    provider call, and complete them in one transaction; returns how many were claimed."""
+    if first_task_id is not None:
+        claims = orch.claim_with_batch(first_task_id, lane, n, owner)
+    else:
+        claims = orch.claim_batch(lane, n, owner)
+    if not claims:
+        return 0
+    with Heartbeat(orch, claims):
+        try:
+            results = _compute_batch(orch, lane, claims, providers)
+        except StageError as exc:
+            results = [exc] * len(claims)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("stage raised", extra={"lane": lane, "task_id": claims[0].task_id})
+            results = [_internal_error(exc)] * len(claims)
+    # terminal writes after the heartbeat stopped (see execute_claim)
+    done = [(c, r) for c, r in zip(claims, results, strict=True) if not isinstance(r, StageError)]
+    hints = orch.complete_tasks(done) if done else []
+    for claim, result in zip(claims, results, strict=True):
+        if isinstance(result, StageError):
+            hints += orch.fail_task(claim, result)
+    publisher.publish(coalesce_hints(hints, orch.settings))
+    return len(claims)
+
+
 def run_embedding_batch(
     orch: Orchestrator, owner: str, providers: Providers, publisher: HintPublisher, n: int,
     first_task_id: uuid.UUID | str | None = None,
 ) -> int:
     """Claim up to ``n`` due embedding tasks (the hinted one first) and embed them in one call."""
-    if first_task_id is not None:
-        claims = orch.claim_with_batch(first_task_id, Lane.EMBEDDING.value, n, owner)
-    else:
-        claims = orch.claim_batch(Lane.EMBEDDING.value, n, owner)
-    if not claims:
-        return 0
-    err: StageError | None = None
-    with Heartbeat(orch, claims):
-        try:
-            artifacts = executor.execute_text_batch(orch, orch.settings, providers, claims)
-        except Exception as exc:  # noqa: BLE001
-            err = exc if isinstance(exc, StageError) else _internal_error(exc)
-    if err is not None:  # failed after the heartbeat stopped, like completions (see execute_claim)
-        for claim in claims:
-            publisher.publish(orch.fail_task(claim, err))
-        return len(claims)
-    for claim, artifact in zip(claims, artifacts, strict=True):
-        publisher.publish(orch.complete_task(claim, artifact))
-    return len(claims)
+    return run_batch(orch, Lane.EMBEDDING.value, owner, providers, publisher, n, first_task_id)

@@ -39,18 +39,12 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     from app.worker import run
 
     rt = get_runtime()
-    if lane == "embedding":
-        # The hinted task first, plus up to batch-1 other due ones: one model call for all.
-        run.run_embedding_batch(
-            rt.orch, rt.owner, rt.providers, rt.publisher, rt.settings.embedding_batch_size, first_task_id=task_id
-        )
-        return
-    run.run_task(rt.orch, task_id, rt.owner, rt.providers, rt.publisher, lane=lane)
+    run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
 
 
 @celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)
 def run_visual(task_id: str) -> None:
-    """Wake-up hint for a visual task."""
+    """Wake-up hint for a visual task; drains several due tasks per model call."""
     _run_leaf("visual", task_id)
 
 

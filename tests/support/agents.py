@@ -14,7 +14,7 @@ from app.orchestrator.policy import Denial, QuotaPolicy
 from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.base import LookupResult
 from app.worker.providers import Providers
-from app.worker.run import run_embedding_batch, run_task
+from app.worker.run import handle_hint
 
 
 class Clock:
@@ -104,10 +104,7 @@ def step(orch: Orchestrator, providers: Providers, pub: RecordingPublisher, owne
             return None
         if hint.lane == stop_lane:
             return hint
-        if hint.lane == "embedding":
-            run_embedding_batch(orch, owner, providers, pub, 8, first_task_id=hint.task_id)
-        else:
-            run_task(orch, hint.task_id, owner, providers, pub)
+        handle_hint(orch, hint.lane, hint.task_id, owner, providers, pub)
 
 
 def rows(engine, sql: str, **params):

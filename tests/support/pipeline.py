@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.worker.providers import Providers
-from app.worker.run import run_embedding_batch, run_task
+from app.worker.run import handle_hint
 
 
 def png_bytes(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
@@ -73,10 +73,7 @@ class Workers:
             if hint is None:
                 continue
             try:
-                if hint.lane == "embedding":
-                    run_embedding_batch(self.orch, owner, self.providers, self.out, 8, first_task_id=hint.task_id)
-                else:
-                    run_task(self.orch, hint.task_id, owner, self.providers, self.out)
+                handle_hint(self.orch, hint.lane, hint.task_id, owner, self.providers, self.out)
             except BaseException as exc:  # surfaced in __exit__
                 self.errors.append(exc)
 

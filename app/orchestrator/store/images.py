@@ -49,6 +49,15 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
     )
 
 
+def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
+    """Lock several images in id order (the order every multi-image writer uses); by id."""
+    mode = "FOR SHARE" if share else "FOR UPDATE"
+    rows = conn.execute(
+        sql(f"SELECT * FROM images WHERE id = ANY(:ids) ORDER BY id {mode}"), {"ids": list(image_ids)}
+    ).mappings()
+    return {r["id"]: r for r in rows}
+
+
 def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping | None:
     return (
         conn.execute(

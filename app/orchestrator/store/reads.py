@@ -154,9 +154,10 @@ def cursor_key_txn(conn: Connection, table: str, scope_id: str, row_id: str) -> 
     return (row[0], row[1]) if row else None
 
 
-def text_inputs_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> RowMapping | None:
-    """What the semantic document is rendered from (the worker re-checks the hash at completion)."""
-    return conn.execute(
-        sql("SELECT display_name, context, metadata_hash, sha256 FROM images WHERE scope_id = :s AND id = :id"),
-        {"s": scope_id, "id": image_id},
-    ).mappings().first()
+def text_inputs_many_txn(conn: Connection, image_ids: list[uuid.UUID]) -> dict[uuid.UUID, RowMapping]:
+    """What the semantic documents are rendered from, by image id (scope checked by the caller)."""
+    rows = conn.execute(
+        sql("SELECT id, scope_id, display_name, context, metadata_hash, sha256 FROM images WHERE id = ANY(:ids)"),
+        {"ids": list(image_ids)},
+    ).mappings()
+    return {r["id"]: r for r in rows}
