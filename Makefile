@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# A second venv for the optional open_clip visual provider (torch 2.14.1 + torchvision, ~6.5 GB):
+# see setup.cfg's `openclip` extra and docs/providers.md. `make test` builds it for its tests.
+OC_VENV  ?= .venv-openclip
+OC_PY    := $(OC_VENV)/bin/python
+OC_STAMP := $(OC_VENV)/.installed
 
-.PHONY: install demo test test-fast lint clean system-deps
+.PHONY: install install-openclip demo test test-fast lint clean system-deps
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,20 +19,28 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+$(OC_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(OC_VENV)
+	$(OC_PY) -m pip install -q --upgrade pip
+	$(OC_PY) -m pip install -q -e '.[openclip,dev]'
+	touch $(OC_STAMP)
+
+install-openclip: $(OC_STAMP)
+
 system-deps:
 	@bash scripts/system-deps.sh
 
 demo: install system-deps
 	$(VENV)/bin/memeflow demo
 
-test: install system-deps
+test: install install-openclip system-deps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-test-fast: install
+test-fast: install install-openclip
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check app tests bench
 
 clean:
-	rm -rf $(VENV) var build *.egg-info
+	rm -rf $(VENV) $(OC_VENV) var build *.egg-info

@@ -22,6 +22,10 @@ from app.embedded import EmbeddedServices
 T = TypeVar("T")
 TEMPLATE_DB = "mf_template"
 
+# tests/openclip runs under .venv-openclip (open_clip + torchvision), started by
+# tests/unit/stages/test_open_clip.py; this venv cannot import it.
+collect_ignore = ["openclip"]
+
 
 def _raw(url: str) -> str:
     return url.replace("postgresql+psycopg2://", "postgresql://", 1)

@@ -18,6 +18,7 @@ from app.stages.base import AgentProvider, TextEmbeddingProvider, VisualProvider
 
 _VISUAL = {
     "perceptual-v1": "app.stages.visual.perceptual:PerceptualVisualProvider",
+    "open_clip": "app.stages.visual.openclip:OpenClipVisualProvider",
     "deterministic": "app.stages.visual.deterministic:DeterministicVisualProvider",
 }
 _AGENT = {
@@ -29,20 +30,13 @@ _TEXT = {
     "all-MiniLM-L6-v2": "app.stages.text.sentence_transformer:SentenceTransformerProvider",
     "deterministic": "app.stages.text.deterministic:DeterministicTextProvider",
 }
-_UNAVAILABLE = {
-    (
-        "visual",
-        "open_clip",
-    ): "the open_clip visual provider is not built yet: open_clip_torch needs "
-    "a torchvision matching torch 2.13.0+cpu, which these machines do not have",
-}
 
 _cache: dict[tuple, Any] = {}
 _lock = threading.Lock()
 
 
 def get_visual_provider(name: str, **options: Any) -> VisualProvider:
-    """The visual provider called ``name`` (perceptual-v1 | deterministic | module:Class)."""
+    """The visual provider called ``name`` (perceptual-v1 | open_clip | deterministic | module:Class)."""
     return _get("visual", name, _VISUAL, options)
 
 
@@ -80,8 +74,6 @@ def _get(kind: str, name: str, known: dict[str, str], options: dict[str, Any]) -
 
 
 def _resolve(kind: str, name: str, known: dict[str, str]) -> type:
-    if (kind, name) in _UNAVAILABLE:
-        raise ValueError(_UNAVAILABLE[(kind, name)])
     target = known.get(name)
     if target is None and ":" in name:
         target = name
