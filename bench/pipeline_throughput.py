@@ -82,7 +82,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         lease_s=60, heartbeat_s=20, sweep_interval_s=15, rehint_grace_s=30,
         embedding_batch_size=args.embedding_batch,
     )
-    engine = make_engine(db_url)
+    engine = make_engine(db_url, pre_ping=False)  # pool pings would count as commits
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE scopes CASCADE"))
     redis.Redis.from_url(broker_url).flushdb()

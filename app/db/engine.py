@@ -22,7 +22,7 @@ def make_engine(
     retries that operation once (``execution.retry_on_disconnect``).
     """
     return create_engine(
-        url,
+        driver_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
@@ -30,6 +30,19 @@ def make_engine(
         echo=echo,
         connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
     )
+
+
+def driver_url(url: str) -> str:
+    """``url`` on the psycopg 3 driver, whatever driver it names (``postgresql://`` included).
+
+    psycopg 3 binds parameters on the server and prepares a statement the fifth time a
+    connection runs it, so the orchestrator's hot statements are planned once per connection
+    instead of on every execution.
+    """
+    for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
 
 
 def vector_index_name(table: str, model: str, dims: int) -> str:

@@ -88,15 +88,19 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
 
 @retry_on_disconnect
 def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
-    """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction."""
+    """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction.
+
+    Only a live hint drains a batch: a stale, duplicate, wrong-lane or unknown id claims nothing
+    (the message is acked and changes nothing); every queued task has a hint of its own.
+    """
     if lane == Lane.AGENT:
         raise ValueError("the agent lane is claimed one task at a time")
     now = orch.now()
     with orch.engine.begin() as conn:
         first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s, lane)
         rows = [first] if first is not None else []
-        if n - len(rows) > 0:
-            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
+        if rows and n > 1:
+            rows += tasks.claim_batch_txn(conn, lane, n - 1, owner, now, orch.settings.lease_s)
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:

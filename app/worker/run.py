@@ -8,7 +8,7 @@ import threading
 import uuid
 
 from app.db.enums import Lane
-from app.orchestrator.hints import Hint, HintPublisher
+from app.orchestrator.hints import HintPublisher
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
 from app.stages.errors import RetryableError, StageError
@@ -91,7 +91,7 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     else:
         hints = orch.complete_task(claim, artifact)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
-    publisher.publish(coalesce_hints(hints, orch.settings))
+    publisher.publish(hints)
     return outcome
 
 
@@ -111,20 +111,6 @@ def batch_size(settings, lane: str) -> int:
     return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
         str(lane), 1
     )
-
-
-def coalesce_hints(hints: list[Hint], settings) -> list[Hint]:
-    """One hint per ``batch_size`` new tasks of a batched lane: a hint is only a wake-up, and the
-    worker it wakes claims the hinted task plus up to batch_size - 1 other due ones. The tasks not
-    named were stamped hinted at insert; if the one hint is lost, the sweep re-hints them all."""
-    seen: dict[str, int] = {}
-    out = []
-    for hint in hints:
-        n = seen.get(str(hint.lane), 0)
-        if n % max(1, batch_size(settings, hint.lane)) == 0:
-            out.append(hint)
-        seen[str(hint.lane)] = n + 1
-    return out
 
 
 def handle_hint(
@@ -163,7 +149,7 @@ def run_batch(
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
-    publisher.publish(coalesce_hints(hints, orch.settings))
+    publisher.publish(hints)
     return len(claims)
 
 

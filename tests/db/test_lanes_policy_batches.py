@@ -130,10 +130,10 @@ def _seed_images(engine, orch, scope: str, n: int, *, agent_done: bool) -> None:
         c.execute(text(
             "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
             " context, context_status, context_provenance, metadata_hash, created_at, updated_at)"
-            " SELECT gen_random_uuid(), :s, encode(sha256((:s || g::text)::bytea), 'hex'), '.png', 'image/png', 1,"
+            " SELECT gen_random_uuid(), :s, encode(sha256((CAST(:s AS varchar) || g::text)::bytea), 'hex'), '.png', 'image/png', 1,"
             " 1, 1, 'none/' || g, CASE WHEN :done THEN CAST(:ctx AS jsonb) END,"
             " CASE WHEN :done THEN 'ready' ELSE 'pending' END,"
-            " CASE WHEN :done THEN jsonb_build_object('image_sha256', encode(sha256((:s || g::text)::bytea), 'hex'),"
+            " CASE WHEN :done THEN jsonb_build_object('image_sha256', encode(sha256((CAST(:s AS varchar) || g::text)::bytea), 'hex'),"
             "  'agent_config_hash', CAST(:ah AS text), 'reverse_image_policy', 'forbid') END,"
             " CASE WHEN :done THEN CAST(:mh AS text) END,"
             " now() + g * interval '1 microsecond', now() FROM generate_series(1, :n) g"

@@ -64,15 +64,15 @@ class Seeder:
                                          retry_at)
             VALUES (:id, :s, :img, :rev, (SELECT sha256 FROM images WHERE id = :img), '{}', :h, 'forbid', 'auto',
                     :st, :cur, CAST(:err AS jsonb), :b,
-                    CASE WHEN :st = 'blocked' THEN now() + interval '1 hour' END)"""),
+                    CASE WHEN CAST(:st AS varchar) = 'blocked' THEN now() + interval '1 hour' END)"""),
             {"id": job_id, "s": scope_id, "img": image_id, "rev": revision, "h": _sha("cfg"), "st": status,
              "cur": current, "err": json.dumps(error) if error else None, "b": batch_id})
         for pos, (stage, sstatus) in enumerate(zip(STAGES, stages, strict=True)):
             self.conn.execute(text("""
                 INSERT INTO job_stages (job_id, stage, scope_id, position, status, started_at, completed_at)
                 VALUES (:j, :st, :s, :p, :ss,
-                        CASE WHEN :ss IN ('running', 'succeeded', 'failed') THEN now() - interval '3 seconds' END,
-                        CASE WHEN :ss IN ('succeeded', 'failed') THEN now() - interval '1 second' END)"""),
+                        CASE WHEN CAST(:ss AS varchar) IN ('running', 'succeeded', 'failed') THEN now() - interval '3 seconds' END,
+                        CASE WHEN CAST(:ss AS varchar) IN ('succeeded', 'failed') THEN now() - interval '1 second' END)"""),
                 {"j": job_id, "st": stage, "s": scope_id, "p": pos, "ss": sstatus})
             if sstatus in ("queued", "running", "succeeded"):
                 self.task(scope_id, job_id, image_id, stage, "succeeded" if sstatus == "succeeded" else sstatus)
@@ -87,11 +87,11 @@ class Seeder:
                                claim_generation, started_at, completed_at)
             VALUES (:id, :s, :j, :st, :lane, '{}', :fp, :dk, :img, (SELECT sha256 FROM images WHERE id = :img),
                     :status, 5, now() - make_interval(secs => :w),
-                    CASE WHEN :status = 'running' THEN 'worker-1' END,
-                    CASE WHEN :status = 'running' THEN now() + interval '60 seconds' END,
-                    CASE WHEN :status = 'queued' THEN 0 ELSE 1 END,
-                    CASE WHEN :status <> 'queued' THEN now() - interval '3 seconds' END,
-                    CASE WHEN :status = 'succeeded' THEN now() - interval '1 second' END)"""),
+                    CASE WHEN CAST(:status AS varchar) = 'running' THEN 'worker-1' END,
+                    CASE WHEN CAST(:status AS varchar) = 'running' THEN now() + interval '60 seconds' END,
+                    CASE WHEN CAST(:status AS varchar) = 'queued' THEN 0 ELSE 1 END,
+                    CASE WHEN CAST(:status AS varchar) <> 'queued' THEN now() - interval '3 seconds' END,
+                    CASE WHEN CAST(:status AS varchar) = 'succeeded' THEN now() - interval '1 second' END)"""),
             {"id": task_id, "s": scope_id, "j": job_id, "st": stage, "lane": LANE[stage], "fp": _sha(str(task_id)),
              "dk": _sha(f"dk{task_id}"), "img": image_id, "status": status, "w": waited_s})
         if status == "running" and stage == "agent":

@@ -260,7 +260,8 @@ def finish_and_release_stages_txn(
             " RETURNING id, scope_id, job_id, stage, lane, resource_key, attempt_count"
             "), s AS ("
             " UPDATE job_stages js SET status = :sst, error = CAST(:err AS jsonb), updated_at = :now,"
-            " completed_at = CASE WHEN :sst = 'succeeded' THEN CAST(:now AS timestamptz) ELSE js.completed_at END"
+            " completed_at = CASE WHEN CAST(:sst AS varchar) = 'succeeded' THEN CAST(:now AS timestamptz)"
+            " ELSE js.completed_at END"
             " FROM f WHERE js.task_id = f.id AND js.status IN ('queued', 'running') RETURNING js.job_id"
             ") SELECT f.*, ARRAY(SELECT job_id FROM s) AS job_ids FROM f"
         ),
