@@ -1,0 +1,152 @@
+"""Batched lanes (visual, embedding): a live hint drains a batch, completed in one transaction with
+each claim fenced on its own; a stale hint drains nothing. And the agent lane's freed-slot hints."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+from sqlalchemy import event, text
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.orchestrator.types import AgentArtifact
+from app.worker import executor
+from app.worker.providers import Providers
+from app.worker.run import handle_hint
+from tests.support.clock import FakeClock
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+
+def _scalar(engine, sql, **params):
+    with engine.connect() as c:
+        return c.execute(text(sql), params).scalar()
+
+
+def _ingest(orch, seeds, scope="local"):
+    return [store_and_ingest(orch, scope, png_bytes(s)).hints[0] for s in seeds]
+
+
+class _Commits:
+    """Counts the commits an engine sends while active."""
+
+    def __init__(self, engine):
+        self.n = 0
+        event.listen(engine, "commit", self._on)
+        self.engine = engine
+
+    def _on(self, conn):
+        self.n += 1
+
+    def close(self):
+        event.remove(self.engine, "commit", self._on)
+
+
+def test_a_live_visual_hint_drains_the_due_batch_in_two_transactions(engine, settings):
+    orch = Orchestrator(engine, settings)
+    orch.ensure_vector_index("visual_embeddings", "deterministic-v1", 64)  # first-model DDL out of the way
+    hints = _ingest(orch, range(10, 15))
+    pub = RecordingPublisher()
+    commits = _Commits(engine)
+    try:
+        claimed = handle_hint(orch, "visual", hints[0].task_id, "w1", Providers(settings), pub)
+    finally:
+        commits.close()
+    assert claimed == 5
+    assert commits.n == 2  # one claim transaction, one completion transaction for all five
+    assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 5
+    assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'visual' AND status = 'succeeded'") == 5
+    assert sorted(h.lane for h in pub.drain()) == ["agent"] * 5  # every next task has its own hint
+    assert _scalar(engine, "SELECT count(*) FROM processing_jobs WHERE current_stage = 'agent'") == 5
+
+
+def test_a_stale_or_unknown_hint_drains_nothing_even_with_due_work(engine, settings):
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    first = _ingest(orch, [20, 21])
+    assert handle_hint(orch, "visual", first[0].task_id, "w1", providers, RecordingPublisher()) == 2
+    due = _ingest(orch, [22, 23])  # queued and due, each with a hint of its own
+    for stale in (first[0].task_id, first[1].task_id, uuid.uuid4()):
+        assert handle_hint(orch, "visual", stale, "w2", providers, RecordingPublisher()) == 0
+    # a wrong-lane hint names a real due task: not claimable from the embedding queue either
+    assert handle_hint(orch, "embedding", due[0].task_id, "w2", providers, RecordingPublisher()) == 0
+    rows = {r[0]: (r[1], r[2]) for r in _rows(engine, "SELECT id, status, claim_generation FROM tasks"
+                                               " WHERE id = ANY(:ids)", ids=[h.task_id for h in due])}
+    assert rows == {h.task_id: ("queued", 0) for h in due}
+
+
+def _rows(engine, sql, **params):
+    with engine.connect() as c:
+        return c.execute(text(sql), params).all()
+
+
+def test_a_fenced_out_claim_does_not_stop_the_rest_of_its_batch(engine, settings):
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings, clock=clock)
+    providers = Providers(settings)
+    hints = _ingest(orch, [30, 31, 32])
+    claims = orch.claim_with_batch(hints[0].task_id, "visual", 16, "old")
+    assert len(claims) == 3
+    artifacts = [executor.execute_visual(settings, providers, c) for c in claims]
+    clock.advance(settings.lease_s + 1)  # the old worker stalled past its lease ...
+    taken = orch.claim_task(claims[1].task_id, "new")  # ... and another worker re-claimed one task
+    assert taken is not None and taken.generation == claims[1].generation + 1
+
+    hints_out = orch.complete_tasks(list(zip(claims, artifacts, strict=True)))
+
+    assert len(hints_out) == 2  # the two claims still held landed and advanced their jobs
+    landed = {r[0] for r in _rows(engine, "SELECT task_id FROM visual_embeddings")}
+    assert landed == {claims[0].task_id, claims[2].task_id}
+    assert _rows(engine, "SELECT status, lease_owner FROM tasks WHERE id = :t", t=claims[1].task_id) == [
+        ("running", "new")
+    ]
+    assert _scalar(engine, "SELECT coalesce(sum(count), 0) FROM ops_counters WHERE name = 'fencing_rejection'") == 1
+    # the new owner completes its task normally
+    assert len(orch.complete_task(taken, artifacts[1])) == 1
+    assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 3
+
+
+def test_an_undecodable_image_fails_alone_in_its_visual_batch(engine, settings):
+    orch = Orchestrator(engine, settings)
+    hints = _ingest(orch, [40, 41, 42])
+    bad_key = _scalar(engine, "SELECT i.storage_key FROM images i JOIN tasks t ON t.image_id = i.id"
+                              " WHERE t.id = :t", t=hints[1].task_id)
+    (settings.storage_path / bad_key).write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    pub = RecordingPublisher()
+    assert handle_hint(orch, "visual", hints[0].task_id, "w1", Providers(settings), pub) == 3
+    status = dict(_rows(engine, "SELECT id, status FROM tasks WHERE lane = 'visual'"))
+    assert status == {hints[0].task_id: "succeeded", hints[1].task_id: "failed", hints[2].task_id: "succeeded"}
+    assert _scalar(engine, "SELECT error->>'code' FROM tasks WHERE id = :t", t=hints[1].task_id) == "invalid_image"
+    assert sorted(r[0] for r in _rows(engine, "SELECT status FROM processing_jobs")) == ["failed", "running", "running"]
+    assert [h.lane for h in pub.drain()] == ["agent", "agent"]
+
+
+def test_a_freed_agent_slot_hints_only_a_task_that_waits_unhinted(engine, settings):
+    settings = dataclasses.replace(settings, agent_lane_limit=1)
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    pub = RecordingPublisher()
+    visual = _ingest(orch, [50, 51])
+    handle_hint(orch, "visual", visual[0].task_id, "w1", providers, pub)
+    agent_a, agent_b = (h.task_id for h in pub.drain())
+
+    a = orch.claim_task(agent_a, "w1", "agent")
+    assert a is not None
+    assert orch.claim_task(agent_b, "w2", "agent") is None  # refused: the only slot is taken
+    assert _scalar(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=agent_b) is None  # waits unhinted
+    # a later job's agent task, queued with a live hint of its own
+    (later,) = _ingest(orch, [52])
+    handle_hint(orch, "visual", later.task_id, "w1", providers, pub)
+    [agent_c] = [h.task_id for h in pub.drain()]
+
+    def finish(claim):
+        return orch.complete_task(claim, AgentArtifact({"title": "t", "tags": []}, "m", claim.attempt_id))
+
+    # the freed slot goes to the task that lost its hint (the fairest: oldest of the scope)
+    assert sorted(h.task_id for h in finish(a) if h.lane == "agent") == [agent_b]
+    assert _scalar(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=agent_b) is not None
+
+    b = orch.claim_task(agent_b, "w2", "agent")
+    assert b is not None
+    # every waiting agent task (c) has a live hint: the completion hints only the job's next stage
+    assert [h.lane for h in finish(b)] == ["embedding"]
+    assert orch.claim_task(agent_c, "w3", "agent") is not None
