@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -46,7 +47,12 @@ def driver_url(url: str) -> str:
 
 
 def vector_index_name(table: str, model: str, dims: int) -> str:
-    slug = _SAFE_MODEL.sub("_", model.lower()).strip("_")[:30]
+    """The per-model index name (≤ 63 bytes). A slug longer than 30 characters keeps its first 21
+    and a hash of the full model name, so long names that share a prefix (open_clip's
+    ``<architecture>@<checkpoint hash>``) still get an index each."""
+    slug = _SAFE_MODEL.sub("_", model.lower()).strip("_")
+    if len(slug) > 30:
+        slug = f"{slug[:21]}_{hashlib.sha256(model.encode()).hexdigest()[:8]}"
     return f"ix_{table}_hnsw_{slug}_{dims}"
 
 

@@ -212,3 +212,18 @@ def test_vectors_of_two_dims_side_by_side_and_hnsw_index_used(conn):
         )
     )
     assert "ix_visual_embeddings_hnsw_big_model_5" in plan, plan
+
+
+def test_long_model_names_sharing_a_prefix_get_an_index_each(conn):
+    from app.db.engine import vector_index_name
+
+    a = "EVA02-E-14-plus-laion2b-s9b-b144k@0123456789abcdef"  # open_clip: architecture @ checkpoint hash
+    b = "EVA02-E-14-plus-laion2b-s9b-b144k@fedcba9876543210"
+    names = {vector_index_name("text_embeddings", m, 768) for m in (a, b)}
+    assert len(names) == 2 and all(len(n) <= 63 for n in names)
+    assert vector_index_name("visual_embeddings", "big-model", 5) == "ix_visual_embeddings_hnsw_big_model_5"
+    created = {ensure_vector_index(conn, "visual_embeddings", m, 4) for m in (a, b)}
+    conn.commit()
+    found = {r[0] for r in conn.execute(text("SELECT indexname FROM pg_indexes WHERE indexname = ANY(:n)"),
+                                        {"n": list(created)})}
+    assert found == created and len(created) == 2
