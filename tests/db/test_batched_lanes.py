@@ -4,6 +4,7 @@ each claim fenced on its own; a stale hint drains nothing. And the agent lane's 
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 
 from sqlalchemy import event, text
@@ -150,3 +151,50 @@ def test_a_freed_agent_slot_hints_only_a_task_that_waits_unhinted(engine, settin
     # every waiting agent task (c) has a live hint: the completion hints only the job's next stage
     assert [h.lane for h in finish(b)] == ["embedding"]
     assert orch.claim_task(agent_c, "w3", "agent") is not None
+
+
+def test_the_freed_slot_check_does_not_scan_a_queued_agent_backlog(engine, settings):
+    """The 'does a due task wait unhinted?' question of every agent completion visits only the
+    unhinted tasks (the NULL end of ix_tasks_rehint), not the 50k queued (hinted) agent tasks —
+    with the custom plan and with the generic plan a prepared statement may switch to."""
+    from datetime import datetime, timezone
+
+    from app.orchestrator.store import slots
+
+    orch = Orchestrator(engine, settings)
+    store_and_ingest(orch, "local", png_bytes(60))
+    with engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
+                reverse_image_policy, mode, status, created_at, updated_at)
+            SELECT gen_random_uuid(), i.scope_id, i.id, 100 + g, i.sha256, '{}', 'h', 'forbid', 'auto', 'succeeded',
+                now(), now()
+            FROM images i, generate_series(1, 50000) g"""))  # (one active job per image: the tasks carry the backlog)
+        conn.execute(text("""
+            INSERT INTO tasks (id, scope_id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,
+                image_sha256, status, max_attempts, available_at, last_hint_at, created_at, updated_at)
+            SELECT gen_random_uuid(), j.scope_id, j.id, 'agent', 'agent', '{}', 'f', md5(j.id::text), j.image_id,
+                'x', 'queued', 3, now(), now(), now(), now()
+            FROM processing_jobs j WHERE j.revision >= 100"""))
+        conn.execute(text("ANALYZE tasks"))
+    captured: list = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        captured.append((statement, parameters))
+
+    with engine.connect() as conn:
+        event.listen(engine, "before_cursor_execute", capture)
+        try:
+            assert slots.unhinted_waiting_txn(conn, "agent", datetime.now(timezone.utc)) is False
+        finally:
+            event.remove(engine, "before_cursor_execute", capture)
+        (statement, parameters), = captured
+        custom = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+        # psycopg 3 prepares hot statements, and PostgreSQL may then run a generic plan: check it too
+        conn.exec_driver_sql("PREPARE unhinted(text, timestamptz) AS " + statement.replace("%(lane)s", "$1")
+                             .replace("%(now)s", "$2"))
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        generic = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN EXECUTE unhinted('agent', now())"))
+    for plan in (custom, generic):
+        assert re.search(r"ix_tasks_rehint[^\n]*\n\s+Index Cond: \(last_hint_at IS NULL\)", plan), plan
+        assert "Seq Scan" not in plan and "ix_tasks_queued_due" not in plan and "ix_tasks_claimable" not in plan, plan
