@@ -62,7 +62,10 @@ task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
 worker_hijack_root_logger = False
 worker_redirect_stdouts = False
-worker_send_task_events = True  # Flower shows task flow
+# Task events (received/started/succeeded: three Redis publishes per hint) only while someone
+# watches: Flower broadcasts enable_events every few seconds while it runs, so its task views
+# work; without Flower workers do not pay for them. MEMEFLOW_WORKER_TASK_EVENTS=true forces them.
+worker_send_task_events = _settings.worker_task_events
 task_send_sent_event = False
 worker_cancel_long_running_tasks_on_connection_loss = False
 

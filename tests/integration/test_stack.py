@@ -50,6 +50,22 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
             timeout=60, interval=0.2, what="the uploaded image's job",
         )
         assert [s["status"] for s in job["stages"]] == ["succeeded"] * 3
+
+        # workers start with task events off (MEMEFLOW_WORKER_TASK_EVENTS=false); Flower switches
+        # them on while it runs, so its task views fill once it has been up for a moment
+        datatable = (f"http://127.0.0.1:{settings.flower_port}/tasks/datatable?draw=1&start=0&length=50"
+                     "&order[0][column]=0&columns[0][data]=name&order[0][dir]=asc")
+
+        uploads = iter(range(4, 200))
+
+        def flower_task_names():
+            buf2 = io.BytesIO()  # new bytes each time: a re-upload of the same bytes runs nothing
+            Image.new("RGB", (20, 20), (next(uploads), 5, 6)).save(buf2, format="PNG")
+            requests.post(f"{api}/images", files={"file": ("b.png", buf2.getvalue(), "image/png")}, timeout=10)
+            names = {t["name"] for t in requests.get(datatable, timeout=5).json()["data"]}
+            return names >= {"memeflow.run_visual", "memeflow.run_agent", "memeflow.run_embedding"}
+
+        assert poll_until(flower_task_names, timeout=60, interval=2.0, what="Flower sees task events")
     finally:
         stack.stop()
     assert not [pid for pid in pids if _pid_alive(pid)]
