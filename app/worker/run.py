@@ -151,11 +151,3 @@ def run_batch(
             hints += orch.fail_task(claim, result)
     publisher.publish(hints)
     return len(claims)
-
-
-def run_embedding_batch(
-    orch: Orchestrator, owner: str, providers: Providers, publisher: HintPublisher, n: int,
-    first_task_id: uuid.UUID | str | None = None,
-) -> int:
-    """Claim up to ``n`` due embedding tasks (the hinted one first) and embed them in one call."""
-    return run_batch(orch, Lane.EMBEDDING.value, owner, providers, publisher, n, first_task_id)
