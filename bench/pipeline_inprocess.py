@@ -8,18 +8,14 @@ events); ``--statements`` also lists every statement shape with its count and wa
 
     python bench/pipeline_inprocess.py [--n 600] [--statements]
 
-Fresh embedded PostgreSQL (durable settings) under a temp dir unless --database-url.
+Fresh embedded PostgreSQL (durable settings) under a temp dir unless --database-url (Redis is not used).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import hashlib
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import event, text  # noqa: E402
 
-from bench.pipeline_throughput import png  # noqa: E402
+from bench.common import bench_servers, ingest_pngs  # noqa: E402
 
 
 def main() -> None:
@@ -39,20 +35,12 @@ def main() -> None:
     args = ap.parse_args()
 
     from app.config import Settings
-    from app.db.engine import make_engine, upgrade_to_head
-    from app.embedded import EmbeddedServices
+    from app.db.engine import make_engine
     from app.orchestrator import Orchestrator, RecordingPublisher
     from app.worker.providers import Providers
     from app.worker.run import handle_hint
 
-    tmp = Path(tempfile.mkdtemp(prefix="memeflow-inproc-"))
-    services = None
-    try:
-        db_url = args.database_url
-        if db_url is None:
-            services = EmbeddedServices(tmp / "var")
-            db_url = services.start().database_url
-        upgrade_to_head(db_url)
+    with bench_servers("memeflow-inproc-", args.database_url, "redis://unused") as (tmp, db_url, _):
         settings = Settings(database_url=db_url, broker_url="redis://unused", var_dir=tmp / "run",
                             visual_provider="deterministic", agent_provider="deterministic",
                             text_provider="deterministic", log_level="WARNING")
@@ -61,17 +49,7 @@ def main() -> None:
             conn.execute(text("TRUNCATE scopes CASCADE"))
         orch = Orchestrator(engine, settings)
         pub = RecordingPublisher()
-        namespace = orch.ensure_scope("local")
-        salt = int(time.time())
-        for i in range(args.n):
-            data = png(i + salt * 7919)
-            sha = hashlib.sha256(data).hexdigest()
-            key = f"{namespace}/{sha}.png"
-            path = settings.storage_path / key
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            pub.publish(orch.ingest_image("local", sha256=sha, media_type="image/png", extension=".png",
-                                          size_bytes=len(data), width=16, height=16, storage_key=key).hints)
+        ingest_pngs(orch, settings, orch.ensure_scope("local"), args.n, int(time.time()), pub)
 
         lane_now = ["-"]
         counts: collections.Counter = collections.Counter()
@@ -116,12 +94,6 @@ def main() -> None:
             for key in sorted(counts, key=lambda k: -walls[k]):
                 print(f"{counts[key] / n:5.2f}/job {1000 * walls[key] / n:6.2f} ms/job  {key[0]:9} {key[1]}")
         engine.dispose()
-    finally:
-        if services is not None:
-            with contextlib.suppress(Exception):
-                services.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

@@ -19,36 +19,24 @@ nodes. ``per-lane``: one worker per lane (W is then 3). Servers: fresh embedded 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
-import io
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from PIL import Image
 from sqlalchemy import text
 
+from bench.common import bench_servers, ingest_pngs
+
 LANES = ("visual", "agent", "embedding")
-
-
-def png(index: int) -> bytes:
-    img = Image.new("RGB", (16, 16), (index % 256, (index >> 8) % 256, (index >> 16) % 256))
-    img.putpixel((index % 16, (index // 16) % 16), (255, 255 - index % 256, 3))
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -93,17 +81,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     namespace = orch.ensure_scope("local")
     c0 = xact_commit(engine)
     t0 = time.perf_counter()
-    salt = int(time.time())
-    for i in range(args.n):
-        data = png(i + salt * 7919)
-        sha = hashlib.sha256(data).hexdigest()
-        key = f"{namespace}/{sha}.png"
-        path = settings.storage_path / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        res = orch.ingest_image("local", sha256=sha, media_type="image/png", extension=".png",
-                                size_bytes=len(data), width=16, height=16, storage_key=key)
-        publisher.publish(res.hints)
+    ingest_pngs(orch, settings, namespace, args.n, int(time.time()), publisher)
     publish_s = time.perf_counter() - t0
     c1 = xact_commit(engine)
 
@@ -183,19 +161,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 
-    from app.db.engine import upgrade_to_head
-    from app.embedded import EmbeddedServices
-
-    tmp = Path(tempfile.mkdtemp(prefix="memeflow-bench-"))
-    services = None
-    try:
-        if args.database_url and args.broker_url:
-            db_url, broker_url = args.database_url, args.broker_url
-        else:
-            services = EmbeddedServices(tmp / "var")  # durable settings: fsync and synchronous_commit on
-            urls = services.start()
-            db_url, broker_url = args.database_url or urls.database_url, args.broker_url or urls.broker_url
-        upgrade_to_head(db_url)
+    with bench_servers("memeflow-bench-", args.database_url, args.broker_url) as (tmp, db_url, broker_url):
         results = []
         for run in range(args.runs):
             r = one_run(args, db_url, broker_url, tmp / f"run{run}")
@@ -216,11 +182,6 @@ def main() -> None:
               f" | {last['drain_commits_per_job']:.2f} + {last['ingest_commits_per_job']:.2f} | {run_ms} | {q_ms} |")
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
-    finally:
-        if services is not None:
-            with contextlib.suppress(Exception):
-                services.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

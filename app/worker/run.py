@@ -125,14 +125,11 @@ def handle_hint(
 
 def run_batch(
     orch: Orchestrator, lane: str, owner: str, providers: Providers, publisher: HintPublisher, n: int,
-    first_task_id: uuid.UUID | str | None = None,
+    first_task_id: uuid.UUID | str,
 ) -> int:
-    """Claim up to ``n`` due tasks of a batched lane (the hinted one first), compute them with one
-    provider call, and complete them in one transaction; returns how many were claimed."""
-    if first_task_id is not None:
-        claims = orch.claim_with_batch(first_task_id, lane, n, owner)
-    else:
-        claims = orch.claim_batch(lane, n, owner)
+    """Claim the hinted task and up to ``n - 1`` more due tasks of a batched lane, compute them with
+    one provider call, and complete them in one transaction; returns how many were claimed."""
+    claims = orch.claim_with_batch(first_task_id, lane, n, owner)
     if not claims:
         return 0
     with Heartbeat(orch, claims):

@@ -15,7 +15,7 @@ from app.worker import executor
 from app.worker.providers import Providers
 from app.worker.run import handle_hint
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
 
 
 def _scalar(engine, sql, **params):
@@ -164,19 +164,7 @@ def test_the_freed_slot_check_does_not_scan_a_queued_agent_backlog(engine, setti
     orch = Orchestrator(engine, settings)
     store_and_ingest(orch, "local", png_bytes(60))
     with engine.begin() as conn:
-        conn.execute(text("""
-            INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
-                reverse_image_policy, mode, status, created_at, updated_at)
-            SELECT gen_random_uuid(), i.scope_id, i.id, 100 + g, i.sha256, '{}', 'h', 'forbid', 'auto', 'succeeded',
-                now(), now()
-            FROM images i, generate_series(1, 50000) g"""))  # (one active job per image: the tasks carry the backlog)
-        conn.execute(text("""
-            INSERT INTO tasks (id, scope_id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,
-                image_sha256, status, max_attempts, available_at, last_hint_at, created_at, updated_at)
-            SELECT gen_random_uuid(), j.scope_id, j.id, 'agent', 'agent', '{}', 'f', md5(j.id::text), j.image_id,
-                'x', 'queued', 3, now(), now(), now(), now()
-            FROM processing_jobs j WHERE j.revision >= 100"""))
-        conn.execute(text("ANALYZE tasks"))
+        bulk_jobs_with_tasks(conn, 50000, lane="agent", task_status="queued")
     captured: list = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):

@@ -9,7 +9,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator
 from app.orchestrator.store import sweep as q
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
 
 
 def test_sweep_rehints_stale_and_expired_and_skips_when_locked(engine, settings):
@@ -41,19 +41,8 @@ def test_sweep_queries_use_indexes_on_200k_finished_tasks(engine, settings):
     orch = Orchestrator(engine, settings)
     store_and_ingest(orch, "local", png_bytes(3))
     with engine.begin() as conn:
-        conn.execute(text("""
-            INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
-                reverse_image_policy, mode, status, created_at, updated_at)
-            SELECT gen_random_uuid(), i.scope_id, i.id, 100 + g, i.sha256, '{}', 'h', 'forbid', 'auto', 'succeeded',
-                now(), now()
-            FROM images i, generate_series(1, 200000) g"""))
-        conn.execute(text("""
-            INSERT INTO tasks (id, scope_id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,
-                image_sha256, status, max_attempts, last_hint_at, created_at, updated_at)
-            SELECT gen_random_uuid(), j.scope_id, j.id, 'visual', 'visual', '{}', 'f', md5(j.id::text), j.image_id,
-                'x', 'succeeded', 3, now(), now(), now()
-            FROM processing_jobs j WHERE j.status = 'succeeded'"""))
-        conn.execute(text("ANALYZE tasks; ANALYZE processing_jobs; ANALYZE job_stages"))
+        bulk_jobs_with_tasks(conn, 200000, lane="visual", task_status="succeeded")
+        conn.execute(text("ANALYZE job_stages"))
     # capture every statement the real sweep sends, then EXPLAIN each one with its parameters
     captured: list[tuple[str, object]] = []
 

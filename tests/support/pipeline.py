@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from PIL import Image, ImageDraw
+from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.worker.providers import Providers
@@ -82,3 +83,21 @@ def write_file(root: Path, key: str, data: bytes) -> None:
     path = root / key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def bulk_jobs_with_tasks(conn, n: int, *, lane: str, task_status: str) -> None:
+    """``n`` finished jobs of the database's one image, each with one ``lane`` task in
+    ``task_status`` (stage = lane name; hinted now), by bulk SQL — a backlog or history for plan tests."""
+    conn.execute(text("""
+        INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
+            reverse_image_policy, mode, status, created_at, updated_at)
+        SELECT gen_random_uuid(), i.scope_id, i.id, 100 + g, i.sha256, '{}', 'h', 'forbid', 'auto', 'succeeded',
+            now(), now()
+        FROM images i, generate_series(1, :n) g"""), {"n": n})  # (one active job per image: tasks carry the state)
+    conn.execute(text("""
+        INSERT INTO tasks (id, scope_id, job_id, stage, lane, payload, input_fingerprint, dedupe_key, image_id,
+            image_sha256, status, max_attempts, available_at, last_hint_at, created_at, updated_at)
+        SELECT gen_random_uuid(), j.scope_id, j.id, :lane, :lane, '{}', 'f', md5(j.id::text), j.image_id,
+            'x', :status, 3, now(), now(), now(), now()
+        FROM processing_jobs j WHERE j.revision >= 100"""), {"lane": lane, "status": task_status})
+    conn.execute(text("ANALYZE tasks; ANALYZE processing_jobs"))
