@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
@@ -71,6 +72,15 @@ def _end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: 
     log.info("job ended", extra={"job_id": job["id"], "scope_id": job["scope_id"], "code": code})
 
 
+@dataclass
+class _Pending:
+    """The common writes of advancing several jobs, made set-based when flushed: new leaf tasks
+    (insert + link the stage + point the job, one statement) and jobs that are done (one statement)."""
+
+    tasks: list[tuple[RowMapping, dict, str, dict]] = field(default_factory=list)  # job, values, stage, job fields
+    completed: list[tuple[uuid.UUID, str | None]] = field(default_factory=list)  # job id, metadata_hash to set
+
+
 def advance_job_txn(
     orch: Orchestrator, conn: Connection, job_id: uuid.UUID, image: RowMapping | None = None
 ) -> list[Hint]:
@@ -84,9 +94,33 @@ def advance_job_txn(
         if ref is None:
             return []
         image = images.lock_image_txn(conn, ref["scope_id"], ref["image_id"], share=True)
-    job = jobs.job_facts_txn(
-        conn, job_id, image["sha256"] if image else "", image["metadata_hash"] if image else None
-    )
+    return advance_jobs_txn(orch, conn, [(job_id, image)])
+
+
+def advance_jobs_txn(
+    orch: Orchestrator, conn: Connection, items: list[tuple[uuid.UUID, RowMapping | None]]
+) -> list[Hint]:
+    """``advance_job_txn`` for several jobs whose images the caller holds locked: one statement
+    reads (and locks, in id order) all the jobs' facts, each job is planned on its own, and the
+    common outcomes — a new leaf task, a finished job — are written set-based."""
+    unique: dict[uuid.UUID, RowMapping | None] = {}
+    for job_id, image in items:
+        unique.setdefault(job_id, image)  # each job once
+    items = list(unique.items())
+    facts = jobs.job_facts_many_txn(conn, [
+        (job_id, image["sha256"] if image else "", image["metadata_hash"] if image else None)
+        for job_id, image in items
+    ])
+    pending = _Pending()
+    hints: list[Hint] = []
+    for job_id, image in items:
+        hints += _advance_txn(orch, conn, facts.get(job_id), image, pending)
+    return hints + _flush_txn(orch, conn, pending)
+
+
+def _advance_txn(
+    orch: Orchestrator, conn: Connection, job: RowMapping | None, image: RowMapping | None, pending: _Pending
+) -> list[Hint]:
     if job is None or job["status"] not in ACTIVE_JOB_STATUSES:
         return []
     if image is None or image["sha256"] != job["image_sha256"]:
@@ -116,30 +150,24 @@ def advance_job_txn(
                 input_fingerprint=p.fingerprints[stage], completed_at=now, error=None,
             )
     if p.complete:
-        fields.update(status=JobStatus.SUCCEEDED, current_stage=None, completed_at=now, error=None)
-        jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, **fields)
+        pending.completed.append((job["id"], fields.get("metadata_hash")))
         return []
     stage = p.run_stage
     assert stage is not None
-    return _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields)
+    return _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields,
+                          pending)
 
 
 def _run_stage_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
-    stage: str, row: dict, fingerprint: str | None, job_fields: dict,
+    stage: str, row: dict, fingerprint: str | None, job_fields: dict, pending: _Pending,
 ) -> list[Hint]:
-    """Make sure the first invalid stage has an active leaf task (create, or reuse by dedupe key),
-    and point the job at it."""
+    """Make sure the first invalid stage has an active leaf task (queue its creation, or see it
+    already waits on a live one), and point the job at it."""
     now = orch.now()
-
-    def update_job() -> None:
-        if job_fields or job["current_stage"] != stage:
-            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, current_stage=stage,
-                                **job_fields)
-
     live = ("queued", "running")
     if row["status"] in live and row["task_id"] is not None and row["task_status"] in live:
-        update_job()
+        _point_job_txn(orch, conn, job, stage, job_fields)
         return []  # already waiting on a live task
     assert fingerprint is not None
     if stage == Stage.AGENT:
@@ -170,23 +198,44 @@ def _run_stage_txn(
         "dedupe_key": fp.dedupe_key(image["id"], stage, fingerprint), "image_id": image["id"],
         "image_sha256": image["sha256"], "priority": orch.job_priority(job),
         "max_attempts": orch.settings.max_attempts,
+        "grant_id": orch.pending_grant_txn(conn, job, fingerprint) if stage == Stage.AGENT else None,
     }
-    grant_id = orch.pending_grant_txn(conn, job, fingerprint) if stage == Stage.AGENT else None
-    task_id = tasks.insert_and_link_task_txn(
-        conn, values, now, set_metadata_hash=job_fields.get("metadata_hash"), grant_id=grant_id
+    pending.tasks.append((job, values, stage, job_fields))
+    return []
+
+
+def _point_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, stage: str, job_fields: dict) -> None:
+    if job_fields or job["current_stage"] != stage:
+        jobs.update_job_txn(conn, job["id"], orch.now(), from_statuses=ACTIVE_JOB_STATUSES, current_stage=stage,
+                            **job_fields)
+
+
+def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[Hint]:
+    """Write the queued outcomes: finished jobs, then new tasks (the common case: one statement
+    creates, binds, links and points them all); a deduplicated one is linked to the live task."""
+    now = orch.now()
+    jobs.complete_many_txn(conn, pending.completed, now)
+    created = tasks.insert_and_link_many_txn(
+        conn, [{**values, "mh": job_fields.get("metadata_hash")} for _, values, _, job_fields in pending.tasks], now
     )
-    if task_id is not None:  # the common case: one statement created, bound, linked and pointed
-        created, task_status = True, "queued"
-    else:  # an identical task is already active (dedupe): link this stage to it
-        task_id, task_status, created = tasks.insert_task_txn(conn, values, now)
-        jobs.update_stage_txn(
-            conn, job["id"], stage, now, status=task_status, task_id=task_id, input_fingerprint=fingerprint,
-            error=None, retry_at=None,
-        )
-        update_job()
-        if created:
+    hints: list[Hint] = []
+    for job, values, stage, job_fields in pending.tasks:
+        task_id = created.get(job["id"])
+        if task_id is None:  # an identical task is already active (dedupe): link this stage to it
+            grant_id = values["grant_id"]
+            task_id, task_status, is_new = tasks.insert_task_txn(
+                conn, {k: v for k, v in values.items() if k != "grant_id"}, now
+            )
+            jobs.update_stage_txn(
+                conn, job["id"], stage, now, status=task_status, task_id=task_id,
+                input_fingerprint=values["input_fingerprint"], error=None, retry_at=None,
+            )
+            _point_job_txn(orch, conn, job, stage, job_fields)
+            if not is_new:
+                continue
             orch.bind_grant_txn(conn, grant_id, task_id)
-    return [Hint(lane.value, task_id)] if created else []
+        hints.append(Hint(values["lane"], task_id))
+    return hints
 
 
 def target_matches(job: RowMapping, image: RowMapping, config_hash: str, policy: str) -> bool:

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
-from app.orchestrator.advance import advance_job_txn
+from app.orchestrator.advance import advance_jobs_txn
 from app.orchestrator.hints import Hint
 from app.orchestrator.retry import decide_retry
 from app.orchestrator.store import artifacts, attempts, counters, images, jobs, tasks
@@ -145,49 +145,56 @@ def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation:
 
 @retry_on_disconnect
 def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list[Hint]:
-    """Fenced completion of several claims of one lane in one transaction.
+    """Fenced completion of several claims of one lane in one transaction, set-based.
 
     Each claim is fenced on its own: a rejected one (lease lost, re-claimed) writes nothing but its
     rejection count, and the others still land. Images are locked in id order, once, before any
-    job — the lock order every writer follows.
+    job — the lock order every writer follows. One statement finishes every task with the stages
+    waiting on it, one writes the embeddings, and the jobs advance together (``advance_jobs_txn``).
     """
     if not results:
         return []
     lane = results[0][0].lane
     assert all(c.lane == lane for c, _ in results), "a completion batch is one lane"
-    outcomes: list[tuple[str, str]] = []
+    ordered = sorted(results, key=lambda r: r[0].image_id)
+    now = orch.now()
     with orch.engine.begin() as conn:
         locked = images.lock_images_txn(
             conn, sorted({c.image_id for c, _ in results}), share=lane != Lane.AGENT
         )
-        hints: list[Hint] = []
-        freed = 0
-        for claim, artifact in sorted(results, key=lambda r: r[0].image_id):
+        stale: dict[uuid.UUID, str | None] = {}
+        rows = []
+        for claim, artifact in ordered:
             image = locked.get(claim.image_id)
             if image is not None and image["scope_id"] != claim.scope_id:
                 image = None
-            stale = _stale_reason(claim, image, artifact)
-            status = TaskStatus.CANCELLED if stale else TaskStatus.SUCCEEDED
-            error = {"code": stale, "message": "the target changed while the task ran"} if stale else None
-            done = tasks.finish_and_release_stages_txn(
-                conn, claim.task_id, claim.owner, claim.generation, orch.now(), status=status,
-                stage_status=StageStatus.QUEUED if stale else StageStatus.SUCCEEDED, error=error,
-                result=None if stale else _result_summary(artifact),
-            )
-            if done is None:
+            reason = stale[claim.task_id] = _stale_reason(claim, image, artifact)
+            rows.append({
+                "id": claim.task_id, "owner": claim.owner, "gen": claim.generation,
+                "st": TaskStatus.CANCELLED.value if reason else TaskStatus.SUCCEEDED.value,
+                "sst": StageStatus.QUEUED.value if reason else StageStatus.SUCCEEDED.value,
+                "err": {"code": reason, "message": "the target changed while the task ran"} if reason else None,
+                "res": None if reason else _result_summary(artifact),
+            })
+        finished = tasks.finish_many_txn(conn, rows, now)
+        landed = []
+        for claim, artifact in ordered:
+            if claim.task_id not in finished:
                 _rejected_txn(orch, conn, claim, "complete")
-                continue
-            if not stale:
-                image = _write_artifact_txn(orch, conn, claim, image, artifact)
-                locked[claim.image_id] = image  # an agent completion rewrote it
+            else:
+                landed.append((claim, artifact))
+        _write_embeddings_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
+        advance: list[tuple[uuid.UUID, RowMapping | None]] = []
+        for claim, artifact in landed:
+            image = locked.get(claim.image_id)
+            if isinstance(artifact, AgentArtifact) and not stale[claim.task_id]:
+                image = locked[claim.image_id] = _write_agent_result_txn(orch, conn, claim, image, artifact)
             orch.release_slot_txn(conn, claim)
-            freed += 1
-            for job_id in done["job_ids"]:
-                hints += advance_job_txn(orch, conn, job_id, image)
-            outcomes.append((claim.lane, "stale" if stale else "succeeded"))
-        hints += orch.next_fair_hints_txn(conn, results[0][0], freed)
-    for lane_, outcome in outcomes:
-        metrics.COMPLETIONS.labels(lane_, outcome).inc()
+            advance += [(job_id, image) for job_id in finished[claim.task_id]]
+        hints = advance_jobs_txn(orch, conn, advance)
+        hints += orch.next_fair_hints_txn(conn, results[0][0], len(landed))
+    for claim, _ in landed:
+        metrics.COMPLETIONS.labels(claim.lane, "stale" if stale[claim.task_id] else "succeeded").inc()
     return hints
 
 
@@ -207,39 +214,45 @@ def _result_summary(artifact: Any) -> dict:
     return {}
 
 
-def _write_artifact_txn(
-    orch: Orchestrator, conn: Connection, claim: Claim, image: RowMapping, artifact: Any
+def _write_embeddings_txn(conn: Connection, results: list[tuple[Claim, Any]]) -> None:
+    """The visual and text embeddings of landed, non-stale claims: one statement per kind."""
+    artifacts.insert_visual_many_txn(conn, [
+        {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "model": a.model,
+         "preprocess_version": a.preprocess_version, "dims": a.dims, "vector": a.vector, "task_id": c.task_id}
+        for c, a in results if isinstance(a, VisualArtifact)
+    ])
+    artifacts.insert_text_many_txn(conn, [
+        {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "metadata_hash": a.metadata_hash,
+         "model": a.model, "dims": a.dims, "document_version": a.document_version, "document": a.document,
+         "vector": a.vector, "task_id": c.task_id}
+        for c, a in results if isinstance(a, TextArtifact)
+    ])
+    unknown = [a for _, a in results if not isinstance(a, (VisualArtifact, TextArtifact, AgentArtifact))]
+    if unknown:
+        raise TypeError(f"unknown artifact {type(unknown[0]).__name__}")
+
+
+def _write_agent_result_txn(
+    orch: Orchestrator, conn: Connection, claim: Claim, image: RowMapping, artifact: AgentArtifact
 ) -> RowMapping:
-    """Write the artifact; returns the image row as it is now (agent completions rewrite it)."""
+    """Write the agent's context onto the image, close the attempt and commit the grant; returns
+    the image row as it is now."""
     now = orch.now()
-    if isinstance(artifact, VisualArtifact):
-        artifacts.insert_visual_txn(
-            conn, claim.scope_id, claim.image_id, claim.image_sha256, artifact.model, artifact.preprocess_version,
-            artifact.dims, artifact.vector, claim.task_id,
-        )
-    elif isinstance(artifact, TextArtifact):
-        artifacts.insert_text_txn(
-            conn, claim.scope_id, claim.image_id, claim.image_sha256, artifact.metadata_hash, artifact.model,
-            artifact.dims, artifact.document_version, artifact.document, artifact.vector, claim.task_id,
-        )
-    elif isinstance(artifact, AgentArtifact):
-        provenance = {
-            "task_id": str(claim.task_id), "attempt_id": artifact.attempt_id, "model": artifact.model,
-            "agent_config_hash": claim.payload["agent_config_hash"],
-            "reverse_image_policy": claim.payload["reverse_image_policy"], "image_sha256": claim.image_sha256,
-            "request_id": artifact.request_id,
-        }
-        mhash = fp.metadata_hash(image["display_name"], artifact.context)
-        image = images.write_agent_context_txn(
-            conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now
-        )
-        attempts.finish_attempt_txn(
-            conn, artifact.attempt_id, claim.task_id, AttemptState.COMPLETED, now,
-            result={"context": artifact.context, "model": artifact.model}, request_id=artifact.request_id,
-        )
-        orch.commit_grant_txn(conn, claim)
-    else:
-        raise TypeError(f"unknown artifact {type(artifact).__name__}")
+    provenance = {
+        "task_id": str(claim.task_id), "attempt_id": artifact.attempt_id, "model": artifact.model,
+        "agent_config_hash": claim.payload["agent_config_hash"],
+        "reverse_image_policy": claim.payload["reverse_image_policy"], "image_sha256": claim.image_sha256,
+        "request_id": artifact.request_id,
+    }
+    mhash = fp.metadata_hash(image["display_name"], artifact.context)
+    image = images.write_agent_context_txn(
+        conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now
+    )
+    attempts.finish_attempt_txn(
+        conn, artifact.attempt_id, claim.task_id, AttemptState.COMPLETED, now,
+        result={"context": artifact.context, "model": artifact.model}, request_id=artifact.request_id,
+    )
+    orch.commit_grant_txn(conn, claim)
     return image
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from sqlalchemy.engine import Connection
@@ -35,35 +36,45 @@ def text_exists_txn(
     ).scalar_one()
 
 
-def insert_visual_txn(
-    conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, model: str, preprocess_version: str,
-    dims: int, vector: list[float], task_id: uuid.UUID,
-) -> None:
-    conn.execute(
-        sql(
-            "INSERT INTO visual_embeddings (scope_id, image_id, image_sha256, model, preprocess_version, dims,"
-            " embedding, task_id) VALUES (:s, :i, :sha, :m, :pv, :d, CAST(:v AS vector), :t)"
-            " ON CONFLICT (scope_id, image_id, model, preprocess_version, image_sha256) DO NOTHING"
-        ),
-        {"s": scope_id, "i": image_id, "sha": sha256, "m": model, "pv": preprocess_version, "d": dims,
-         "v": _vec(vector), "t": task_id},
-    )
+def insert_visual_many_txn(conn: Connection, rows: list[dict]) -> None:
+    """Visual embeddings of several images, one statement. ``rows``: scope_id, image_id, sha, model,
+    preprocess_version, dims, vector, task_id."""
+    if rows:
+        conn.execute(
+            sql(
+                "INSERT INTO visual_embeddings (scope_id, image_id, image_sha256, model, preprocess_version, dims,"
+                " embedding, task_id)"
+                " SELECT scope_id, image_id, sha, model, preprocess_version, dims, CAST(v AS vector), task_id"
+                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(scope_id text, image_id uuid, sha text,"
+                "  model text, preprocess_version text, dims int, v text, task_id uuid) ORDER BY image_id"
+                " ON CONFLICT (scope_id, image_id, model, preprocess_version, image_sha256) DO NOTHING"
+            ),
+            {"rows": _doc(rows)},
+        )
 
 
-def insert_text_txn(
-    conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, metadata_hash: str, model: str,
-    dims: int, document_version: str, document: str, vector: list[float], task_id: uuid.UUID,
-) -> None:
-    conn.execute(
-        sql(
-            "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
-            " document_version, document, embedding, status, task_id)"
-            " VALUES (:s, :i, :sha, :mh, :m, :d, :dv, :doc, CAST(:v AS vector), 'ready', :t)"
-            " ON CONFLICT (scope_id, image_id, image_sha256, metadata_hash, model) DO NOTHING"
-        ),
-        {"s": scope_id, "i": image_id, "sha": sha256, "mh": metadata_hash, "m": model, "d": dims,
-         "dv": document_version, "doc": document, "v": _vec(vector), "t": task_id},
-    )
+def insert_text_many_txn(conn: Connection, rows: list[dict]) -> None:
+    """Text embeddings of several images, one statement. ``rows``: scope_id, image_id, sha,
+    metadata_hash, model, dims, document_version, document, vector, task_id."""
+    if rows:
+        conn.execute(
+            sql(
+                "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
+                " document_version, document, embedding, status, task_id)"
+                " SELECT scope_id, image_id, sha, metadata_hash, model, dims, document_version, document,"
+                " CAST(v AS vector), 'ready', task_id"
+                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(scope_id text, image_id uuid, sha text,"
+                "  metadata_hash text, model text, dims int, document_version text, document text, v text,"
+                "  task_id uuid) ORDER BY image_id"
+                " ON CONFLICT (scope_id, image_id, image_sha256, metadata_hash, model) DO NOTHING"
+            ),
+            {"rows": _doc(rows)},
+        )
+
+
+def _doc(rows: list[dict]) -> str:
+    return json.dumps([{**{k: v for k, v in r.items() if k != "vector"}, "v": _vec(r["vector"])} for r in rows],
+                      default=str)
 
 
 def _vec(vector: list[float]) -> str:

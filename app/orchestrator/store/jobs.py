@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -147,24 +148,50 @@ def image_ref_txn(conn: Connection, job_id: uuid.UUID) -> RowMapping | None:
     ).mappings().first()
 
 
-def job_facts_txn(conn: Connection, job_id: uuid.UUID, image_sha256: str, metadata_hash: str | None) -> RowMapping | None:
-    """Lock the job and read, in one statement, its stages (with their tasks' status) and whether
-    the artifacts its frozen config needs exist for the given image version."""
-    return conn.execute(
+def job_facts_many_txn(
+    conn: Connection, items: list[tuple[uuid.UUID, str, str | None]]
+) -> dict[uuid.UUID, RowMapping]:
+    """Lock jobs (in id order) and read, in one statement, each one's stages (with their tasks'
+    status) and whether the artifacts its frozen config needs exist for the given image version.
+
+    ``items``: (job id, image sha256, image metadata_hash) — the image version to check against.
+    """
+    if not items:
+        return {}
+    doc = json.dumps([{"id": str(j), "sha": sha, "mh": mh} for j, sha, mh in items])
+    rows = conn.execute(
         sql(
             "SELECT j.*,"
             " (SELECT json_agg(json_build_object('stage', s.stage, 'status', s.status, 'task_id', s.task_id,"
             "   'task_status', t.status)) FROM job_stages s LEFT JOIN tasks t ON t.id = s.task_id"
             "   WHERE s.job_id = j.id) AS stage_rows,"
             " EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = j.scope_id AND v.image_id = j.image_id"
-            "   AND v.image_sha256 = :sha AND v.model = j.config->'visual'->>'model'"
+            "   AND v.image_sha256 = r.sha AND v.model = j.config->'visual'->>'model'"
             "   AND v.preprocess_version = j.config->'visual'->>'preprocess_version'"
             "   AND v.dims = (j.config->'visual'->>'dims')::int) AS visual_exists,"
             " EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = j.scope_id AND x.image_id = j.image_id"
-            "   AND x.image_sha256 = :sha AND x.metadata_hash = :mh AND x.status = 'ready'"
+            "   AND x.image_sha256 = r.sha AND x.metadata_hash = r.mh AND x.status = 'ready'"
             "   AND x.model = j.config->'text_embedding'->>'model'"
             "   AND x.dims = (j.config->'text_embedding'->>'dims')::int) AS text_exists"
-            " FROM processing_jobs j WHERE j.id = :id FOR UPDATE OF j"
+            " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, mh text)"
+            " JOIN processing_jobs j ON j.id = r.id WHERE j.id = ANY(:ids) ORDER BY j.id FOR UPDATE OF j"
         ),
-        {"id": job_id, "sha": image_sha256, "mh": metadata_hash},
-    ).mappings().first()
+        {"rows": doc, "ids": [j for j, _, _ in items]},
+    ).mappings().all()
+    return {r["id"]: r for r in rows}
+
+
+def complete_many_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]], now: datetime) -> None:
+    """Active jobs whose every stage is done → succeeded; ``rows``: (job id, metadata_hash to set
+    on a job that has none yet, or None)."""
+    if rows:
+        conn.execute(
+            sql(
+                "UPDATE processing_jobs pj SET status = 'succeeded', current_stage = NULL, completed_at = :now,"
+                " error = NULL, updated_at = :now, metadata_hash = coalesce(pj.metadata_hash, r.mh)"
+                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, mh text)"
+                f" WHERE pj.id = r.id AND pj.id = ANY(:ids) AND pj.status IN {ACTIVE}"
+            ),
+            {"rows": json.dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows],
+             "now": now},
+        )

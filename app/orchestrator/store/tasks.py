@@ -6,6 +6,7 @@ status = 'running'); zero rows means the caller was fenced out.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -212,59 +213,84 @@ def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) 
     conn.execute(sql("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)"), {"ids": task_ids, "now": now})
 
 
-def insert_and_link_task_txn(
-    conn: Connection, values: dict[str, Any], now: datetime, *, set_metadata_hash: str | None,
-    grant_id: uuid.UUID | None = None,
-) -> uuid.UUID | None:
-    """Fast path of advancing: create the task (bound to its operation grant, if any), point its
-    stage at it and move the job's current_stage — one statement. None when an identical active
-    task exists (dedupe; the grant is then left unbound for the caller)."""
-    row = conn.execute(
+_NEW_TASKS = (
+    "r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, scope_id text, job_id uuid,"
+    " stage text, lane text, resource_key text, payload jsonb, input_fingerprint text, dedupe_key text,"
+    " image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid, mh text))"
+)
+
+
+def insert_and_link_many_txn(conn: Connection, rows: list[dict[str, Any]], now: datetime) -> dict[uuid.UUID, uuid.UUID]:
+    """Fast path of advancing several jobs: create their tasks (each bound to its operation grant,
+    if any), point their stages at them and move the jobs' current_stage — one statement.
+
+    ``rows`` are task values plus ``mh`` (the metadata hash to set on a job that has none yet).
+    Returns {job id: new task id}; a job missing from it has an identical active task already
+    (dedupe — also against another row of the same call), and its grant is left unbound for the caller.
+    """
+    if not rows:
+        return {}
+    doc = json.dumps([{**r, "id": str(uuid.uuid4())} for r in rows], default=str)
+    result = conn.execute(
         sql(
-            "WITH t AS ("
+            "WITH " + _NEW_TASKS + ", t AS ("
             " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
             " grant_id, created_at, updated_at)"
-            " VALUES (:id, :scope_id, :job_id, :stage, :lane, :resource_key, CAST(:payload AS jsonb),"
-            " :input_fingerprint, :dedupe_key, :image_id, :image_sha256, 'queued', :priority, :now, :max_attempts,"
-            " :now, :grant_id, :now, :now)"
-            " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING RETURNING id"
+            " SELECT id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,"
+            " image_id, image_sha256, 'queued', priority, :now, max_attempts, :now, grant_id, :now, :now FROM r"
+            " ORDER BY job_id"
+            " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING"
+            " RETURNING id, job_id, stage, grant_id, input_fingerprint"
             "), g AS ("
-            " UPDATE operation_grants SET task_id = t.id, updated_at = :now FROM t WHERE operation_grants.id = :grant_id"
+            " UPDATE operation_grants og SET task_id = t.id, updated_at = :now FROM t"
+            " WHERE og.id = t.grant_id AND og.id = ANY(:grant_ids)"
             "), s AS ("
-            " UPDATE job_stages SET status = 'queued', task_id = t.id, input_fingerprint = :input_fingerprint,"
-            " error = NULL, retry_at = NULL, updated_at = :now FROM t WHERE job_id = :job_id AND stage = :stage"
+            " UPDATE job_stages js SET status = 'queued', task_id = t.id, input_fingerprint = t.input_fingerprint,"
+            " error = NULL, retry_at = NULL, updated_at = :now FROM t"
+            " WHERE js.job_id = t.job_id AND js.job_id = ANY(:job_ids) AND js.stage = t.stage"
             "), j AS ("
-            " UPDATE processing_jobs SET current_stage = :stage, metadata_hash = coalesce(metadata_hash, :mh),"
-            " updated_at = :now FROM t WHERE processing_jobs.id = :job_id AND status IN ('queued', 'running')"
-            ") SELECT id FROM t"
+            " UPDATE processing_jobs pj SET current_stage = t.stage, metadata_hash = coalesce(pj.metadata_hash, r.mh),"
+            " updated_at = :now FROM t JOIN r ON r.id = t.id"
+            " WHERE pj.id = t.job_id AND pj.id = ANY(:job_ids) AND pj.status IN ('queued', 'running')"
+            ") SELECT job_id, id FROM t"
         ),
-        {**values, "id": uuid.uuid4(), "payload": canonical_json(values["payload"]), "now": now,
-         "mh": set_metadata_hash, "grant_id": grant_id},
-    ).first()
-    return row[0] if row else None
+        {"rows": doc, "now": now, "job_ids": [r["job_id"] for r in rows],
+         "grant_ids": [r["grant_id"] for r in rows if r.get("grant_id") is not None]},
+    )
+    return {job_id: task_id for job_id, task_id in result}
 
 
-def finish_and_release_stages_txn(
-    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, *, status: str,
-    stage_status: str, error: dict | None = None, result: dict | None = None,
-) -> RowMapping | None:
-    """Fenced terminal transition of the task and of every stage waiting on it, in one statement.
-    Returns the task row plus ``job_ids`` (the jobs to advance), or None on fencing rejection."""
-    err = None if error is None else canonical_json(error)
-    return conn.execute(
+def finish_many_txn(conn: Connection, rows: list[dict[str, Any]], now: datetime) -> dict[uuid.UUID, list[uuid.UUID]]:
+    """Fenced terminal transition of several tasks and of every stage waiting on each, in one statement.
+
+    ``rows``: {id, owner, gen, st (task status), sst (stage status), err, res} — err/res dicts or None.
+    Each row is fenced on its own. Returns {task id: job ids to advance} for the rows that landed;
+    a task missing from it was fenced out.
+    """
+    if not rows:
+        return {}
+    doc = json.dumps([
+        {**r, "err": None if r["err"] is None else canonical_json(r["err"]),
+         "res": None if r["res"] is None else canonical_json(r["res"])}
+        for r in rows
+    ], default=str)
+    result = conn.execute(
         sql(
-            "WITH f AS ("
-            " UPDATE tasks SET status = :st, error = CAST(:err AS jsonb), result = CAST(:res AS jsonb),"
-            f" completed_at = :now, updated_at = :now, lease_expires_at = NULL WHERE {FENCE}"
-            " RETURNING id, scope_id, job_id, stage, lane, resource_key, attempt_count"
+            "WITH r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))"
+            "  AS r(id uuid, owner text, gen int, st text, sst text, err text, res text)"
+            "), f AS ("
+            " UPDATE tasks t SET status = r.st, error = CAST(r.err AS jsonb), result = CAST(r.res AS jsonb),"
+            " completed_at = :now, updated_at = :now, lease_expires_at = NULL FROM r"
+            " WHERE t.id = r.id AND t.id = ANY(:ids) AND t.lease_owner = r.owner AND t.claim_generation = r.gen"
+            " AND t.status = 'running'"
+            " RETURNING t.id, r.sst, r.err"
             "), s AS ("
-            " UPDATE job_stages js SET status = :sst, error = CAST(:err AS jsonb), updated_at = :now,"
-            " completed_at = CASE WHEN CAST(:sst AS varchar) = 'succeeded' THEN CAST(:now AS timestamptz)"
-            " ELSE js.completed_at END"
-            " FROM f WHERE js.task_id = f.id AND js.status IN ('queued', 'running') RETURNING js.job_id"
-            ") SELECT f.*, ARRAY(SELECT job_id FROM s) AS job_ids FROM f"
+            " UPDATE job_stages js SET status = f.sst, error = CAST(f.err AS jsonb), updated_at = :now,"
+            " completed_at = CASE WHEN f.sst = 'succeeded' THEN CAST(:now AS timestamptz) ELSE js.completed_at END"
+            " FROM f WHERE js.task_id = f.id AND js.status IN ('queued', 'running') RETURNING js.task_id, js.job_id"
+            ") SELECT f.id, ARRAY(SELECT s.job_id FROM s WHERE s.task_id = f.id ORDER BY s.job_id) AS job_ids FROM f"
         ),
-        {"id": task_id, "owner": owner, "gen": gen, "now": now, "st": status, "sst": stage_status, "err": err,
-         "res": None if result is None else canonical_json(result)},
-    ).mappings().first()
+        {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
+    )
+    return {task_id: list(job_ids) for task_id, job_ids in result}
