@@ -239,6 +239,8 @@ class Task(Base):
     attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     max_attempts: Mapped[int] = mapped_column(Integer, nullable=False)
     last_hint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the task whose hint also wakes this one (created together by a batched completion)
+    hint_group: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     grant_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     error: Mapped[dict | None] = mapped_column(JSONB)
@@ -274,6 +276,11 @@ class Task(Base):
         # due for re-hint
         Index(
             "ix_tasks_rehint", text("last_hint_at NULLS FIRST"), postgresql_where=text("status = 'queued'")
+        ),
+        # the queued members of a wake-up group
+        Index(
+            "ix_tasks_hint_group", "hint_group",
+            postgresql_where=text("status = 'queued' AND hint_group IS NOT NULL"),
         ),
         # lease expired
         Index("ix_tasks_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),

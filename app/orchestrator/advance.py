@@ -28,6 +28,7 @@ from app.db.enums import (
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.errors import GenerationPolicyConflict
 from app.orchestrator.hints import Hint
+from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
 from app.orchestrator.store import artifacts, images, jobs, tasks
 from app.orchestrator.types import StageConfigs
@@ -210,18 +211,43 @@ def _point_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, stage:
                             **job_fields)
 
 
+def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
+    """Split new tasks into wake-up groups: one lane, scope and resource key, at most the lane's
+    batch size each. The first task of a group is the one its hint names; the others carry its
+    id in ``hint_group`` (a claim for the hint takes them too)."""
+    by_key: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_key.setdefault((row["lane"], row["scope_id"], row["resource_key"]), []).append(row)
+    groups = []
+    for (lane, _, _), members in by_key.items():
+        size = lane_batch_size(orch.settings, lane)
+        for i in range(0, len(members), size):
+            group = members[i : i + size]
+            for member in group[1:]:
+                member["hint_group"] = group[0]["id"]
+            groups.append(group)
+    return groups
+
+
 def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[Hint]:
     """Write the queued outcomes: finished jobs, then new tasks (the common case: one statement
-    creates, binds, links and points them all); a deduplicated one is linked to the live task."""
+    creates, binds, links and points them all, and one hint per wake-up group wakes them); a
+    deduplicated one is linked to the live task."""
     now = orch.now()
     jobs.complete_many_txn(conn, pending.completed, now)
-    created = tasks.insert_and_link_many_txn(
-        conn, [{**values, "mh": job_fields.get("metadata_hash")} for _, values, _, job_fields in pending.tasks], now
-    )
+    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "mh": job_fields.get("metadata_hash")}
+            for _, values, _, job_fields in pending.tasks]
+    groups = _wake_groups(orch, rows)
+    created = tasks.insert_and_link_many_txn(conn, rows, now)
     hints: list[Hint] = []
+    for group in groups:
+        landed = [r for r in group if created.get(r["job_id"]) == r["id"]]
+        if group[0] in landed:
+            hints.append(Hint(group[0]["lane"], group[0]["id"]))
+        else:  # the named task was deduplicated away: each member that landed gets a hint of its own
+            hints += [Hint(r["lane"], r["id"]) for r in landed]
     for job, values, stage, job_fields in pending.tasks:
-        task_id = created.get(job["id"])
-        if task_id is None:  # an identical task is already active (dedupe): link this stage to it
+        if job["id"] not in created:  # an identical task is already active (dedupe): link this stage to it
             grant_id = values["grant_id"]
             task_id, task_status, is_new = tasks.insert_task_txn(
                 conn, {k: v for k, v in values.items() if k != "grant_id"}, now
@@ -231,10 +257,9 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
                 input_fingerprint=values["input_fingerprint"], error=None, retry_at=None,
             )
             _point_job_txn(orch, conn, job, stage, job_fields)
-            if not is_new:
-                continue
-            orch.bind_grant_txn(conn, grant_id, task_id)
-        hints.append(Hint(values["lane"], task_id))
+            if is_new:
+                orch.bind_grant_txn(conn, grant_id, task_id)
+                hints.append(Hint(values["lane"], task_id))
     return hints
 
 

@@ -88,24 +88,52 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
 
 @retry_on_disconnect
 def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
-    """Claim the hinted task and up to ``n - 1`` more due tasks of its batched lane, in one transaction.
+    """Claim the hinted task and its wake-up group, then up to ``n`` in all with other due tasks of
+    its batched lane, in one transaction.
 
-    Only a live hint drains a batch: a stale, duplicate, wrong-lane or unknown id claims nothing
-    (the message is acked and changes nothing); every queued task has a hint of its own.
+    Only a live hint drains a batch: a stale, duplicate, wrong-lane or unknown id whose group has
+    nothing queued claims nothing (the message is acked and changes nothing); every queued task
+    is named by a hint of its own or its group's.
     """
     if lane == Lane.AGENT:
-        raise ValueError("the agent lane is claimed one task at a time")
+        raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
     now = orch.now()
     with orch.engine.begin() as conn:
-        first = tasks.claim_txn(conn, task_id, owner, now, orch.settings.lease_s, lane)
-        rows = [first] if first is not None else []
-        if rows and n > 1:
-            rows += tasks.claim_batch_txn(conn, lane, n - 1, owner, now, orch.settings.lease_s)
+        rows = tasks.claim_group_txn(conn, task_id, lane, n, owner, now, orch.settings.lease_s)
+        if rows and len(rows) < n:
+            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:
         metrics.EMPTY_CLAIMS.labels(lane).inc()
     return [_claim_from_row(r, owner) for r in rows]
+
+
+@retry_on_disconnect
+def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str) -> list[Claim]:
+    """The agent lane's claim for a hint: the hinted task — or, when it is no longer claimable, one
+    due member of its wake-up group — through the full admission (fairness, slots; refused →
+    nothing, as ``claim_task``), then up to ``n - 1`` more of the group while free slots last.
+    Each claim commits its external_started attempt in this transaction."""
+    now, lease_s = orch.now(), orch.settings.lease_s
+    with orch.engine.begin() as conn:
+        row = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT) or next(
+            iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, None, None, 1, owner, now, lease_s)), None
+        )
+        if row is None:
+            metrics.EMPTY_CLAIMS.labels("unknown").inc()
+            return []
+        if not orch.acquire_slot_txn(conn, row):
+            conn.rollback()
+            with orch.engine.begin() as c2:
+                orch.claim_refused_txn(c2, task_id)
+            metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
+            return []
+        group = task_id if row["id"] == task_id else row["hint_group"]
+        rows = [row] + (orch.claim_group_txn(conn, group, row, n - 1, owner) if n > 1 else [])
+        claims = [_agent_attempt_txn(orch, conn, r, owner) for r in rows]
+    metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(claims))
+    return claims
 
 
 def _agent_attempt_txn(orch: Orchestrator, conn: Connection, row: RowMapping, owner: str) -> Claim:

@@ -12,6 +12,7 @@ path and the sweep hint the fairest task), and every admitted claim moves its sc
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -66,6 +67,45 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
             return False
     slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])
     return True
+
+
+def lane_batch_size(settings, lane: str) -> int:
+    """How many due tasks one hint of ``lane`` may claim, and so how many tasks one hint wakes.
+
+    The agent lane's batch never exceeds its lane limit (a batch holds one slot per task)."""
+    lane = str(lane)
+    if lane == Lane.AGENT.value:
+        limits = [n for n in (settings.agent_lane_limit, settings.agent_resource_limit) if n > 0]
+        return max(1, min([settings.agent_batch_size, *limits]))
+    return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
+        lane, 1
+    )
+
+
+def claim_group_txn(
+    orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
+) -> list[RowMapping]:
+    """After ``row`` (the hinted agent task, or a member of its group) was admitted in this
+    transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — same scope and resource key, so the admission's fairness
+    decision covers them — as far as free slots allow, each taking its slot(s).
+
+    Free slots are locked first (SKIP LOCKED), so every task claimed here is sure of its slot.
+    Group members left unclaimed lost their hint with this one: they wait unhinted, and the next
+    freed slot (or the sweep) hints them.
+    """
+    lane = row["lane"]
+    now = orch.now()
+    expires = now + timedelta(seconds=orch.settings.lease_s)
+    free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, row["resource_key"])}
+    k = min([n, *(len(v) for v in free.values())])
+    rows = tasks.claim_group_members_txn(
+        conn, group, lane, row["scope_id"], row["resource_key"], k, owner, now, orch.settings.lease_s
+    ) if k > 0 else []
+    for key, slot_nos in free.items():
+        slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now)
+    if len(rows) == k < n:  # slots ran out before the group did
+        tasks.clear_hint_txn(conn, group)  # the members left over (the claimed ones are running)
+    return rows
 
 
 def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:

@@ -109,6 +109,9 @@ class Orchestrator:
     def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
 
+    def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str) -> list[Claim]:
+        return execution.claim_agent_batch(self, _uuid(task_id), n, owner)
+
     def heartbeat(self, claim: Claim) -> bool:
         return execution.heartbeat(self, claim)
 
@@ -186,6 +189,11 @@ class Orchestrator:
 
     def acquire_slot_txn(self, conn: Connection, row: RowMapping) -> bool:
         return lanes.acquire_slot_txn(self, conn, row)
+
+    def claim_group_txn(
+        self, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
+    ) -> list[RowMapping]:
+        return lanes.claim_group_txn(self, conn, group, row, n, owner)
 
     def claim_refused_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
         lanes.refused_txn(self, conn, task_id)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from app.db.enums import Lane
 from app.orchestrator.hints import HintPublisher
+from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
 from app.stages.errors import RetryableError, StageError
@@ -73,23 +75,16 @@ def _compute_batch(orch: Orchestrator, lane: str, claims: list[Claim], providers
 
 def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:
     """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'."""
-    artifact, error = None, None
     with Heartbeat(orch, [claim]) as hb:
-        try:
-            artifact = _compute(orch, claim, providers)
-        except StageError as exc:
-            error = exc
-        except Exception as exc:  # noqa: BLE001 - turned into a typed failure, logged with context
-            log.exception("stage raised", extra={"task_id": claim.task_id, "stage": claim.stage})
-            error = _internal_error(exc)
+        result = _outcome(orch, claim, providers)
     # The terminal write happens after the heartbeat stopped: a beat landing just after the
     # completion committed would match no running row and be counted as a fencing rejection.
-    if error is not None:
-        hints, outcome = orch.fail_task(claim, error), "failed"
-    elif artifact is None:
+    if isinstance(result, StageError):
+        hints, outcome = orch.fail_task(claim, result), "failed"
+    elif result is None:
         hints, outcome = orch.mark_unknown_execution(claim), "unknown"
     else:
-        hints = orch.complete_task(claim, artifact)
+        hints = orch.complete_task(claim, result)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
     publisher.publish(hints)
     return outcome
@@ -106,21 +101,55 @@ def run_task(
     return execute_claim(orch, claim, providers, publisher)
 
 
-def batch_size(settings, lane: str) -> int:
-    """How many due tasks one hint of ``lane`` may claim (1: the lane runs one task at a time)."""
-    return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
-        str(lane), 1
-    )
-
-
 def handle_hint(
     orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
     publisher: HintPublisher,
-) -> int | str:
-    """What a wake-up hint of ``lane`` does: batched lanes drain a batch, the agent lane runs one."""
+) -> int:
+    """What a wake-up hint of ``lane`` does: claim the hinted task and its wake-up group (as a
+    batch), run them, complete them together. Returns how many tasks were claimed."""
+    n = lane_batch_size(orch.settings, lane)
     if lane == Lane.AGENT:
-        return run_task(orch, task_id, owner, providers, publisher, lane=lane)
-    return run_batch(orch, lane, owner, providers, publisher, batch_size(orch.settings, lane), first_task_id=task_id)
+        return run_agent_batch(orch, task_id, owner, providers, publisher, n)
+    return run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+
+
+def run_agent_batch(
+    orch: Orchestrator, task_id: uuid.UUID | str, owner: str, providers: Providers, publisher: HintPublisher,
+    n: int,
+) -> int:
+    """Claim up to ``n`` agent tasks for one hint (each holding a lane slot and a committed attempt),
+    run their paid calls concurrently, then complete the successes in one transaction; failures and
+    unprovable interrupted calls end one by one."""
+    claims = orch.claim_agent_batch(task_id, n, owner)
+    if not claims:
+        return 0
+    with Heartbeat(orch, claims):
+        if len(claims) == 1:
+            results = [_outcome(orch, claims[0], providers)]
+        else:
+            with ThreadPoolExecutor(max_workers=len(claims), thread_name_prefix="agent") as pool:
+                results = list(pool.map(lambda c: _outcome(orch, c, providers), claims))
+    # terminal writes after the heartbeat stopped (see execute_claim)
+    done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
+    hints = orch.complete_tasks(done) if done else []
+    for claim, result in zip(claims, results, strict=True):
+        if isinstance(result, StageError):
+            hints += orch.fail_task(claim, result)
+        elif result is None:
+            hints += orch.mark_unknown_execution(claim)
+    publisher.publish(hints)
+    return len(claims)
+
+
+def _outcome(orch: Orchestrator, claim: Claim, providers: Providers) -> object:
+    """The claim's artifact, its StageError, or None (an interrupted paid call that cannot be proven)."""
+    try:
+        return _compute(orch, claim, providers)
+    except StageError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - turned into a typed failure, logged with context
+        log.exception("stage raised", extra={"task_id": claim.task_id, "stage": claim.stage})
+        return _internal_error(exc)
 
 
 def run_batch(

@@ -1,5 +1,7 @@
-"""Batched lanes (visual, embedding): a live hint drains a batch, completed in one transaction with
-each claim fenced on its own; a stale hint drains nothing. And the agent lane's freed-slot hints."""
+"""Batched lanes: a live hint drains a batch, completed in one transaction with each claim fenced
+on its own; a stale hint drains nothing. Wake-up groups: one hint wakes the tasks a batch created
+together, in every lane (the agent lane as far as its slots allow). And the agent lane's
+freed-slot hints."""
 
 from __future__ import annotations
 
@@ -56,7 +58,12 @@ def test_a_live_visual_hint_drains_the_due_batch_in_two_transactions(engine, set
     assert commits.n == 2  # one claim transaction, one completion transaction for all five
     assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 5
     assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'visual' AND status = 'succeeded'") == 5
-    assert sorted(h.lane for h in pub.drain()) == ["agent"] * 5  # every next task has its own hint
+    # one hint per wake-up group of at most the agent lane's batch size (4): 5 new tasks → 2 hints
+    hinted = [h.task_id for h in pub.drain() if h.lane == "agent"]
+    assert len(hinted) == 2
+    groups = _rows(engine, "SELECT coalesce(hint_group, id), count(*) FROM tasks WHERE lane = 'agent'"
+                           " GROUP BY 1 ORDER BY 2 DESC")
+    assert [(g, n) for g, n in groups] == [(hinted[0], 4), (hinted[1], 1)]
     assert _scalar(engine, "SELECT count(*) FROM processing_jobs WHERE current_stage = 'agent'") == 5
 
 
@@ -94,7 +101,9 @@ def test_a_fenced_out_claim_does_not_stop_the_rest_of_its_batch(engine, settings
 
     hints_out = orch.complete_tasks(list(zip(claims, artifacts, strict=True)))
 
-    assert len(hints_out) == 2  # the two claims still held landed and advanced their jobs
+    # the two claims still held landed and advanced their jobs (two agent tasks, one wake-up group)
+    assert len(hints_out) == 1
+    assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent'") == 2
     landed = {r[0] for r in _rows(engine, "SELECT task_id FROM visual_embeddings")}
     assert landed == {claims[0].task_id, claims[2].task_id}
     assert _rows(engine, "SELECT status, lease_owner FROM tasks WHERE id = :t", t=claims[1].task_id) == [
@@ -118,7 +127,8 @@ def test_an_undecodable_image_fails_alone_in_its_visual_batch(engine, settings):
     assert status == {hints[0].task_id: "succeeded", hints[1].task_id: "failed", hints[2].task_id: "succeeded"}
     assert _scalar(engine, "SELECT error->>'code' FROM tasks WHERE id = :t", t=hints[1].task_id) == "invalid_image"
     assert sorted(r[0] for r in _rows(engine, "SELECT status FROM processing_jobs")) == ["failed", "running", "running"]
-    assert [h.lane for h in pub.drain()] == ["agent", "agent"]
+    assert [h.lane for h in pub.drain()] == ["agent"]  # the two agent tasks: one wake-up group
+    assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent'") == 2
 
 
 def test_a_freed_agent_slot_hints_only_a_task_that_waits_unhinted(engine, settings):
@@ -186,3 +196,92 @@ def test_the_freed_slot_check_does_not_scan_a_queued_agent_backlog(engine, setti
     for plan in (custom, generic):
         assert re.search(r"ix_tasks_rehint[^\n]*\n\s+Index Cond: \(last_hint_at IS NULL\)", plan), plan
         assert "Seq Scan" not in plan and "ix_tasks_queued_due" not in plan and "ix_tasks_claimable" not in plan, plan
+
+
+def _agent_group(orch, engine, settings, seeds):
+    """Ingest and run the visual stage of ``seeds`` in one batch; returns the agent hints it published."""
+    pub = RecordingPublisher()
+    hints = _ingest(orch, seeds)
+    assert handle_hint(orch, "visual", hints[0].task_id, "w0", Providers(settings), pub) == len(seeds)
+    return [h for h in pub.drain() if h.lane == "agent"]
+
+
+def test_one_agent_hint_runs_its_whole_group_in_one_claim_and_one_completion(engine, settings):
+    orch = Orchestrator(engine, settings)
+    [hint] = _agent_group(orch, engine, settings, [70, 71, 72])
+    pub = RecordingPublisher()
+    commits = _Commits(engine)
+    try:
+        assert handle_hint(orch, "agent", hint.task_id, "w1", Providers(settings), pub) == 3
+    finally:
+        commits.close()
+    assert commits.n == 2  # claim (3 tasks, 3 slots, 3 attempts committed) + one completion
+    assert _rows(engine, "SELECT state, count(*) FROM task_attempts GROUP BY 1") == [("completed", 3)]
+    assert _rows(engine, "SELECT state, count(*) FROM operation_grants GROUP BY 1") == [("committed", 3)]
+    assert _scalar(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == 0  # all released
+    assert [h.lane for h in pub.drain()] == ["embedding"]  # their three embedding tasks: one group
+    assert handle_hint(orch, "embedding", _scalar(engine, "SELECT id FROM tasks WHERE lane = 'embedding'"
+                                                          " AND hint_group IS NULL"), "w1",
+                       Providers(settings), pub) == 3
+    assert _rows(engine, "SELECT status, count(*) FROM processing_jobs GROUP BY 1") == [("succeeded", 3)]
+
+
+def test_an_agent_group_larger_than_the_free_slots_waits_unhinted_for_the_next_slot(engine, settings):
+    settings = dataclasses.replace(settings, agent_lane_limit=4, agent_batch_size=4)
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    [hint] = _agent_group(orch, engine, settings, [80, 81, 82, 83])
+    other = _agent_group(orch, engine, settings, [84])[0]
+    blocker = orch.claim_task(other.task_id, "w9", "agent")  # holds one of the four slots
+    assert blocker is not None
+
+    claims = orch.claim_agent_batch(hint.task_id, 4, "w1")
+    assert len(claims) == 3  # three free slots: the hinted task and two of its group
+    left = _rows(engine, "SELECT id, last_hint_at FROM tasks WHERE hint_group = :g AND status = 'queued'",
+                 g=hint.task_id)
+    assert len(left) == 1 and left[0][1] is None  # its hint is spent: it waits unhinted
+    assert _scalar(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == 4
+    assert len({_scalar(engine, "SELECT slot_no FROM lane_slots WHERE task_id = :t", t=c.task_id)
+                for c in claims}) == 3  # each claim holds a slot of its own
+
+    def finish(claim):
+        return orch.complete_task(claim, AgentArtifact({"title": "t", "tags": []}, "m", claim.attempt_id))
+
+    hints = finish(claims[0])
+    assert sorted(h.task_id for h in hints if h.lane == "agent") == [left[0][0]]  # the freed slot wakes it
+    pub = RecordingPublisher()
+    assert handle_hint(orch, "agent", left[0][0], "w2", providers, pub) == 1
+
+
+def test_a_hint_whose_task_was_taken_still_wakes_its_queued_group(engine, settings):
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    pub = RecordingPublisher()
+    [hint] = _agent_group(orch, engine, settings, [90, 91, 92])
+    leader = hint.task_id
+    members = {r[0] for r in _rows(engine, "SELECT id FROM tasks WHERE hint_group = :g", g=leader)}
+    assert len(members) == 2
+    assert orch.claim_task(leader, "w2", "agent") is not None  # run alone (e.g. by a sweep re-hint)
+    assert handle_hint(orch, "agent", leader, "w3", providers, pub) == 2  # its group is not stranded
+    assert {r[0] for r in _rows(engine, "SELECT id FROM tasks WHERE lease_owner = 'w3'")} == members
+    assert handle_hint(orch, "agent", leader, "w3", providers, pub) == 0  # nothing left: changes nothing
+
+    # the same in a batched lane: w3's two completions made one embedding group
+    [emb] = [h for h in pub.drain() if h.lane == "embedding"]
+    member = _scalar(engine, "SELECT id FROM tasks WHERE hint_group = :g", g=emb.task_id)
+    assert orch.claim_task(emb.task_id, "w4", "embedding") is not None
+    assert handle_hint(orch, "embedding", emb.task_id, "w5", providers, pub) == 1
+    assert _rows(engine, "SELECT status, lease_owner FROM tasks WHERE id = :t", t=member) == [("succeeded", "w5")]
+    assert handle_hint(orch, "embedding", emb.task_id, "w5", providers, pub) == 0
+
+
+def test_wake_groups_split_by_lane_scope_and_resource_key_and_batch_size(settings):
+    from app.orchestrator.advance import _wake_groups
+
+    settings = dataclasses.replace(settings, agent_batch_size=2, agent_lane_limit=8, embedding_batch_size=3)
+    orch = Orchestrator(None, settings)
+    rows = [{"id": i, "lane": lane, "scope_id": scope, "resource_key": "", "hint_group": None}
+            for i, (lane, scope) in enumerate([("agent", "a")] * 5 + [("agent", "b")] + [("embedding", "a")] * 4)]
+    groups = _wake_groups(orch, rows)
+    assert [[r["id"] for r in g] for g in groups] == [[0, 1], [2, 3], [4], [5], [6, 7, 8], [9]]
+    assert [r["hint_group"] for r in rows] == [None, 0, None, 2, None, None, None, 6, 6, None]

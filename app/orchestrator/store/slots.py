@@ -192,3 +192,35 @@ def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -
             {"lane": lane, "now": now, "n": n},
         ).mappings()
     )
+
+
+def lock_free_txn(conn: Connection, lane: str, resource_key: str, limit: int, n: int, now: datetime) -> list[int]:
+    """Lock up to ``n`` free slots below ``limit`` until the transaction ends (skipping slots others
+    are taking); ``assign_txn`` then gives them to claimed tasks, the rest stay free."""
+    return list(
+        conn.execute(
+            sql(
+                "SELECT slot_no FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit"
+                " AND (task_id IS NULL OR lease_expires_at < :now) ORDER BY slot_no LIMIT :n FOR UPDATE SKIP LOCKED"
+            ),
+            {"lane": lane, "rk": resource_key, "limit": limit, "n": n, "now": now},
+        ).scalars()
+    )
+
+
+def assign_txn(
+    conn: Connection, lane: str, resource_key: str, slot_nos: list[int], holders: list, expires: datetime,
+    now: datetime,
+) -> None:
+    """Give slots locked by ``lock_free_txn`` to claimed tasks (rows with id, claim_generation), pairwise."""
+    if not slot_nos:
+        return
+    conn.execute(
+        sql(
+            "UPDATE lane_slots s SET task_id = h.t, claim_generation = h.gen, lease_expires_at = :exp,"
+            " updated_at = :now FROM unnest(CAST(:slots AS int[]), CAST(:tasks AS uuid[]), CAST(:gens AS bigint[]))"
+            " AS h(slot_no, t, gen) WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = h.slot_no"
+        ),
+        {"lane": lane, "rk": resource_key, "slots": slot_nos, "tasks": [r["id"] for r in holders],
+         "gens": [r["claim_generation"] for r in holders], "exp": expires, "now": now},
+    )

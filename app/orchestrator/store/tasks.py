@@ -20,7 +20,7 @@ FENCE = "id = :id AND lease_owner = :owner AND claim_generation = :gen AND statu
 
 _CLAIM_RETURNING = (
     "id, scope_id, job_id, image_id, image_sha256, stage, lane, resource_key, claim_generation, attempt_count,"
-    " max_attempts, payload, input_fingerprint, grant_id"
+    " max_attempts, payload, input_fingerprint, grant_id, hint_group"
 )
 
 
@@ -126,6 +126,62 @@ def claim_batch_txn(
     )
 
 
+_CLAIMABLE = "lane = :lane AND NOT cancel_requested AND attempt_count < max_attempts"
+
+
+def claim_group_txn(
+    conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float
+) -> list[RowMapping]:
+    """What a hint of a batched lane claims first: the hinted task (claimable as in ``claim_txn``)
+    and the due members of its wake-up group, up to ``n`` (SKIP LOCKED: a row another claimer
+    holds is left to it). Empty when neither the task nor any member is claimable."""
+    return list(
+        conn.execute(
+            sql(
+                "WITH pick AS ("
+                " SELECT id FROM tasks WHERE (id = :id OR (hint_group = :id AND status = 'queued'))"
+                f" AND {_CLAIMABLE} AND ((status = 'queued' AND available_at <= :now)"
+                "  OR (status = 'running' AND lease_expires_at < :now))"
+                " ORDER BY id = :id DESC, priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
+                "), c AS ("
+                " UPDATE tasks t SET" + _CLAIM_SET +
+                f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
+                ")" + _CLAIMED_TO_RUNNING
+            ),
+            {"id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s)},
+        )
+        .mappings()
+        .all()
+    )
+
+
+def claim_group_members_txn(
+    conn: Connection, task_id: uuid.UUID, lane: str, scope_id: str | None, resource_key: str | None, n: int,
+    owner: str, now: datetime, lease_s: float,
+) -> list[RowMapping]:
+    """Claim up to ``n`` due queued members of ``task_id``'s wake-up group (in one scope and resource
+    key, when given)."""
+    return list(
+        conn.execute(
+            sql(
+                "WITH pick AS ("
+                " SELECT id FROM tasks WHERE hint_group = :id AND status = 'queued' AND available_at <= :now"
+                f" AND {_CLAIMABLE} AND (CAST(:s AS text) IS NULL OR scope_id = :s)"
+                " AND (CAST(:rk AS text) IS NULL OR resource_key = :rk)"
+                " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
+                "), c AS ("
+                " UPDATE tasks t SET" + _CLAIM_SET +
+                f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
+                ")" + _CLAIMED_TO_RUNNING
+            ),
+            {"id": task_id, "lane": lane, "s": scope_id, "rk": resource_key, "n": n, "owner": owner, "now": now,
+             "exp": now + timedelta(seconds=lease_s)},
+        )
+        .mappings()
+        .all()
+    )
+
+
 def heartbeat_txn(
     conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, lease_s: float
 ) -> RowMapping | None:
@@ -205,8 +261,12 @@ def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
 
 
 def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
-    """The task's hint was spent without a claim: it waits unhinted (see lanes.refused_txn)."""
-    conn.execute(sql("UPDATE tasks SET last_hint_at = NULL WHERE id = :id AND status = 'queued'"), {"id": task_id})
+    """The hint naming ``task_id`` was spent without claiming it or (some of) its wake-up group:
+    those still queued wait unhinted (see lanes.refused_txn)."""
+    conn.execute(
+        sql("UPDATE tasks SET last_hint_at = NULL WHERE (id = :id OR hint_group = :id) AND status = 'queued'"),
+        {"id": task_id},
+    )
 
 
 def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> None:
@@ -216,7 +276,7 @@ def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) 
 _NEW_TASKS = (
     "r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, scope_id text, job_id uuid,"
     " stage text, lane text, resource_key text, payload jsonb, input_fingerprint text, dedupe_key text,"
-    " image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid, mh text))"
+    " image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid, hint_group uuid, mh text))"
 )
 
 
@@ -224,21 +284,23 @@ def insert_and_link_many_txn(conn: Connection, rows: list[dict[str, Any]], now: 
     """Fast path of advancing several jobs: create their tasks (each bound to its operation grant,
     if any), point their stages at them and move the jobs' current_stage — one statement.
 
-    ``rows`` are task values plus ``mh`` (the metadata hash to set on a job that has none yet).
+    ``rows`` are task values (with the new ``id`` and its ``hint_group``, or None) plus ``mh`` (the
+    metadata hash to set on a job that has none yet).
     Returns {job id: new task id}; a job missing from it has an identical active task already
     (dedupe — also against another row of the same call), and its grant is left unbound for the caller.
     """
     if not rows:
         return {}
-    doc = json.dumps([{**r, "id": str(uuid.uuid4())} for r in rows], default=str)
+    doc = json.dumps(rows, default=str)
     result = conn.execute(
         sql(
             "WITH " + _NEW_TASKS + ", t AS ("
             " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
-            " grant_id, created_at, updated_at)"
+            " grant_id, hint_group, created_at, updated_at)"
             " SELECT id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,"
-            " image_id, image_sha256, 'queued', priority, :now, max_attempts, :now, grant_id, :now, :now FROM r"
+            " image_id, image_sha256, 'queued', priority, :now, max_attempts, :now, grant_id, hint_group, :now, :now"
+            " FROM r"
             " ORDER BY job_id"
             " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING"
             " RETURNING id, job_id, stage, grant_id, input_fingerprint"
