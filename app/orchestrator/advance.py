@@ -30,6 +30,7 @@ from app.orchestrator.errors import GenerationPolicyConflict
 from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
+from app.orchestrator.policy import Denial
 from app.orchestrator.store import artifacts, images, jobs, tasks
 from app.orchestrator.types import StageConfigs
 
@@ -74,11 +75,22 @@ def _end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: 
 
 
 @dataclass
+class _NewTask:
+    job: RowMapping
+    image: RowMapping
+    configs: StageConfigs
+    stage: str
+    fingerprint: str
+    job_fields: dict
+
+
+@dataclass
 class _Pending:
     """The common writes of advancing several jobs, made set-based when flushed: new leaf tasks
     (insert + link the stage + point the job, one statement) and jobs that are done (one statement)."""
 
-    tasks: list[tuple[RowMapping, dict, str, dict]] = field(default_factory=list)  # job, values, stage, job fields
+    tasks: list[_NewTask] = field(default_factory=list)
+    agent: list[_NewTask] = field(default_factory=list)  # new agent tasks wait for their grants
     completed: list[tuple[uuid.UUID, str | None]] = field(default_factory=list)  # job id, metadata_hash to set
 
 
@@ -163,24 +175,20 @@ def _run_stage_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
     stage: str, row: dict, fingerprint: str | None, job_fields: dict, pending: _Pending,
 ) -> list[Hint]:
-    """Make sure the first invalid stage has an active leaf task (queue its creation, or see it
-    already waits on a live one), and point the job at it."""
-    now = orch.now()
+    """Make sure the first invalid stage has an active leaf task (queue its creation — an agent
+    task's after its grant — or see it already waits on a live one), and point the job at it."""
     live = ("queued", "running")
     if row["status"] in live and row["task_id"] is not None and row["task_status"] in live:
         _point_job_txn(orch, conn, job, stage, job_fields)
         return []  # already waiting on a live task
     assert fingerprint is not None
-    if stage == Stage.AGENT:
-        denial = orch.before_agent_task_txn(conn, job, fingerprint)
-        if denial is not None:
-            jobs.update_stage_txn(conn, job["id"], stage, now, status=StageStatus.BLOCKED, error=denial.error,
-                                  retry_at=denial.retry_at, input_fingerprint=fingerprint)
-            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=JobStatus.BLOCKED,
-                                error=denial.error, retry_at=denial.retry_at, current_stage=stage, completed_at=now,
-                                **job_fields)
-            return []
-    lane = STAGE_LANE[Stage(stage)]
+    new = _NewTask(job, image, configs, stage, fingerprint, job_fields)
+    (pending.agent if stage == Stage.AGENT else pending.tasks).append(new)
+    return []
+
+
+def _task_values(orch: Orchestrator, new: _NewTask, grant_id: uuid.UUID | None) -> dict:
+    job, image, configs, stage = new.job, new.image, new.configs, new.stage
     stage_config = {"visual": configs.visual, "agent": configs.agent, "text_embedding": configs.text}[stage]
     payload: dict = {
         "image_id": str(image["id"]), "image_sha256": image["sha256"], "stage": stage,
@@ -193,16 +201,31 @@ def _run_stage_txn(
         resource_key = f"{configs.agent.get('provider', '')}:{configs.agent.get('model', '')}"
     elif stage == Stage.TEXT_EMBEDDING:
         payload["metadata_hash"] = image["metadata_hash"]
-    values = {
-        "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane.value,
-        "resource_key": resource_key, "payload": payload, "input_fingerprint": fingerprint,
-        "dedupe_key": fp.dedupe_key(image["id"], stage, fingerprint), "image_id": image["id"],
+    return {
+        "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": STAGE_LANE[Stage(stage)].value,
+        "resource_key": resource_key, "payload": payload, "input_fingerprint": new.fingerprint,
+        "dedupe_key": fp.dedupe_key(image["id"], stage, new.fingerprint), "image_id": image["id"],
         "image_sha256": image["sha256"], "priority": orch.job_priority(job),
-        "max_attempts": orch.settings.max_attempts,
-        "grant_id": orch.pending_grant_txn(conn, job, fingerprint) if stage == Stage.AGENT else None,
+        "max_attempts": orch.settings.max_attempts, "grant_id": grant_id,
     }
-    pending.tasks.append((job, values, stage, job_fields))
-    return []
+
+
+def _granted_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[tuple[_NewTask, dict]]:
+    """The new agent tasks' grants, acquired together; a denied job is blocked (SPEC §4.6)."""
+    answers = orch.agent_grants_txn(conn, [(n.job, n.fingerprint) for n in pending.agent])
+    now = orch.now()
+    granted = []
+    for new, answer in zip(pending.agent, answers, strict=True):
+        if isinstance(answer, Denial):
+            job, stage = new.job, new.stage
+            jobs.update_stage_txn(conn, job["id"], stage, now, status=StageStatus.BLOCKED, error=answer.error,
+                                  retry_at=answer.retry_at, input_fingerprint=new.fingerprint)
+            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=JobStatus.BLOCKED,
+                                error=answer.error, retry_at=answer.retry_at, current_stage=stage, completed_at=now,
+                                **new.job_fields)
+        else:
+            granted.append((new, _task_values(orch, new, answer)))
+    return granted
 
 
 def _point_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, stage: str, job_fields: dict) -> None:
@@ -235,8 +258,9 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
     deduplicated one is linked to the live task."""
     now = orch.now()
     jobs.complete_many_txn(conn, pending.completed, now)
-    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "mh": job_fields.get("metadata_hash")}
-            for _, values, _, job_fields in pending.tasks]
+    new_tasks = [(n, _task_values(orch, n, None)) for n in pending.tasks] + _granted_txn(orch, conn, pending)
+    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "mh": new.job_fields.get("metadata_hash")}
+            for new, values in new_tasks]
     groups = _wake_groups(orch, rows)
     created = tasks.insert_and_link_many_txn(conn, rows, now)
     hints: list[Hint] = []
@@ -246,9 +270,9 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
             hints.append(Hint(group[0]["lane"], group[0]["id"]))
         else:  # the named task was deduplicated away: each member that landed gets a hint of its own
             hints += [Hint(r["lane"], r["id"]) for r in landed]
-    for job, values, stage, job_fields in pending.tasks:
+    for new, values in new_tasks:
+        job, stage = new.job, new.stage
         if job["id"] not in created:  # an identical task is already active (dedupe): link this stage to it
-            grant_id = values["grant_id"]
             task_id, task_status, is_new = tasks.insert_task_txn(
                 conn, {k: v for k, v in values.items() if k != "grant_id"}, now
             )
@@ -256,9 +280,9 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
                 conn, job["id"], stage, now, status=task_status, task_id=task_id,
                 input_fingerprint=values["input_fingerprint"], error=None, retry_at=None,
             )
-            _point_job_txn(orch, conn, job, stage, job_fields)
+            _point_job_txn(orch, conn, job, stage, new.job_fields)
             if is_new:
-                orch.bind_grant_txn(conn, grant_id, task_id)
+                orch.bind_grant_txn(conn, values["grant_id"], task_id)
                 hints.append(Hint(values["lane"], task_id))
     return hints
 

@@ -69,7 +69,7 @@ def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | N
                 orch.claim_refused_txn(c2, task_id)
             metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
             return None
-        claim = _agent_attempt_txn(orch, conn, row, owner) if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)
+        claim = _agent_attempts_txn(orch, conn, [row], owner)[0] if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)
     metrics.CLAIMS.labels(claim.lane).inc()
     return claim
 
@@ -131,22 +131,27 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
             return []
         group = task_id if row["id"] == task_id else row["hint_group"]
         rows = [row] + (orch.claim_group_txn(conn, group, row, n - 1, owner) if n > 1 else [])
-        claims = [_agent_attempt_txn(orch, conn, r, owner) for r in rows]
+        claims = _agent_attempts_txn(orch, conn, rows, owner)
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(claims))
     return claims
 
 
-def _agent_attempt_txn(orch: Orchestrator, conn: Connection, row: RowMapping, owner: str) -> Claim:
-    """Commit an external_started attempt with the claim — or surface an interrupted one to recover."""
-    # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
-    open_attempt = attempts.open_attempt_txn(conn, row["id"]) if row["attempt_count"] > 1 else None
-    if open_attempt is not None:
-        return _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True)
-    attempt_id = attempts.start_attempt_txn(
-        conn, scope_id=row["scope_id"], task_id=row["id"], generation=row["claim_generation"],
-        input_digest=row["input_fingerprint"], target_sha256=row["image_sha256"], now=orch.now(),
-    )
-    return _claim_from_row(row, owner, attempt_id)
+def _agent_attempts_txn(orch: Orchestrator, conn: Connection, rows: list[RowMapping], owner: str) -> list[Claim]:
+    """Commit an external_started attempt with each claim (one statement for all) — or surface an
+    interrupted one to recover."""
+    recovering: dict[uuid.UUID, Claim] = {}
+    for row in rows:
+        # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
+        open_attempt = attempts.open_attempt_txn(conn, row["id"]) if row["attempt_count"] > 1 else None
+        if open_attempt is not None:
+            recovering[row["id"]] = _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True)
+    fresh = [r for r in rows if r["id"] not in recovering]
+    started = attempts.start_attempts_txn(conn, [
+        {"scope_id": r["scope_id"], "task_id": r["id"], "generation": r["claim_generation"],
+         "input_digest": r["input_fingerprint"], "target_sha256": r["image_sha256"]} for r in fresh
+    ], orch.now())
+    new = {r["id"]: _claim_from_row(r, owner, a) for r, a in zip(fresh, started, strict=True)}
+    return [recovering.get(r["id"]) or new[r["id"]] for r in rows]
 
 
 @retry_on_disconnect
@@ -212,14 +217,13 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list
             else:
                 landed.append((claim, artifact))
         _write_embeddings_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
-        advance: list[tuple[uuid.UUID, RowMapping | None]] = []
-        for claim, artifact in landed:
-            image = locked.get(claim.image_id)
-            if isinstance(artifact, AgentArtifact) and not stale[claim.task_id]:
-                image = locked[claim.image_id] = _write_agent_result_txn(orch, conn, claim, image, artifact)
-            orch.release_slot_txn(conn, claim)
-            advance += [(job_id, image) for job_id in finished[claim.task_id]]
-        hints = advance_jobs_txn(orch, conn, advance)
+        locked.update(_write_agent_results_txn(orch, conn, [
+            (c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]
+        ], locked))
+        orch.release_slots_txn(conn, [c for c, _ in landed])
+        hints = advance_jobs_txn(orch, conn, [
+            (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
+        ])
         hints += orch.next_fair_hints_txn(conn, results[0][0], len(landed))
     for claim, _ in landed:
         metrics.COMPLETIONS.labels(claim.lane, "stale" if stale[claim.task_id] else "succeeded").inc()
@@ -260,28 +264,33 @@ def _write_embeddings_txn(conn: Connection, results: list[tuple[Claim, Any]]) ->
         raise TypeError(f"unknown artifact {type(unknown[0]).__name__}")
 
 
-def _write_agent_result_txn(
-    orch: Orchestrator, conn: Connection, claim: Claim, image: RowMapping, artifact: AgentArtifact
-) -> RowMapping:
-    """Write the agent's context onto the image, close the attempt and commit the grant; returns
-    the image row as it is now."""
+def _write_agent_results_txn(
+    orch: Orchestrator, conn: Connection, results: list[tuple[Claim, AgentArtifact]], locked: dict
+) -> dict[uuid.UUID, RowMapping]:
+    """Write the agents' contexts onto their images, close the attempts and commit the grants —
+    one statement each for the whole batch; returns the image rows as they are now."""
+    if not results:
+        return {}
     now = orch.now()
-    provenance = {
-        "task_id": str(claim.task_id), "attempt_id": artifact.attempt_id, "model": artifact.model,
-        "agent_config_hash": claim.payload["agent_config_hash"],
-        "reverse_image_policy": claim.payload["reverse_image_policy"], "image_sha256": claim.image_sha256,
-        "request_id": artifact.request_id,
-    }
-    mhash = fp.metadata_hash(image["display_name"], artifact.context)
-    image = images.write_agent_context_txn(
-        conn, claim.image_id, claim.image_sha256, artifact.context, provenance, mhash, now
-    )
-    attempts.finish_attempt_txn(
-        conn, artifact.attempt_id, claim.task_id, AttemptState.COMPLETED, now,
-        result={"context": artifact.context, "model": artifact.model}, request_id=artifact.request_id,
-    )
-    orch.commit_grant_txn(conn, claim)
-    return image
+    contexts = []
+    for claim, artifact in results:
+        provenance = {
+            "task_id": str(claim.task_id), "attempt_id": artifact.attempt_id, "model": artifact.model,
+            "agent_config_hash": claim.payload["agent_config_hash"],
+            "reverse_image_policy": claim.payload["reverse_image_policy"], "image_sha256": claim.image_sha256,
+            "request_id": artifact.request_id,
+        }
+        contexts.append({
+            "id": claim.image_id, "sha": claim.image_sha256, "context": artifact.context, "provenance": provenance,
+            "metadata_hash": fp.metadata_hash(locked[claim.image_id]["display_name"], artifact.context),
+        })
+    written = images.write_agent_contexts_txn(conn, contexts, now)
+    attempts.complete_many_txn(conn, [
+        {"attempt_id": a.attempt_id, "task_id": c.task_id, "result": {"context": a.context, "model": a.model},
+         "request_id": a.request_id} for c, a in results
+    ], now)
+    orch.commit_grants_txn(conn, [c for c, _ in results])
+    return written
 
 
 @retry_on_disconnect

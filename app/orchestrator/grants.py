@@ -14,35 +14,42 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import Stage
 from app.orchestrator import fingerprints as fp
-from app.orchestrator.policy import AGENT_OPERATION, Denial, Grant
+from app.orchestrator.policy import AGENT_OPERATION, AllowAllPolicy, Denial, Grant
 from app.orchestrator.store import grants as store
 from app.orchestrator.types import Claim
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
 
-_PENDING = "memeflow_pending_grants"  # conn.info key: grants acquired in this transaction, not yet bound
-
-
 def idempotency_key(job: RowMapping, fingerprint: str) -> str:
     return f"{fingerprint}:{job['id']}"
 
 
-def before_agent_task_txn(orch: Orchestrator, conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
-    """Acquire a grant for a new logical agent task; None = go ahead (granted, or deduplicated)."""
-    if store.active_task_exists_txn(conn, job["scope_id"], fp.dedupe_key(job["image_id"], Stage.AGENT, fingerprint)):
-        return None  # the insert will reuse a live task, which already holds its grant
-    answer = orch.policy.acquire(conn, job["scope_id"], AGENT_OPERATION, idempotency_key(job, fingerprint), orch.now())
-    if isinstance(answer, Denial):
-        return answer
-    assert isinstance(answer, Grant), f"policy returned {answer!r}"
-    conn.info.setdefault(_PENDING, {})[(job["id"], fingerprint)] = answer.id
-    return None
-
-
-def pending_grant_txn(conn: Connection, job: RowMapping, fingerprint: str) -> uuid.UUID | None:
-    """The grant acquired for (job, fingerprint) in this transaction and not yet bound, taken."""
-    return conn.info.get(_PENDING, {}).pop((job["id"], fingerprint), None)
+def agent_grants_txn(
+    orch: Orchestrator, conn: Connection, items: list[tuple[RowMapping, str]]
+) -> list[uuid.UUID | Denial | None]:
+    """Acquire the grants of new logical agent tasks, one answer per (job, agent fingerprint): a
+    grant id; None when the task insert will reuse a live task (which already holds its grant);
+    or a Denial (the job is blocked). One statement each for the dedupe check and — with the
+    built-in allow-all policy — the grants; a custom or quota policy decides per task."""
+    if not items:
+        return []
+    now = orch.now()
+    keys = [(job["scope_id"], fp.dedupe_key(job["image_id"], Stage.AGENT, f)) for job, f in items]
+    live = store.active_dedupe_keys_txn(conn, keys)
+    todo = [i for i, key in enumerate(keys) if key not in live]
+    answers: list[uuid.UUID | Denial | None] = [None] * len(items)
+    if type(orch.policy).acquire is AllowAllPolicy.acquire:
+        wanted = [(items[i][0]["scope_id"], AGENT_OPERATION, idempotency_key(*items[i])) for i in todo]
+        for i, grant in zip(todo, store.acquire_many_txn(conn, wanted, now), strict=True):
+            answers[i] = grant["id"]
+        return answers
+    for i in todo:
+        job, fingerprint = items[i]
+        answer = orch.policy.acquire(conn, job["scope_id"], AGENT_OPERATION, idempotency_key(job, fingerprint), now)
+        assert isinstance(answer, (Grant, Denial)), f"policy returned {answer!r}"
+        answers[i] = answer if isinstance(answer, Denial) else answer.id
+    return answers
 
 
 def bind_grant_txn(orch: Orchestrator, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
@@ -51,11 +58,16 @@ def bind_grant_txn(orch: Orchestrator, conn: Connection, grant_id: uuid.UUID | N
         store.bind_task_txn(conn, grant_id, task_id, orch.now())
 
 
-def commit_grant_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
-    """In the fenced completion transaction: the paid operation happened exactly once."""
-    grant_id = claim.grant_id or store.task_grant_txn(conn, claim.task_id)
-    if grant_id is not None:
-        orch.policy.commit(conn, grant_id, orch.now())
+def commit_grants_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> None:
+    """In the fenced completion transaction: each paid operation happened exactly once. One
+    statement with the built-in policies (their commit is a conditional state change); a custom
+    policy's own ``commit`` per grant otherwise."""
+    ids = [g for g in (c.grant_id or store.task_grant_txn(conn, c.task_id) for c in claims) if g is not None]
+    if type(orch.policy).commit is AllowAllPolicy.commit:
+        store.set_state_many_txn(conn, ids, orch.now(), "committed", ("acquired",))
+    else:
+        for grant_id in ids:
+            orch.policy.commit(conn, grant_id, orch.now())
 
 
 def mark_grant_unknown_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:

@@ -119,6 +119,13 @@ def release_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None
         slots.release_txn(conn, claim.task_id, claim.generation, orch.now())
 
 
+def release_slots_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> None:
+    """``release_slot_txn`` for several claims, one statement."""
+    slots.release_many_txn(
+        conn, [(c.task_id, c.generation) for c in claims if c.lane in LIMITED_LANES], orch.now()
+    )
+
+
 def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:
     """``freed`` slots just freed: hint the fairest queued due tasks of the lane (marked hinted).
 

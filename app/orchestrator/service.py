@@ -168,18 +168,17 @@ class Orchestrator:
         """Interactive work (uploads, explicit requests) before library batches."""
         return 0 if job["batch_id"] else 1
 
-    def before_agent_task_txn(self, conn: Connection, job: RowMapping, fingerprint: str) -> Denial | None:
-        """Acquire the new logical agent task's grant (after dedupe); a Denial blocks the job."""
-        return grants.before_agent_task_txn(self, conn, job, fingerprint)
-
-    def pending_grant_txn(self, conn: Connection, job: RowMapping, fingerprint: str) -> uuid.UUID | None:
-        return grants.pending_grant_txn(conn, job, fingerprint)
+    def agent_grants_txn(
+        self, conn: Connection, items: list[tuple[RowMapping, str]]
+    ) -> list[uuid.UUID | Denial | None]:
+        """Acquire new logical agent tasks' grants (after dedupe); a Denial blocks its job."""
+        return grants.agent_grants_txn(self, conn, items)
 
     def bind_grant_txn(self, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
         grants.bind_grant_txn(self, conn, grant_id, task_id)
 
-    def commit_grant_txn(self, conn: Connection, claim: Claim) -> None:
-        grants.commit_grant_txn(self, conn, claim)
+    def commit_grants_txn(self, conn: Connection, claims: list[Claim]) -> None:
+        grants.commit_grants_txn(self, conn, claims)
 
     def mark_grant_unknown_txn(self, conn: Connection, claim: Claim) -> None:
         grants.mark_grant_unknown_txn(self, conn, claim)
@@ -203,6 +202,9 @@ class Orchestrator:
 
     def release_slot_txn(self, conn: Connection, claim: Claim) -> None:
         lanes.release_slot_txn(self, conn, claim)
+
+    def release_slots_txn(self, conn: Connection, claims: list[Claim]) -> None:
+        lanes.release_slots_txn(self, conn, claims)
 
     def next_fair_hints_txn(self, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:
         return lanes.next_fair_hints_txn(self, conn, claim, freed)

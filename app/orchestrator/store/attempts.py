@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from datetime import datetime
@@ -27,23 +28,25 @@ def open_attempt_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
     )
 
 
-def start_attempt_txn(
-    conn: Connection, *, scope_id: str, task_id: uuid.UUID, generation: int, input_digest: str,
-    target_sha256: str, now: datetime,
-) -> str:
-    """Insert a new attempt in external_started with an unguessable attempt id; returns it."""
-    attempt_id = secrets.token_hex(16)
-    conn.execute(
-        sql(
-            "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
-            " input_digest, target_sha256, created_at, updated_at)"
-            " SELECT :a, :s, :t, coalesce(max(attempt_no), 0) + 1, :g, 'external_started', :d, :sha, :now, :now"
-            " FROM task_attempts WHERE task_id = :t"
-        ),
-        {"a": attempt_id, "s": scope_id, "t": task_id, "g": generation, "d": input_digest, "sha": target_sha256,
-         "now": now},
-    )
-    return attempt_id
+def start_attempts_txn(conn: Connection, rows: list[dict], now: datetime) -> list[str]:
+    """Insert a new attempt in external_started for each row (scope_id, task_id, generation,
+    input_digest, target_sha256), each with an unguessable attempt id; returns the ids in order."""
+    ids = [secrets.token_hex(16) for _ in rows]
+    if rows:
+        conn.execute(
+            sql(
+                "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
+                " input_digest, target_sha256, created_at, updated_at)"
+                " SELECT r.a, r.s, r.t, coalesce((SELECT max(x.attempt_no) FROM task_attempts x"
+                "  WHERE x.task_id = r.t), 0) + 1, r.g, 'external_started', r.d, r.sha, :now, :now"
+                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g bigint, d text, sha text)"
+            ),
+            {"rows": json.dumps([
+                {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
+                 "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
+            ]), "now": now},
+        )
+    return ids
 
 
 def finish_attempt_txn(
@@ -61,3 +64,21 @@ def finish_attempt_txn(
          "err": None if error is None else canonical_json(error)},
     )
     return res.rowcount > 0
+
+
+def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> None:
+    """Several attempts external_started → completed, one statement. ``rows``: attempt_id, task_id,
+    result (dict), request_id."""
+    if rows:
+        conn.execute(
+            sql(
+                "UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),"
+                " provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now"
+                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)"
+                " WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t"
+                " AND a.state = 'external_started'"
+            ),
+            {"rows": json.dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
+                                  "rid": r["request_id"]} for r in rows]),
+             "ids": [r["attempt_id"] for r in rows], "now": now},
+        )

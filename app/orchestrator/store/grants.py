@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 
@@ -43,19 +44,7 @@ def acquire_txn(conn: Connection, scope_id: str, operation: str, key: str, now: 
 
     An existing acquired/committed/unknown grant for the key is returned unchanged (idempotent).
     """
-    return conn.execute(
-        sql(
-            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, created_at, updated_at)"
-            " VALUES (:id, :s, :o, :k, 'acquired', :now, :now)"
-            " ON CONFLICT (scope_id, operation, idempotency_key) DO UPDATE SET"
-            "  state = CASE WHEN operation_grants.state = 'released' THEN 'acquired' ELSE operation_grants.state END,"
-            "  created_at = CASE WHEN operation_grants.state = 'released' THEN :now"
-            "   ELSE operation_grants.created_at END,"
-            "  updated_at = :now"
-            " RETURNING *"
-        ),
-        {"id": uuid.uuid4(), "s": scope_id, "o": operation, "k": key, "now": now},
-    ).mappings().one()
+    return acquire_many_txn(conn, [(scope_id, operation, key)], now)[0]
 
 
 def set_state_txn(
@@ -69,6 +58,20 @@ def set_state_txn(
         {"id": grant_id, "st": state, "now": now, "from_": list(from_states)},
     )
     return res.rowcount > 0
+
+
+def set_state_many_txn(
+    conn: Connection, grant_ids: list[uuid.UUID], now: datetime, state: str, from_states: tuple[str, ...]
+) -> None:
+    """``set_state_txn`` for several grants in one statement."""
+    if grant_ids:
+        conn.execute(
+            sql(
+                "UPDATE operation_grants SET state = :st, updated_at = :now"
+                " WHERE id = ANY(:ids) AND state = ANY(:from_)"
+            ),
+            {"ids": grant_ids, "st": state, "now": now, "from_": list(from_states)},
+        )
 
 
 def bind_task_txn(conn: Connection, grant_id: uuid.UUID, task_id: uuid.UUID, now: datetime) -> None:
@@ -88,12 +91,40 @@ def task_has_attempts_txn(conn: Connection, task_id: uuid.UUID) -> bool:
     ).scalar_one()
 
 
-def active_task_exists_txn(conn: Connection, scope_id: str, dedupe_key: str) -> bool:
-    """Would the task insert be deduplicated onto an existing active task (no new logical task)?"""
-    return conn.execute(
+def active_dedupe_keys_txn(conn: Connection, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which (scope, dedupe key) pairs have an active task — would a task insert be deduplicated
+    onto it (no new logical task)?"""
+    if not keys:
+        return set()
+    rows = conn.execute(
         sql(
-            "SELECT EXISTS (SELECT 1 FROM tasks WHERE scope_id = :s AND dedupe_key = :k"
-            " AND status IN ('queued', 'running'))"
+            "SELECT scope_id, dedupe_key FROM tasks WHERE scope_id = ANY(:s) AND dedupe_key = ANY(:k)"
+            " AND status IN ('queued', 'running')"
         ),
-        {"s": scope_id, "k": dedupe_key},
-    ).scalar_one()
+        {"s": sorted({s for s, _ in keys}), "k": [k for _, k in keys]},
+    ).all()
+    return {(s, k) for s, k in rows} & set(keys)
+
+
+def acquire_many_txn(conn: Connection, wanted: list[tuple[str, str, str]], now: datetime) -> list[RowMapping]:
+    """``acquire_txn`` for several distinct (scope, operation, key) triples, one statement; returns
+    the grant rows in order."""
+    if not wanted:
+        return []
+    doc = json.dumps([{"id": str(uuid.uuid4()), "s": s, "o": o, "k": k} for s, o, k in wanted])
+    rows = conn.execute(
+        sql(
+            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, created_at, updated_at)"
+            " SELECT id, s, o, k, 'acquired', :now, :now"
+            " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, s text, o text, k text)"
+            " ON CONFLICT (scope_id, operation, idempotency_key) DO UPDATE SET"
+            "  state = CASE WHEN operation_grants.state = 'released' THEN 'acquired' ELSE operation_grants.state END,"
+            "  created_at = CASE WHEN operation_grants.state = 'released' THEN :now"
+            "   ELSE operation_grants.created_at END,"
+            "  updated_at = :now"
+            " RETURNING *"
+        ),
+        {"rows": doc, "now": now},
+    ).mappings().all()
+    by_key = {(r["scope_id"], r["operation"], r["idempotency_key"]): r for r in rows}
+    return [by_key[w] for w in wanted]

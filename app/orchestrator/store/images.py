@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -68,26 +69,24 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
     )
 
 
-def write_agent_context_txn(
-    conn: Connection, image_id: uuid.UUID, expected_sha256: str, context: dict, provenance: dict,
-    metadata_hash: str, now: datetime,
-) -> RowMapping | None:
-    """Store an agent-produced context — only if the image still has the bytes it describes."""
-    return (
-        conn.execute(
-            sql(
-                "UPDATE images SET context = CAST(:ctx AS jsonb), context_status = 'ready',"
-                " context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,"
-                " updated_at = :now WHERE id = :id AND sha256 = :sha RETURNING *"
-            ),
-            {
-                "ctx": canonical_json(context), "prov": canonical_json(provenance), "mh": metadata_hash,
-                "now": now, "id": image_id, "sha": expected_sha256,
-            },
-        )
-        .mappings()
-        .first()
-    )
+def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> dict[uuid.UUID, RowMapping]:
+    """Store agent-produced contexts — each only if its image still has the bytes it describes —
+    in one statement. ``rows``: id, sha, context, provenance, metadata_hash. Returns the updated
+    image rows by id."""
+    if not rows:
+        return {}
+    doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
+                       "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"]} for r in rows])
+    result = conn.execute(
+        sql(
+            "UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready',"
+            " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
+            " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
+            " prov text, mh text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING i.*"
+        ),
+        {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
+    ).mappings().all()
+    return {r["id"]: r for r in result}
 
 
 def edit_context_txn(

@@ -121,6 +121,19 @@ def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -
     ).rowcount
 
 
+def release_many_txn(conn: Connection, holders: list[tuple[uuid.UUID, int]], now: datetime) -> None:
+    """``release_txn`` for several executions (task id, generation), one statement."""
+    if holders:
+        conn.execute(
+            sql(
+                "UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
+                " updated_at = :now FROM unnest(CAST(:tasks AS uuid[]), CAST(:gens AS bigint[])) AS h(t, gen)"
+                " WHERE s.task_id = h.t AND s.task_id = ANY(:tasks) AND s.claim_generation = h.gen"
+            ),
+            {"tasks": [t for t, _ in holders], "gens": [g for _, g in holders], "now": now},
+        )
+
+
 def release_orphans_txn(conn: Connection, now: datetime) -> int:
     """Free slots whose holder is not running with that generation, or whose lease expired.
 
