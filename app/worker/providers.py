@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,32 +32,37 @@ def text_options(settings: Settings) -> dict[str, Any]:
 
 @dataclass
 class Providers:
-    """Lazy per-process provider handles; a lane's worker touches only its own provider."""
+    """Lazy per-process provider handles; a lane's worker touches only its own provider. Creation
+    is locked: an agent batch calls its provider from several threads at once."""
 
     settings: Settings
     _cache: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _get(self, name: str, create):
+        if name not in self._cache:
+            with self._lock:
+                if name not in self._cache:
+                    self._cache[name] = create()
+        return self._cache[name]
 
     @property
     def visual(self):
-        if "visual" not in self._cache:
-            self._cache["visual"] = registry.get_visual_provider(
-                self.settings.visual_provider, **visual_options(self.settings)
-            )
-        return self._cache["visual"]
+        return self._get("visual", lambda: registry.get_visual_provider(
+            self.settings.visual_provider, **visual_options(self.settings)
+        ))
 
     @property
     def agent(self):
-        if "agent" not in self._cache:
-            self._cache["agent"] = registry.get_agent_provider(
-                self.settings.agent_provider, **agent_options(self.settings)
-            )
-        return self._cache["agent"]
+        return self._get("agent", lambda: registry.get_agent_provider(
+            self.settings.agent_provider, **agent_options(self.settings)
+        ))
 
     @property
     def text(self):
-        if "text" not in self._cache:
-            self._cache["text"] = registry.get_text_provider(self.settings.text_provider, **text_options(self.settings))
-        return self._cache["text"]
+        return self._get("text", lambda: registry.get_text_provider(
+            self.settings.text_provider, **text_options(self.settings)
+        ))
 
 
 def provider_configs(settings: Settings):
