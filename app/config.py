@@ -59,7 +59,7 @@ class Settings:
     agent_resource_limit: int = 0
     embedding_batch_size: int = 16
     visual_batch_size: int = 16
-    agent_batch_size: int = 4
+    agent_batch_size: int = 2
     worker_task_events: bool = False
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0

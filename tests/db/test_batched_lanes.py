@@ -45,6 +45,7 @@ class _Commits:
 
 
 def test_a_live_visual_hint_drains_the_due_batch_in_two_transactions(engine, settings):
+    settings = dataclasses.replace(settings, agent_batch_size=4)
     orch = Orchestrator(engine, settings)
     orch.ensure_vector_index("visual_embeddings", "deterministic-v1", 64)  # first-model DDL out of the way
     hints = _ingest(orch, range(10, 15))
@@ -58,7 +59,7 @@ def test_a_live_visual_hint_drains_the_due_batch_in_two_transactions(engine, set
     assert commits.n == 2  # one claim transaction, one completion transaction for all five
     assert _scalar(engine, "SELECT count(*) FROM visual_embeddings") == 5
     assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'visual' AND status = 'succeeded'") == 5
-    # one hint per wake-up group of at most the agent lane's batch size (4): 5 new tasks → 2 hints
+    # one hint per wake-up group of at most the agent lane's batch size (4 here): 5 new tasks → 2 hints
     hinted = [h.task_id for h in pub.drain() if h.lane == "agent"]
     assert len(hinted) == 2
     groups = _rows(engine, "SELECT coalesce(hint_group, id), count(*) FROM tasks WHERE lane = 'agent'"
@@ -207,6 +208,7 @@ def _agent_group(orch, engine, settings, seeds):
 
 
 def test_one_agent_hint_runs_its_whole_group_in_one_claim_and_one_completion(engine, settings):
+    settings = dataclasses.replace(settings, agent_batch_size=4)
     orch = Orchestrator(engine, settings)
     [hint] = _agent_group(orch, engine, settings, [70, 71, 72])
     pub = RecordingPublisher()
@@ -254,6 +256,7 @@ def test_an_agent_group_larger_than_the_free_slots_waits_unhinted_for_the_next_s
 
 
 def test_a_hint_whose_task_was_taken_still_wakes_its_queued_group(engine, settings):
+    settings = dataclasses.replace(settings, agent_batch_size=4)
     orch = Orchestrator(engine, settings)
     providers = Providers(settings)
     pub = RecordingPublisher()
@@ -285,3 +288,23 @@ def test_wake_groups_split_by_lane_scope_and_resource_key_and_batch_size(setting
     groups = _wake_groups(orch, rows)
     assert [[r["id"] for r in g] for g in groups] == [[0, 1], [2, 3], [4], [5], [6, 7, 8], [9]]
     assert [r["hint_group"] for r in rows] == [None, 0, None, 2, None, None, None, 6, 6, None]
+
+
+def test_a_batch_asks_a_quota_policy_per_task_and_blocks_only_the_denied_jobs(engine, settings):
+    from tests.support.agents import CountingPolicy
+
+    settings = dataclasses.replace(settings, agent_batch_size=4)
+    policy = CountingPolicy(limit_per_day=2)
+    orch = Orchestrator(engine, settings, policy=policy)
+    [hint] = _agent_group(orch, engine, settings, [100, 101, 102, 103])  # one completion, four jobs
+    assert len(policy.acquired) == 2 and len(policy.denied) == 2
+    assert sorted(r[0] for r in _rows(engine, "SELECT status FROM processing_jobs")) == [
+        "blocked", "blocked", "running", "running"
+    ]
+    assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent'") == 2  # one group, one hint
+    assert handle_hint(orch, "agent", hint.task_id, "w1", Providers(settings), RecordingPublisher()) == 2
+    # a custom policy's commit is called once per grant (not the built-in one-statement commit)
+    assert sorted(policy.committed.values()) == [1, 1]
+    assert _rows(engine, "SELECT state, count(*) FROM operation_grants GROUP BY 1") == [("committed", 2)]
+    assert _scalar(engine, "SELECT count(*) FROM tasks t JOIN operation_grants g ON g.id = t.grant_id"
+                           " AND g.task_id = t.id") == 2  # each grant bound both ways by the set-based insert
