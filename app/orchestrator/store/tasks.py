@@ -262,9 +262,17 @@ def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
 
 def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
     """The hint naming ``task_id`` was spent without claiming it or (some of) its wake-up group:
-    those still queued wait unhinted (see lanes.refused_txn)."""
+    those still queued wait unhinted (see lanes.refused_txn).
+
+    Rows another transaction holds are skipped, never waited for: that transaction is claiming,
+    hinting or cancelling them, and waiting here (after the claim took its fairness row and
+    slots) could close a lock cycle with it.
+    """
     conn.execute(
-        sql("UPDATE tasks SET last_hint_at = NULL WHERE (id = :id OR hint_group = :id) AND status = 'queued'"),
+        sql(
+            "UPDATE tasks SET last_hint_at = NULL WHERE id IN (SELECT id FROM tasks WHERE"
+            " (id = :id OR hint_group = :id) AND status = 'queued' FOR UPDATE SKIP LOCKED)"
+        ),
         {"id": task_id},
     )
 
