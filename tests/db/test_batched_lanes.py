@@ -308,3 +308,23 @@ def test_a_batch_asks_a_quota_policy_per_task_and_blocks_only_the_denied_jobs(en
     assert _rows(engine, "SELECT state, count(*) FROM operation_grants GROUP BY 1") == [("committed", 2)]
     assert _scalar(engine, "SELECT count(*) FROM tasks t JOIN operation_grants g ON g.id = t.grant_id"
                            " AND g.task_id = t.id") == 2  # each grant bound both ways by the set-based insert
+
+
+def test_clearing_a_spent_hint_skips_rows_another_transaction_holds(engine, settings):
+    """Waiting there (inside an agent claim that already holds its fairness row) closed lock
+    cycles with other claimers; the row's holder is claiming or hinting it anyway."""
+    from app.orchestrator.store import tasks as task_store
+
+    settings = dataclasses.replace(settings, agent_batch_size=4)
+    orch = Orchestrator(engine, settings)
+    [hint] = _agent_group(orch, engine, settings, [110, 111, 112])
+    held, free = (r[0] for r in _rows(engine, "SELECT id FROM tasks WHERE hint_group = :g ORDER BY id",
+                                      g=hint.task_id))
+    with engine.connect() as other:
+        other.execute(text("SELECT id FROM tasks WHERE id = :t FOR UPDATE"), {"t": held})
+        with engine.begin() as conn:
+            conn.execute(text("SET LOCAL lock_timeout = '2s'"))  # a wait would fail here
+            task_store.clear_hint_txn(conn, hint.task_id)
+        other.rollback()
+    hinted = dict(_rows(engine, "SELECT id, last_hint_at IS NOT NULL FROM tasks WHERE lane = 'agent'"))
+    assert hinted == {hint.task_id: False, free: False, held: True}
