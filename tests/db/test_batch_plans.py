@@ -1,0 +1,66 @@
+"""The set-based batch statements (jsonb_to_recordset rows, estimated at 100 by the planner) must
+still reach their rows by index on big tables: EXPLAIN every statement a visual, agent and
+embedding batch sends, on a history of 60k finished jobs (180k stages, 60k tasks, attempts and
+grants)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from sqlalchemy import event, text
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.worker.providers import Providers
+from app.worker.run import handle_hint
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
+
+BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_grants)"
+
+
+def test_every_batch_statement_reaches_its_rows_by_index_on_a_big_history(engine, settings):
+    settings = dataclasses.replace(settings, agent_batch_size=4)
+    orch = Orchestrator(engine, settings)
+    visual = [store_and_ingest(orch, "local", png_bytes(s)).hints[0] for s in range(120, 124)]
+    with engine.begin() as conn:
+        bulk_jobs_with_tasks(conn, 15000, lane="agent", task_status="succeeded")  # 4 images × 15k jobs
+        conn.execute(text(
+            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
+            " SELECT j.id, s.stage, j.scope_id, s.pos, 'succeeded', now(), now() FROM processing_jobs j,"
+            " (VALUES ('visual', 0), ('agent', 1), ('text_embedding', 2)) AS s(stage, pos) WHERE j.revision >= 100"
+        ))
+        conn.execute(text(
+            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, task_id, created_at,"
+            " updated_at) SELECT gen_random_uuid(), t.scope_id, 'analysis.agent', t.id::text, 'committed', t.id,"
+            " now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
+        ))
+        conn.execute(text(
+            "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
+            " input_digest, target_sha256, created_at, updated_at) SELECT md5(t.id::text), t.scope_id, t.id, 1, 1,"
+            " 'completed', 'f', 'x', now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
+        ))
+        conn.execute(text("ANALYZE job_stages; ANALYZE operation_grants; ANALYZE task_attempts"))
+    captured: list[tuple[str, dict]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if not executemany and statement.lstrip().upper().startswith(("WITH", "SELECT", "UPDATE", "INSERT")):
+            captured.append((statement, parameters))
+
+    providers, pub = Providers(settings), RecordingPublisher()
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert handle_hint(orch, "visual", visual[0].task_id, "w", providers, pub) == 4
+        [agent] = [h for h in pub.drain() if h.lane == "agent"]
+        assert handle_hint(orch, "agent", agent.task_id, "w", providers, pub) == 4
+        [embedding] = [h for h in pub.drain() if h.lane == "embedding"]
+        assert handle_hint(orch, "embedding", embedding.task_id, "w", providers, pub) == 4
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert orch.get_job("local", store_and_ingest(orch, "local", png_bytes(120)).job["id"])["status"] == "succeeded"
+    shapes = {s for s, _ in captured}
+    assert any("jsonb_to_recordset" in s for s in shapes) and len(shapes) >= 15
+    with engine.connect() as conn:
+        for statement, parameters in captured:
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+            assert not re.search(BIG, plan), (statement, plan)
+        conn.rollback()
