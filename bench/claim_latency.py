@@ -4,6 +4,8 @@ For each backlog size B (default 10k, 100k, 1M) the script fills a fresh databas
 tasks (plus their jobs and stages, by SQL in bulk), then times:
   * ``claim_task`` by id (the hint path) — p50/p99 over 300 claims of random queued tasks;
   * ``claim_batch("embedding", 16)`` (the batched lane) — p50/p99 over 100 batches;
+  * ``claim_with_batch(id, "embedding", 16)`` (a live hint of a batched lane: the hinted task, its
+    wake-up group, topped up to 16) — p50/p99 over 100 hints of tasks still queued;
   * one reconcile sweep with D tasks due for a re-hint (D = 0, 100, 500; the sweep's LIMIT is 500).
 Prints a markdown table. Uses the embedded PostgreSQL under a temp dir (fsync on).
 
@@ -13,6 +15,7 @@ Prints a markdown table. Uses the embedded PostgreSQL under a temp dir (fsync on
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import sys
 import tempfile
@@ -100,6 +103,14 @@ def main() -> None:
                 t = time.perf_counter()
                 assert len(orch.claim_batch("embedding", 16, "bench")) == 16
                 batch.append(time.perf_counter() - t)
+            group = []
+            for _ in range(100):
+                with engine.connect() as conn:  # a task still queued now (earlier top-ups took others)
+                    task_id = conn.execute(text("SELECT id FROM tasks WHERE status = 'queued' OFFSET :o LIMIT 1"),
+                                           {"o": random.randrange(1000)}).scalar_one()
+                t = time.perf_counter()
+                assert len(orch.claim_with_batch(task_id, "embedding", 16, "bench")) == 16
+                group.append(time.perf_counter() - t)
             sweeps = {}
             for due in (0, 100, 500):
                 with engine.begin() as conn:  # only the previous step's re-hinted rows need resetting
@@ -116,19 +127,20 @@ def main() -> None:
                 conn.execute(text("SELECT lane, count(*) FROM tasks WHERE status IN ('queued', 'running') GROUP BY lane"))
                 gauges_ms = (time.perf_counter() - t) * 1000
             print(f"backlog {size}: gauge query {gauges_ms:.1f} ms", flush=True)
-            rows.append((size, fill_s, single, batch, sweeps))
+            rows.append((size, fill_s, single, batch, group, sweeps))
             engine.dispose()
             print(f"backlog {size}: filled in {fill_s:.1f}s", flush=True)
     finally:
         svc.stop()
         shutil.rmtree(root, ignore_errors=True)
-    print("\n| queued backlog | claim_task p50 / p99 ms | claim_batch(16) p50 / p99 ms | sweep ms with 0 / 100 / 500 due |")
-    print("|---|---|---|---|")
-    for size, _fill, single, batch, sweeps in rows:
+    print("\n| queued backlog | claim_task p50 / p99 ms | claim_batch(16) p50 / p99 ms |"
+          " claim_with_batch(hint, 16) p50 / p99 ms | sweep ms with 0 / 100 / 500 due |")
+    print("|---|---|---|---|---|")
+    for size, _fill, single, batch, group, sweeps in rows:
         sw = " / ".join(f"{sweeps[d][0] * 1000:.1f}" for d in (0, 100, 500))
         print(f"| {size:,} | {pct(single, .5):.2f} / {pct(single, .99):.2f} | {pct(batch, .5):.2f} / {pct(batch, .99):.2f}"
-              f" | {sw} |")
-    print(f"\n(rehinted per sweep: {[rows[-1][4][d][1] for d in (0, 100, 500)]}; median of {len(rows[0][2])} claims)")
+              f" | {pct(group, .5):.2f} / {pct(group, .99):.2f} | {sw} |")
+    print(f"\n(rehinted per sweep: {[rows[-1][5][d][1] for d in (0, 100, 500)]}; median of {len(rows[0][2])} claims)")
 
 
 
