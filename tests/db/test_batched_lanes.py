@@ -328,3 +328,22 @@ def test_clearing_a_spent_hint_skips_rows_another_transaction_holds(engine, sett
         other.rollback()
     hinted = dict(_rows(engine, "SELECT id, last_hint_at IS NOT NULL FROM tasks WHERE lane = 'agent'"))
     assert hinted == {hint.task_id: False, free: False, held: True}
+
+
+def test_a_new_job_links_to_the_identical_task_a_cancelled_job_still_runs(engine, settings):
+    """The dedupe path of the set-based task insert: no second task, no hint; the running task's
+    completion advances the new job."""
+    orch = Orchestrator(engine, settings)
+    providers = Providers(settings)
+    res = store_and_ingest(orch, "local", png_bytes(130))
+    claim = orch.claim_task(res.hints[0].task_id, "w1", "visual")
+    assert claim is not None
+    orch.cancel_job("local", res.job["id"])  # its visual task keeps running (cancel requested)
+    again = orch.request_processing("local", res.image["id"])
+    assert again.created and again.hints == []
+    assert _rows(engine, "SELECT id, status FROM tasks") == [(claim.task_id, "running")]
+    assert _rows(engine, "SELECT status, task_id FROM job_stages WHERE job_id = :j AND stage = 'visual'",
+                 j=again.job["id"]) == [("running", claim.task_id)]
+    hints = orch.complete_task(claim, executor.execute_visual(settings, providers, claim))
+    assert [h.lane for h in hints] == ["agent"]
+    assert _scalar(engine, "SELECT current_stage FROM processing_jobs WHERE id = :j", j=again.job["id"]) == "agent"
