@@ -21,6 +21,7 @@ from app.orchestrator.types import Claim
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
 
+
 def idempotency_key(job: RowMapping, fingerprint: str) -> str:
     return f"{fingerprint}:{job['id']}"
 
