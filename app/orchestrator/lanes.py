@@ -86,8 +86,9 @@ def claim_group_txn(
     orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
 ) -> list[RowMapping]:
     """After ``row`` (the hinted agent task, or a member of its group) was admitted in this
-    transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — same scope and resource key, so the admission's fairness
-    decision covers them — as far as free slots allow, each taking its slot(s).
+    transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — same scope and
+    resource key, so the admission's fairness decision covers them — as far as free slots allow,
+    each taking its slot(s).
 
     Free slots are locked first (SKIP LOCKED), so every task claimed here is sure of its slot.
     Group members left unclaimed lost their hint with this one: they wait unhinted, and the next
