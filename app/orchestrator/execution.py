@@ -63,15 +63,23 @@ def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | N
         if row is None:
             metrics.EMPTY_CLAIMS.labels("unknown").inc()
             return None
-        if not orch.acquire_slot_txn(conn, row):
-            conn.rollback()
-            with orch.engine.begin() as c2:
-                orch.claim_refused_txn(c2, task_id)
-            metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
+        if not _admitted_txn(orch, conn, row, task_id):
             return None
         claim = _agent_attempts_txn(orch, conn, [row], owner)[0] if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)
     metrics.CLAIMS.labels(claim.lane).inc()
     return claim
+
+
+def _admitted_txn(orch: Orchestrator, conn: Connection, row: RowMapping, hinted: uuid.UUID) -> bool:
+    """Admit a just-claimed row (lane fairness and slots). A refusal rolls the claim back and, in a
+    transaction of its own, marks the hint spent (the task and its group wait unhinted)."""
+    if orch.acquire_slot_txn(conn, row):
+        return True
+    conn.rollback()
+    with orch.engine.begin() as c2:
+        orch.claim_refused_txn(c2, hinted)
+    metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
+    return False
 
 
 @retry_on_disconnect
@@ -118,16 +126,12 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     now, lease_s = orch.now(), orch.settings.lease_s
     with orch.engine.begin() as conn:
         row = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT) or next(
-            iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, None, None, 1, owner, now, lease_s)), None
+            iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s)), None
         )
         if row is None:
             metrics.EMPTY_CLAIMS.labels("unknown").inc()
             return []
-        if not orch.acquire_slot_txn(conn, row):
-            conn.rollback()
-            with orch.engine.begin() as c2:
-                orch.claim_refused_txn(c2, task_id)
-            metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
+        if not _admitted_txn(orch, conn, row, task_id):
             return []
         group = task_id if row["id"] == task_id else row["hint_group"]
         rows = [row] + (orch.claim_group_txn(conn, group, row, n - 1, owner) if n > 1 else [])

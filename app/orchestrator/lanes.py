@@ -86,9 +86,9 @@ def claim_group_txn(
     orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
 ) -> list[RowMapping]:
     """After ``row`` (the hinted agent task, or a member of its group) was admitted in this
-    transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — same scope and
-    resource key, so the admission's fairness decision covers them — as far as free slots allow,
-    each taking its slot(s).
+    transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — one scope and
+    resource key by construction, so the admission's fairness decision and the slot pools cover
+    them — as far as free slots allow, each taking its slot(s).
 
     Free slots are locked first (SKIP LOCKED), so every task claimed here is sure of its slot.
     Group members left unclaimed lost their hint with this one: they wait unhinted, and the next
@@ -99,9 +99,7 @@ def claim_group_txn(
     expires = now + timedelta(seconds=orch.settings.lease_s)
     free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, row["resource_key"])}
     k = min([n, *(len(v) for v in free.values())])
-    rows = tasks.claim_group_members_txn(
-        conn, group, lane, row["scope_id"], row["resource_key"], k, owner, now, orch.settings.lease_s
-    ) if k > 0 else []
+    rows = tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s) if k > 0 else []
     for key, slot_nos in free.items():
         slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now)
     if len(rows) == k < n:  # slots ran out before the group did

@@ -103,30 +103,38 @@ def claim_txn(
     )
 
 
-def claim_batch_txn(
-    conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float
-) -> list[RowMapping]:
-    """Claim up to ``n`` due queued tasks of a lane at once (FOR UPDATE SKIP LOCKED)."""
+_CLAIMABLE = "lane = :lane AND NOT cancel_requested AND attempt_count < max_attempts"
+
+
+def _claim_picked_txn(conn: Connection, pick: str, params: dict[str, Any], now: datetime,
+                      lease_s: float) -> list[RowMapping]:
+    """Claim the rows ``pick`` (a ``SELECT id … FOR UPDATE SKIP LOCKED``) chooses, in the statement
+    that also moves their stages and queued jobs to running (the batched claims' shared shape)."""
     return list(
         conn.execute(
             sql(
-                "WITH pick AS ("
-                " SELECT id FROM tasks WHERE lane = :lane AND status = 'queued' AND available_at <= :now"
-                " AND NOT cancel_requested AND attempt_count < max_attempts"
-                " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
-                "), c AS ("
+                "WITH pick AS (" + pick + "), c AS ("
                 " UPDATE tasks t SET" + _CLAIM_SET +
                 f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
                 ")" + _CLAIMED_TO_RUNNING
             ),
-            {"lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s)},
+            {**params, "now": now, "exp": now + timedelta(seconds=lease_s)},
         )
         .mappings()
         .all()
     )
 
 
-_CLAIMABLE = "lane = :lane AND NOT cancel_requested AND attempt_count < max_attempts"
+def claim_batch_txn(
+    conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float
+) -> list[RowMapping]:
+    """Claim up to ``n`` due queued tasks of a lane at once (FOR UPDATE SKIP LOCKED)."""
+    return _claim_picked_txn(
+        conn,
+        f"SELECT id FROM tasks WHERE status = 'queued' AND available_at <= :now AND {_CLAIMABLE}"
+        " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED",
+        {"lane": lane, "n": n, "owner": owner}, now, lease_s,
+    )
 
 
 def claim_group_txn(
@@ -135,50 +143,26 @@ def claim_group_txn(
     """What a hint of a batched lane claims first: the hinted task (claimable as in ``claim_txn``)
     and the due members of its wake-up group, up to ``n`` (SKIP LOCKED: a row another claimer
     holds is left to it). Empty when neither the task nor any member is claimable."""
-    return list(
-        conn.execute(
-            sql(
-                "WITH pick AS ("
-                " SELECT id FROM tasks WHERE (id = :id OR (hint_group = :id AND status = 'queued'))"
-                f" AND {_CLAIMABLE} AND ((status = 'queued' AND available_at <= :now)"
-                "  OR (status = 'running' AND lease_expires_at < :now))"
-                " ORDER BY id = :id DESC, priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
-                "), c AS ("
-                " UPDATE tasks t SET" + _CLAIM_SET +
-                f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
-                ")" + _CLAIMED_TO_RUNNING
-            ),
-            {"id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s)},
-        )
-        .mappings()
-        .all()
+    return _claim_picked_txn(
+        conn,
+        "SELECT id FROM tasks WHERE (id = :id OR (hint_group = :id AND status = 'queued'))"
+        f" AND {_CLAIMABLE} AND ((status = 'queued' AND available_at <= :now)"
+        "  OR (status = 'running' AND lease_expires_at < :now))"
+        " ORDER BY id = :id DESC, priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED",
+        {"id": task_id, "lane": lane, "n": n, "owner": owner}, now, lease_s,
     )
 
 
 def claim_group_members_txn(
-    conn: Connection, task_id: uuid.UUID, lane: str, scope_id: str | None, resource_key: str | None, n: int,
-    owner: str, now: datetime, lease_s: float,
+    conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float
 ) -> list[RowMapping]:
-    """Claim up to ``n`` due queued members of ``task_id``'s wake-up group (in one scope and resource
-    key, when given)."""
-    return list(
-        conn.execute(
-            sql(
-                "WITH pick AS ("
-                " SELECT id FROM tasks WHERE hint_group = :id AND status = 'queued' AND available_at <= :now"
-                f" AND {_CLAIMABLE} AND (CAST(:s AS text) IS NULL OR scope_id = :s)"
-                " AND (CAST(:rk AS text) IS NULL OR resource_key = :rk)"
-                " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED"
-                "), c AS ("
-                " UPDATE tasks t SET" + _CLAIM_SET +
-                f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
-                ")" + _CLAIMED_TO_RUNNING
-            ),
-            {"id": task_id, "lane": lane, "s": scope_id, "rk": resource_key, "n": n, "owner": owner, "now": now,
-             "exp": now + timedelta(seconds=lease_s)},
-        )
-        .mappings()
-        .all()
+    """Claim up to ``n`` due queued members of ``task_id``'s wake-up group (one scope and resource
+    key by construction: see advance._wake_groups)."""
+    return _claim_picked_txn(
+        conn,
+        f"SELECT id FROM tasks WHERE hint_group = :id AND status = 'queued' AND available_at <= :now AND {_CLAIMABLE}"
+        " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED",
+        {"id": task_id, "lane": lane, "n": n, "owner": owner}, now, lease_s,
     )
 
 
