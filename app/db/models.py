@@ -241,6 +241,8 @@ class Task(Base):
     last_hint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # the task whose hint also wakes this one (created together by a batched completion)
     hint_group: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # on a group's named task: how many members its hint wakes too (the cap for joining it)
+    hint_members: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     grant_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     error: Mapped[dict | None] = mapped_column(JSONB)
@@ -281,6 +283,11 @@ class Task(Base):
         Index(
             "ix_tasks_hint_group", "hint_group",
             postgresql_where=text("status = 'queued' AND hint_group IS NOT NULL"),
+        ),
+        # the newest open wake-up group of a (scope, lane, resource key), for a new task to join
+        Index(
+            "ix_tasks_open_group", "scope_id", "lane", "resource_key", "created_at",
+            postgresql_where=text("status = 'queued' AND hint_group IS NULL"),
         ),
         # lease expired
         Index("ix_tasks_lease", "lease_expires_at", postgresql_where=text("status = 'running'")),

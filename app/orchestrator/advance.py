@@ -22,6 +22,7 @@ from app.db.enums import (
     ContextStatus,
     JobMode,
     JobStatus,
+    Lane,
     Stage,
     StageStatus,
 )
@@ -246,10 +247,36 @@ def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
         size = lane_batch_size(orch.settings, lane)
         for i in range(0, len(members), size):
             group = members[i : i + size]
+            group[0]["hint_members"] = len(group) - 1
             for member in group[1:]:
                 member["hint_group"] = group[0]["id"]
             groups.append(group)
     return groups
+
+
+# lanes whose hint claims through tasks.claim_group_txn, where a new task may join a queued group
+_JOINABLE_LANES = frozenset({Lane.VISUAL.value, Lane.EMBEDDING.value})
+
+
+def _join_open_groups_txn(orch: Orchestrator, conn: Connection, groups: list[list[dict]], now) -> list[list[dict]]:
+    """Let each small group of a batched lane (an upload's first task, most often) join the newest
+    open group of its scope, lane and resource key instead of publishing a hint of its own: a
+    burst of single uploads then costs one message per batch, not one per image. Returns the
+    groups that still need their own hint."""
+    own = []
+    for group in groups:
+        first = group[0]
+        size = lane_batch_size(orch.settings, first["lane"])
+        leader = None
+        if first["lane"] in _JOINABLE_LANES and len(group) < size:
+            leader = tasks.join_open_group_txn(conn, first["scope_id"], first["lane"], first["resource_key"],
+                                               first["priority"], len(group), size, now)
+        if leader is None:
+            own.append(group)
+            continue
+        for row in group:
+            row["hint_group"], row["hint_members"] = leader, 0
+    return own
 
 
 def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[Hint]:
@@ -259,9 +286,9 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
     now = orch.now()
     jobs.complete_many_txn(conn, pending.completed, now)
     new_tasks = [(n, _task_values(orch, n, None)) for n in pending.tasks] + _granted_txn(orch, conn, pending)
-    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "mh": new.job_fields.get("metadata_hash")}
-            for new, values in new_tasks]
-    groups = _wake_groups(orch, rows)
+    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "hint_members": 0,
+             "mh": new.job_fields.get("metadata_hash")} for new, values in new_tasks]
+    groups = _join_open_groups_txn(orch, conn, _wake_groups(orch, rows), now)
     created = tasks.insert_and_link_many_txn(conn, rows, now)
     hints: list[Hint] = []
     for group in groups:

@@ -96,18 +96,20 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
 
 @retry_on_disconnect
 def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
-    """Claim the hinted task and its wake-up group, then up to ``n`` in all with other due tasks of
-    its batched lane, in one transaction.
+    """Claim the hinted task and its whole wake-up group, then up to ``n`` in all with other due
+    tasks of its batched lane, in one transaction.
 
     Only a live hint drains a batch: a stale, duplicate, wrong-lane or unknown id whose group has
     nothing queued claims nothing (the message is acked and changes nothing); every queued task
-    is named by a hint of its own or its group's.
+    is named by a hint of its own or its group's. The hinted task is locked first (waiting for a
+    task joining its group to commit), so the group claim sees every member that joined.
     """
     if lane == Lane.AGENT:
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
-    now = orch.now()
     with orch.engine.begin() as conn:
-        rows = tasks.claim_group_txn(conn, task_id, lane, n, owner, now, orch.settings.lease_s)
+        tasks.lock_hinted_txn(conn, task_id, lane)
+        now = orch.now()  # after the wait: a member that joined meanwhile is due by now
+        rows = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s)
         if rows and len(rows) < n:
             rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
     if rows:

@@ -4,6 +4,7 @@ heartbeat → complete or fail → publish the returned hints (after the orchest
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,29 @@ class Heartbeat:
                         self.stop_requested.set()
                 except Exception:  # a DB hiccup: the lease may lapse, the fencing keeps us safe
                     log.exception("heartbeat failed", extra={"task_id": claim.task_id})
+
+
+_CALL_THREADS = 64  # a bound, not a pool size: threads start only as concurrent calls need them
+_call_pool: ThreadPoolExecutor | None = None
+_call_pool_lock = threading.Lock()
+
+
+def _calls() -> ThreadPoolExecutor:
+    """The process's threads for an agent batch's concurrent calls, started once and reused
+    (starting a thread per call cost more than a no-op call)."""
+    global _call_pool
+    with _call_pool_lock:
+        if _call_pool is None:
+            _call_pool = ThreadPoolExecutor(max_workers=_CALL_THREADS, thread_name_prefix="agent-call")
+        return _call_pool
+
+
+def _forget_call_pool() -> None:  # a forked child has none of its parent's threads
+    global _call_pool, _call_pool_lock
+    _call_pool, _call_pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_call_pool)
 
 
 def _internal_error(exc: Exception) -> StageError:
@@ -127,8 +151,7 @@ def run_agent_batch(
         if len(claims) == 1:
             results = [_outcome(orch, claims[0], providers)]
         else:
-            with ThreadPoolExecutor(max_workers=len(claims), thread_name_prefix="agent") as pool:
-                results = list(pool.map(lambda c: _outcome(orch, c, providers), claims))
+            results = list(_calls().map(lambda c: _outcome(orch, c, providers), claims))
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []

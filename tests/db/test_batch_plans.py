@@ -13,7 +13,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.worker.providers import Providers
 from app.worker.run import handle_hint
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
 
 BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_grants)"
 
@@ -21,7 +21,7 @@ BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_gr
 def test_every_batch_statement_reaches_its_rows_by_index_on_a_big_history(engine, settings):
     settings = dataclasses.replace(settings, agent_batch_size=4)
     orch = Orchestrator(engine, settings)
-    visual = [store_and_ingest(orch, "local", png_bytes(s)).hints[0] for s in range(120, 124)]
+    visual = [visual_task(store_and_ingest(orch, "local", png_bytes(s))) for s in range(120, 124)]
     with engine.begin() as conn:
         bulk_jobs_with_tasks(conn, 15000, lane="agent", task_status="succeeded")  # 4 images × 15k jobs
         conn.execute(text(

@@ -17,7 +17,7 @@ from app.worker import executor
 from app.worker.providers import Providers
 from app.worker.run import handle_hint
 from tests.support.clock import FakeClock
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
 
 
 def _scalar(engine, sql, **params):
@@ -26,7 +26,7 @@ def _scalar(engine, sql, **params):
 
 
 def _ingest(orch, seeds, scope="local"):
-    return [store_and_ingest(orch, scope, png_bytes(s)).hints[0] for s in seeds]
+    return [visual_task(store_and_ingest(orch, scope, png_bytes(s))) for s in seeds]
 
 
 class _Commits:
@@ -159,8 +159,10 @@ def test_a_freed_agent_slot_hints_only_a_task_that_waits_unhinted(engine, settin
 
     b = orch.claim_task(agent_b, "w2", "agent")
     assert b is not None
-    # every waiting agent task (c) has a live hint: the completion hints only the job's next stage
-    assert [h.lane for h in finish(b)] == ["embedding"]
+    # every waiting agent task (c) has a live hint, and the job's next stage joins the queued
+    # embedding task of job a (one hint wakes both): the completion publishes nothing
+    assert finish(b) == []
+    assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'embedding' AND hint_group IS NOT NULL") == 1
     assert orch.claim_task(agent_c, "w3", "agent") is not None
 
 
@@ -336,7 +338,7 @@ def test_a_new_job_links_to_the_identical_task_a_cancelled_job_still_runs(engine
     orch = Orchestrator(engine, settings)
     providers = Providers(settings)
     res = store_and_ingest(orch, "local", png_bytes(130))
-    claim = orch.claim_task(res.hints[0].task_id, "w1", "visual")
+    claim = orch.claim_task(visual_task(res).task_id, "w1", "visual")
     assert claim is not None
     orch.cancel_job("local", res.job["id"])  # its visual task keeps running (cancel requested)
     again = orch.request_processing("local", res.image["id"])

@@ -11,7 +11,7 @@ from app.orchestrator import Orchestrator, RecordingPublisher
 from app.worker import executor
 from app.worker.providers import Providers
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
 
 
 def _scalar(engine, sql, **params):
@@ -49,7 +49,7 @@ def test_unknown_or_finished_task_hint_is_dropped(engine, settings):
     orch = Orchestrator(engine, settings)
     assert orch.claim_task(uuid.uuid4(), "w") is None
     res = store_and_ingest(orch, "local", png_bytes(4))
-    claim = orch.claim_task(res.hints[0].task_id, "w")
+    claim = orch.claim_task(visual_task(res).task_id, "w")
     orch.complete_task(claim, executor.execute_visual(settings, Providers(settings), claim))
     gen = _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=claim.task_id)
     assert orch.claim_task(claim.task_id, "w2") is None  # finished: a late duplicate changes nothing
@@ -92,7 +92,7 @@ def test_content_replaced_mid_run_writes_no_artifact_and_new_version_proceeds(en
     providers = Providers(settings)
     pub = RecordingPublisher()
     res = store_and_ingest(orch, "local", png_bytes(7))
-    claim = orch.claim_task(res.hints[0].task_id, "w1")
+    claim = orch.claim_task(visual_task(res).task_id, "w1")
     artifact = executor.execute_visual(settings, providers, claim)
     # the user replaces the content while the visual task runs
     new_bytes = png_bytes(8)

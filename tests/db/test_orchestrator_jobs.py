@@ -12,7 +12,7 @@ from app.stages.errors import PermanentError, RetryableError
 from tests.conftest import poll_until
 from tests.support.clock import FakeClock
 from tests.support.fakes import Calls, counting_providers
-from tests.support.pipeline import Workers, png_bytes, store_and_ingest
+from tests.support.pipeline import Workers, png_bytes, store_and_ingest, visual_task
 
 
 def _q(engine, sql, **params):
@@ -144,7 +144,7 @@ def test_retryable_twice_then_success_backs_off_and_finishes_on_attempt_3(engine
     from app.worker.run import run_task
 
     res = store_and_ingest(orch, "local", png_bytes(21))
-    task_id = res.hints[0].task_id
+    task_id = visual_task(res).task_id
     pub = RecordingPublisher()
     due = []
     for _attempt in (1, 2):
@@ -166,7 +166,7 @@ def test_permanent_error_fails_job_with_its_code(engine, settings):
     from app.worker.run import run_task
 
     res = store_and_ingest(orch, "local", png_bytes(22))
-    assert run_task(orch, res.hints[0].task_id, "w", providers, RecordingPublisher()) == "failed"
+    assert run_task(orch, visual_task(res).task_id, "w", providers, RecordingPublisher()) == "failed"
     job = orch.get_job("local", res.job["id"])
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_image"
     assert job["stages"][0]["status"] == "failed"
@@ -181,6 +181,6 @@ def test_exhausted_retries_fail_with_max_attempts_exceeded(engine, settings):
     res = store_and_ingest(orch, "local", png_bytes(23))
     for _ in range(3):
         clock.advance(3600)
-        assert run_task(orch, res.hints[0].task_id, "w", providers, RecordingPublisher()) == "failed"
+        assert run_task(orch, visual_task(res).task_id, "w", providers, RecordingPublisher()) == "failed"
     job = orch.get_job("local", res.job["id"])
     assert job["status"] == "failed" and job["error"]["code"] == "max_attempts_exceeded"

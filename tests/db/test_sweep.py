@@ -9,7 +9,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator
 from app.orchestrator.store import sweep as q
 from tests.support.clock import FakeClock
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
 
 
 def test_sweep_rehints_stale_and_expired_and_skips_when_locked(engine, settings):
@@ -17,12 +17,12 @@ def test_sweep_rehints_stale_and_expired_and_skips_when_locked(engine, settings)
     orch = Orchestrator(engine, settings, clock=clock)
     a = store_and_ingest(orch, "local", png_bytes(1))
     b = store_and_ingest(orch, "local", png_bytes(2))
-    claimed = orch.claim_task(b.hints[0].task_id, "dead-worker")
+    claimed = orch.claim_task(visual_task(b).task_id, "dead-worker")
     assert claimed is not None
     assert orch.sweep().hints == []  # hints are fresh: nothing to do
     clock.advance(settings.lease_s + settings.rehint_grace_s + 1)
     report = orch.sweep()
-    assert {h.task_id for h in report.hints} == {a.hints[0].task_id, b.hints[0].task_id}
+    assert {h.task_id for h in report.hints} == {visual_task(a).task_id, visual_task(b).task_id}
     assert report.counts["rehinted"] == 1 and report.counts["lease_expired"] == 1
     assert orch.sweep().hints == []  # re-hinted once per grace period, not every run
     with engine.connect() as other:
@@ -73,7 +73,7 @@ def test_sweep_advances_a_job_whose_task_finished_without_advancing_it(engine, s
     clock = FakeClock()
     orch = Orchestrator(engine, settings, clock=clock)
     res = store_and_ingest(orch, "local", png_bytes(7))
-    task_id = res.hints[0].task_id
+    task_id = visual_task(res).task_id
     with engine.begin() as conn:
         conn.execute(text("UPDATE tasks SET status = 'cancelled', completed_at = :t WHERE id = :id"),
                      {"t": clock(), "id": task_id})

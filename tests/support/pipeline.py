@@ -13,6 +13,7 @@ from PIL import Image, ImageDraw
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
+from app.orchestrator.hints import Hint
 from app.worker.providers import Providers
 from app.worker.run import handle_hint
 
@@ -40,6 +41,13 @@ def store_and_ingest(orch: Orchestrator, scope: str, data: bytes, **kwargs):
         scope, sha256=sha, media_type="image/png", extension=".png", size_bytes=len(data), width=w, height=h,
         storage_key=key, **kwargs,
     )
+
+
+def visual_task(res) -> Hint:
+    """A hint naming the visual task an ingest created. (The ingest itself may publish none: an
+    upload joins the open wake-up group of the uploads just before it, whose hint wakes it.)"""
+    stage = next(s for s in res.job["stages"] if s["stage"] == "visual")
+    return Hint("visual", uuid.UUID(stage["task_id"]))
 
 
 class Workers:

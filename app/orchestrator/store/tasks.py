@@ -138,19 +138,58 @@ def claim_batch_txn(
 
 
 def claim_group_txn(
-    conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float
+    conn: Connection, task_id: uuid.UUID, lane: str, owner: str, now: datetime, lease_s: float
 ) -> list[RowMapping]:
     """What a hint of a batched lane claims first: the hinted task (claimable as in ``claim_txn``)
-    and the due members of its wake-up group, up to ``n`` (SKIP LOCKED: a row another claimer
-    holds is left to it). Empty when neither the task nor any member is claimable."""
+    and every due member of its wake-up group (SKIP LOCKED: a row another claimer holds is left to
+    it). A group is claimed whole — it is at most its creator's batch size — so a claimer with a
+    smaller ``n`` leaves no member behind with its hint spent. Empty when neither the task nor any
+    member is claimable. Call ``lock_hinted_txn`` first, in the same transaction."""
     return _claim_picked_txn(
         conn,
         "SELECT id FROM tasks WHERE (id = :id OR (hint_group = :id AND status = 'queued'))"
         f" AND {_CLAIMABLE} AND ((status = 'queued' AND available_at <= :now)"
         "  OR (status = 'running' AND lease_expires_at < :now))"
-        " ORDER BY id = :id DESC, priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED",
-        {"id": task_id, "lane": lane, "n": n, "owner": owner}, now, lease_s,
+        " FOR UPDATE SKIP LOCKED",
+        {"id": task_id, "lane": lane, "owner": owner}, now, lease_s,
     )
+
+
+def lock_hinted_txn(conn: Connection, task_id: uuid.UUID, lane: str) -> None:
+    """Wait for the hinted task if it is queued and someone holds it — above all a new task joining
+    its wake-up group (``join_open_group_txn``): the claim's next statement (a new snapshot) then
+    sees every member that joined, and a later joiner finds the task claimed and hints for itself.
+    Holding nothing else yet, this wait cannot close a lock cycle."""
+    conn.execute(
+        sql("SELECT id FROM tasks WHERE id = :id AND lane = :lane AND status = 'queued' FOR NO KEY UPDATE"),
+        {"id": task_id, "lane": lane},
+    )
+
+
+def join_open_group_txn(
+    conn: Connection, scope_id: str, lane: str, resource_key: str, priority: int, k: int, size: int,
+    now: datetime,
+) -> uuid.UUID | None:
+    """Join ``k`` new tasks to the newest open wake-up group of (scope, lane, resource key): its
+    named task still queued and never claimed (so its hint is still ahead), same priority, room
+    for ``k`` more under ``size``. Returns the named task's id (the new tasks' ``hint_group``; they
+    need no hint of their own) or None (hint them yourselves).
+
+    Never waits: a group whose named task is locked (being claimed, or joined by another writer)
+    is passed over. The lock taken here is held to commit, so a claim of that hint waits for the
+    join to land (``lock_hinted_txn``).
+    """
+    return conn.execute(
+        sql(
+            "UPDATE tasks SET hint_members = hint_members + :k WHERE id = ("
+            " SELECT id FROM tasks WHERE scope_id = :s AND lane = :lane AND resource_key = :rk"
+            " AND status = 'queued' AND hint_group IS NULL"
+            " ORDER BY created_at DESC LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+            ") AND status = 'queued' AND attempt_count = 0 AND NOT cancel_requested AND available_at <= :now"
+            " AND priority = :p AND hint_members + :k < :size RETURNING id"
+        ),
+        {"s": scope_id, "lane": lane, "rk": resource_key, "p": priority, "k": k, "size": size, "now": now},
+    ).scalar()
 
 
 def claim_group_members_txn(
@@ -268,7 +307,8 @@ def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) 
 _NEW_TASKS = (
     "r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, scope_id text, job_id uuid,"
     " stage text, lane text, resource_key text, payload jsonb, input_fingerprint text, dedupe_key text,"
-    " image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid, hint_group uuid, mh text))"
+    " image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid, hint_group uuid,"
+    " hint_members int, mh text))"
 )
 
 
@@ -276,8 +316,8 @@ def insert_and_link_many_txn(conn: Connection, rows: list[dict[str, Any]], now: 
     """Fast path of advancing several jobs: create their tasks (each bound to its operation grant,
     if any), point their stages at them and move the jobs' current_stage — one statement.
 
-    ``rows`` are task values (with the new ``id`` and its ``hint_group``, or None) plus ``mh`` (the
-    metadata hash to set on a job that has none yet).
+    ``rows`` are task values (with the new ``id``, its ``hint_group`` or None, and ``hint_members``)
+    plus ``mh`` (the metadata hash to set on a job that has none yet).
     Returns {job id: new task id}; a job missing from it has an identical active task already
     (dedupe — also against another row of the same call), and its grant is left unbound for the caller.
     """
@@ -289,9 +329,10 @@ def insert_and_link_many_txn(conn: Connection, rows: list[dict[str, Any]], now: 
             "WITH " + _NEW_TASKS + ", t AS ("
             " INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint,"
             " dedupe_key, image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,"
-            " grant_id, hint_group, created_at, updated_at)"
+            " grant_id, hint_group, hint_members, created_at, updated_at)"
             " SELECT id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,"
-            " image_id, image_sha256, 'queued', priority, :now, max_attempts, :now, grant_id, hint_group, :now, :now"
+            " image_id, image_sha256, 'queued', priority, :now, max_attempts, :now, grant_id, hint_group,"
+            " hint_members, :now, :now"
             " FROM r"
             " ORDER BY job_id"
             " ON CONFLICT (scope_id, dedupe_key) WHERE status IN ('queued', 'running') DO NOTHING"
