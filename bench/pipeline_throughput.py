@@ -10,6 +10,7 @@ by N; the ingest transactions are reported separately) and p50/p99 time-in-stage
 ``started_at`` → ``completed_at``) plus queue-to-done per stage.
 
     python bench/pipeline_throughput.py [--n 2000] [--workers 2] [--layout shared|per-lane] [--runs 1]
+        [--agent-lane-limit L] [--agent-batch B]
 
 ``--layout shared`` (default): each worker consumes all three queues, like the peers' 2 solo
 nodes. ``per-lane``: one worker per lane (W is then 3). Servers: fresh embedded PostgreSQL
@@ -92,6 +93,10 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         MEMEFLOW_TEXT_PROVIDER="deterministic", MEMEFLOW_LOG_LEVEL="WARNING", MEMEFLOW_LEASE_S="60",
         MEMEFLOW_HEARTBEAT_S="20", MEMEFLOW_EMBEDDING_BATCH_SIZE=str(args.embedding_batch), PYTHONPATH=str(ROOT),
     )
+    if args.agent_batch is not None:
+        env["MEMEFLOW_AGENT_BATCH_SIZE"] = str(args.agent_batch)
+    if args.agent_lane_limit is not None:
+        env["MEMEFLOW_AGENT_LANE_LIMIT"] = str(args.agent_lane_limit)
     from app.cli.processes import worker_cmd
 
     layouts = [list(LANES)] * args.workers if args.layout == "shared" else [[lane] for lane in LANES]
@@ -155,6 +160,9 @@ def main() -> None:
     ap.add_argument("--layout", choices=["shared", "per-lane"], default="shared")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--embedding-batch", type=int, default=16)
+    ap.add_argument("--agent-batch", type=int, help="MEMEFLOW_AGENT_BATCH_SIZE for the workers (default: settings)")
+    ap.add_argument("--agent-lane-limit", type=int,
+                    help="MEMEFLOW_AGENT_LANE_LIMIT for the workers (default: settings; 0 = no limit)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--database-url")
     ap.add_argument("--broker-url")
