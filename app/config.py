@@ -10,6 +10,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 __all__ = ["Settings", "get_settings", "reset_settings"]
@@ -80,11 +81,11 @@ class Settings:
     log_json: bool = True
     log_level: str = "INFO"
 
-    @property
+    @cached_property  # resolved once per Settings (a worker joins it to every stored file it reads)
     def storage_path(self) -> Path:
         return (self.storage_dir or self.var_dir / "storage").resolve()
 
-    @property
+    @cached_property
     def agent_results_path(self) -> Path:
         return (self.var_dir / "agent-results").resolve()
 
