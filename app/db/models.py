@@ -284,9 +284,9 @@ class Task(Base):
             "ix_tasks_hint_group", "hint_group",
             postgresql_where=text("status = 'queued' AND hint_group IS NOT NULL"),
         ),
-        # the newest open wake-up group of a (scope, lane, resource key), for a new task to join
+        # the newest open wake-up group of a (scope, lane, resource key, priority), for a new task to join
         Index(
-            "ix_tasks_open_group", "scope_id", "lane", "resource_key", "created_at",
+            "ix_tasks_open_group", "scope_id", "lane", "resource_key", "priority", "created_at",
             postgresql_where=text("status = 'queued' AND hint_group IS NULL"),
         ),
         # lease expired

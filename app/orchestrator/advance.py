@@ -260,7 +260,7 @@ _JOINABLE_LANES = frozenset({Lane.VISUAL.value, Lane.EMBEDDING.value})
 
 def _join_open_groups_txn(orch: Orchestrator, conn: Connection, groups: list[list[dict]], now) -> list[list[dict]]:
     """Let each small group of a batched lane (an upload's first task, most often) join the newest
-    open group of its scope, lane and resource key instead of publishing a hint of its own: a
+    open group of its scope, lane, resource key and priority instead of publishing a hint of its own: a
     burst of single uploads then costs one message per batch, not one per image. Returns the
     groups that still need their own hint."""
     own = []

@@ -135,3 +135,45 @@ def test_concurrent_uploads_and_workers_finish_every_job_without_a_sweep(engine,
     # and the burst did share hints: fewer visual hints than uploads
     assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'visual' AND hint_group IS NOT NULL") > 0
 
+
+
+def test_joining_finds_the_newest_group_by_index_behind_a_big_queued_backlog(engine, settings):
+    """Every upload runs the join: behind 50k queued visual tasks of a library batch (priority 0)
+    it must reach the newest upload group (priority 1) by ``ix_tasks_open_group`` (custom and
+    generic plan), never scan the backlog."""
+    import re
+
+    from tests.support.pipeline import bulk_jobs_with_tasks
+
+    orch = Orchestrator(engine, settings)
+    first = store_and_ingest(orch, "local", png_bytes(60))
+    with engine.begin() as conn:
+        bulk_jobs_with_tasks(conn, 50000, lane="visual", task_status="queued")  # newer, priority 0
+    captured: list = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "hint_members = hint_members +" in statement:
+            captured.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert store_and_ingest(orch, "local", png_bytes(61)).hints == []  # it joined the upload group
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    (statement, parameters), = captured
+    with engine.connect() as conn:
+        custom = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+        names = list(parameters)
+        prepared = statement
+        for i, name in enumerate(names, 1):
+            prepared = prepared.replace(f"%({name})s", f"${i}")
+        types = {"k": "int", "s": "text", "lane": "text", "rk": "text", "p": "int", "now": "timestamptz", "size": "int"}
+        conn.exec_driver_sql(f"PREPARE join_group({', '.join(types[n] for n in names)}) AS {prepared}")
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        literal = {n: "'" + str(parameters[n]).replace("'", "''") + f"'::{types[n]}" for n in names}
+        generic = "\n".join(r[0] for r in conn.exec_driver_sql(
+            f"EXPLAIN EXECUTE join_group({', '.join(literal[n] for n in names)})"))
+        conn.rollback()
+    assert _scalar(engine, "SELECT hint_members FROM tasks WHERE id = :t", t=visual_task(first).task_id) == 1
+    for plan in (custom, generic):
+        assert "ix_tasks_open_group" in plan and not re.search(r"Seq Scan on tasks|Sort", plan), plan

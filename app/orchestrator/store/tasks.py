@@ -170,8 +170,8 @@ def join_open_group_txn(
     conn: Connection, scope_id: str, lane: str, resource_key: str, priority: int, k: int, size: int,
     now: datetime,
 ) -> uuid.UUID | None:
-    """Join ``k`` new tasks to the newest open wake-up group of (scope, lane, resource key): its
-    named task still queued and never claimed (so its hint is still ahead), same priority, room
+    """Join ``k`` new tasks to the newest open wake-up group of (scope, lane, resource key,
+    priority): its named task still queued and never claimed (so its hint is still ahead), room
     for ``k`` more under ``size``. Returns the named task's id (the new tasks' ``hint_group``; they
     need no hint of their own) or None (hint them yourselves).
 
@@ -182,11 +182,11 @@ def join_open_group_txn(
     return conn.execute(
         sql(
             "UPDATE tasks SET hint_members = hint_members + :k WHERE id = ("
-            " SELECT id FROM tasks WHERE scope_id = :s AND lane = :lane AND resource_key = :rk"
+            " SELECT id FROM tasks WHERE scope_id = :s AND lane = :lane AND resource_key = :rk AND priority = :p"
             " AND status = 'queued' AND hint_group IS NULL"
             " ORDER BY created_at DESC LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
             ") AND status = 'queued' AND attempt_count = 0 AND NOT cancel_requested AND available_at <= :now"
-            " AND priority = :p AND hint_members + :k < :size RETURNING id"
+            " AND hint_members + :k < :size RETURNING id"
         ),
         {"s": scope_id, "lane": lane, "rk": resource_key, "p": priority, "k": k, "size": size, "now": now},
     ).scalar()
