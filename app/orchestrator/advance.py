@@ -10,6 +10,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
@@ -258,11 +259,13 @@ def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
 _JOINABLE_LANES = frozenset({Lane.VISUAL.value, Lane.EMBEDDING.value})
 
 
-def _join_open_groups_txn(orch: Orchestrator, conn: Connection, groups: list[list[dict]], now) -> list[list[dict]]:
+def _join_open_groups_txn(
+    orch: Orchestrator, conn: Connection, groups: list[list[dict]], now: datetime
+) -> list[list[dict]]:
     """Let each small group of a batched lane (an upload's first task, most often) join the newest
-    open group of its scope, lane, resource key and priority instead of publishing a hint of its own: a
-    burst of single uploads then costs one message per batch, not one per image. Returns the
-    groups that still need their own hint."""
+    open group of its scope, lane, resource key and priority instead of publishing a hint of its
+    own: a burst of single uploads then costs one message per batch, not one per image. Returns
+    the groups that still need their own hint."""
     own = []
     for group in groups:
         first = group[0]
