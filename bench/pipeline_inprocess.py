@@ -6,7 +6,7 @@ Ingests N images, then drains the hints in this process through ``app.worker.run
 and per lane the wall time, hints handled and SQL statements per job (counted with SQLAlchemy
 events); ``--statements`` also lists every statement shape with its count and wall time per job.
 
-    python bench/pipeline_inprocess.py [--n 600] [--statements]
+    python bench/pipeline_inprocess.py [--n 600] [--statements] [--agent-batch 2] [--agent-lane-limit 4]
 
 Fresh embedded PostgreSQL (durable settings) under a temp dir unless --database-url (Redis is not used).
 """
@@ -31,6 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=600)
     ap.add_argument("--statements", action="store_true", help="list statement shapes by wall time")
+    ap.add_argument("--agent-batch", type=int, default=2, help="MEMEFLOW_AGENT_BATCH_SIZE (default 2, as the settings)")
+    ap.add_argument("--agent-lane-limit", type=int, default=4, help="MEMEFLOW_AGENT_LANE_LIMIT (0 = none)")
     ap.add_argument("--database-url")
     args = ap.parse_args()
 
@@ -43,7 +45,8 @@ def main() -> None:
     with bench_servers("memeflow-inproc-", args.database_url, "redis://unused") as (tmp, db_url, _):
         settings = Settings(database_url=db_url, broker_url="redis://unused", var_dir=tmp / "run",
                             visual_provider="deterministic", agent_provider="deterministic",
-                            text_provider="deterministic", log_level="WARNING")
+                            text_provider="deterministic", log_level="WARNING", agent_batch_size=args.agent_batch,
+                            agent_lane_limit=args.agent_lane_limit)
         engine = make_engine(db_url, pre_ping=False)
         with engine.begin() as conn:
             conn.execute(text("TRUNCATE scopes CASCADE"))

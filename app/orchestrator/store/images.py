@@ -50,11 +50,16 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
     )
 
 
+# What a completion needs of its images (target check, planning facts, the metadata hash's
+# inputs) — not the context document itself, which can be large and is not read there.
+_FACTS = "id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision"
+
+
 def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
-    """Lock several images in id order (the order every multi-image writer uses); by id."""
+    """Lock several images in id order (the order every multi-image writer uses); their facts by id."""
     mode = "FOR SHARE" if share else "FOR UPDATE"
     rows = conn.execute(
-        sql(f"SELECT * FROM images WHERE id = ANY(:ids) ORDER BY id {mode}"), {"ids": list(image_ids)}
+        sql(f"SELECT {_FACTS} FROM images WHERE id = ANY(:ids) ORDER BY id {mode}"), {"ids": list(image_ids)}
     ).mappings()
     return {r["id"]: r for r in rows}
 
@@ -72,7 +77,7 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
 def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> dict[uuid.UUID, RowMapping]:
     """Store agent-produced contexts — each only if its image still has the bytes it describes —
     in one statement. ``rows``: id, sha, context, provenance, metadata_hash. Returns the updated
-    image rows by id."""
+    images' facts (as ``lock_images_txn``) by id."""
     if not rows:
         return {}
     doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
@@ -82,7 +87,8 @@ def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) 
             "UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready',"
             " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
             " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
-            " prov text, mh text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING i.*"
+            " prov text, mh text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
+            + ", ".join(f"i.{c}" for c in _FACTS.split(", "))
         ),
         {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
     ).mappings().all()
