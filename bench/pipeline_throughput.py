@@ -69,7 +69,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         database_url=db_url, broker_url=broker_url, var_dir=var_dir, visual_provider="deterministic",
         agent_provider="deterministic", text_provider="deterministic", log_json=True, log_level="WARNING",
         lease_s=60, heartbeat_s=20, sweep_interval_s=15, rehint_grace_s=30,
-        embedding_batch_size=args.embedding_batch,
+        embedding_batch_size=args.embedding_batch, visual_batch_size=args.visual_batch,
     )
     engine = make_engine(db_url, pre_ping=False)  # pool pings would count as commits
     with engine.begin() as conn:
@@ -91,7 +91,8 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         MEMEFLOW_DATABASE_URL=db_url, MEMEFLOW_BROKER_URL=broker_url, MEMEFLOW_VAR_DIR=str(var_dir),
         MEMEFLOW_VISUAL_PROVIDER="deterministic", MEMEFLOW_AGENT_PROVIDER="deterministic",
         MEMEFLOW_TEXT_PROVIDER="deterministic", MEMEFLOW_LOG_LEVEL="WARNING", MEMEFLOW_LEASE_S="60",
-        MEMEFLOW_HEARTBEAT_S="20", MEMEFLOW_EMBEDDING_BATCH_SIZE=str(args.embedding_batch), PYTHONPATH=str(ROOT),
+        MEMEFLOW_HEARTBEAT_S="20", MEMEFLOW_EMBEDDING_BATCH_SIZE=str(args.embedding_batch),
+        MEMEFLOW_VISUAL_BATCH_SIZE=str(args.visual_batch), PYTHONPATH=str(ROOT),
     )
     if args.agent_batch is not None:
         env["MEMEFLOW_AGENT_BATCH_SIZE"] = str(args.agent_batch)
@@ -160,6 +161,7 @@ def main() -> None:
     ap.add_argument("--layout", choices=["shared", "per-lane"], default="shared")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--embedding-batch", type=int, default=16)
+    ap.add_argument("--visual-batch", type=int, default=16, help="MEMEFLOW_VISUAL_BATCH_SIZE (uploads and workers)")
     ap.add_argument("--agent-batch", type=int, help="MEMEFLOW_AGENT_BATCH_SIZE for the workers (default: settings)")
     ap.add_argument("--agent-lane-limit", type=int,
                     help="MEMEFLOW_AGENT_LANE_LIMIT for the workers (default: settings; 0 = no limit)")
