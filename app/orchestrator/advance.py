@@ -127,23 +127,22 @@ def advance_jobs_txn(
         for job_id, image in items
     ])
     pending = _Pending()
-    hints: list[Hint] = []
     for job_id, image in items:
-        hints += _advance_txn(orch, conn, facts.get(job_id), image, pending)
-    return hints + _flush_txn(orch, conn, pending)
+        _advance_txn(orch, conn, facts.get(job_id), image, pending)
+    return _flush_txn(orch, conn, pending)
 
 
 def _advance_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping | None, image: RowMapping | None, pending: _Pending
-) -> list[Hint]:
+) -> None:
     if job is None or job["status"] not in ACTIVE_JOB_STATUSES:
-        return []
+        return
     if image is None or image["sha256"] != job["image_sha256"]:
         _end_job_txn(orch, conn, job, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
-        return []
+        return
     if job["metadata_hash"] is not None and image["metadata_hash"] != job["metadata_hash"]:
         _end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
-        return []
+        return
     stages = {r["stage"]: r for r in job["stage_rows"]}
     configs = StageConfigs.from_job_config(job["config"])
     succeeded = [s for s, row in stages.items() if row["status"] == StageStatus.SUCCEEDED]
@@ -166,27 +165,25 @@ def _advance_txn(
             )
     if p.complete:
         pending.completed.append((job["id"], fields.get("metadata_hash")))
-        return []
+        return
     stage = p.run_stage
     assert stage is not None
-    return _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields,
-                          pending)
+    _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields, pending)
 
 
 def _run_stage_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
     stage: str, row: dict, fingerprint: str | None, job_fields: dict, pending: _Pending,
-) -> list[Hint]:
+) -> None:
     """Make sure the first invalid stage has an active leaf task (queue its creation — an agent
     task's after its grant — or see it already waits on a live one), and point the job at it."""
     live = ("queued", "running")
     if row["status"] in live and row["task_id"] is not None and row["task_status"] in live:
         _point_job_txn(orch, conn, job, stage, job_fields)
-        return []  # already waiting on a live task
+        return  # already waiting on a live task
     assert fingerprint is not None
     new = _NewTask(job, image, configs, stage, fingerprint, job_fields)
     (pending.agent if stage == Stage.AGENT else pending.tasks).append(new)
-    return []
 
 
 def _task_values(orch: Orchestrator, new: _NewTask, grant_id: uuid.UUID | None) -> dict:

@@ -74,11 +74,6 @@ def lock_job_txn(conn: Connection, job_id: uuid.UUID, scope_id: str | None = Non
     return conn.execute(sql(statement), {"id": job_id, "s": scope_id}).mappings().first()
 
 
-def stages_txn(conn: Connection, job_id: uuid.UUID) -> dict[str, RowMapping]:
-    rows = conn.execute(sql("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
-    return {r["stage"]: r for r in rows}
-
-
 def update_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, now: datetime, **fields: Any) -> None:
     sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
     params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}

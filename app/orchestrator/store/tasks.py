@@ -279,10 +279,6 @@ def cancel_job_tasks_txn(conn: Connection, job_id: uuid.UUID, now: datetime, rea
     return cancelled
 
 
-def task_row_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
-    return conn.execute(sql("SELECT * FROM tasks WHERE id = :id"), {"id": task_id}).mappings().first()
-
-
 def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
     """The hint naming ``task_id`` was spent without claiming it or (some of) its wake-up group:
     those still queued wait unhinted (see lanes.refused_txn).
