@@ -182,7 +182,6 @@ class ProcessingJob(Base):
         ),
         Index("ix_processing_jobs_active", "updated_at", postgresql_where=text("status IN ('queued', 'running')")),
         Index("ix_processing_jobs_scope_page", "scope_id", "created_at", "id"),
-        Index("ix_processing_jobs_image", "scope_id", "image_id", "revision"),
         Index("ix_processing_jobs_batch", "batch_id", "status", postgresql_where=text("batch_id IS NOT NULL")),
         Index(
             "ix_processing_jobs_needs_human", "updated_at",
@@ -415,7 +414,6 @@ class TextEmbedding(Base):
         UniqueConstraint("scope_id", "image_id", "image_sha256", "metadata_hash", "model"),
         status_check("status", E.TextEmbeddingStatus),
         CheckConstraint("dims > 0 AND vector_dims(embedding) = dims", name="dims_match"),
-        Index("ix_text_embeddings_scope_model", "scope_id", "model"),
     )
 
 

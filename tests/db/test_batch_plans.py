@@ -64,3 +64,47 @@ def test_every_batch_statement_reaches_its_rows_by_index_on_a_big_history(engine
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
             assert not re.search(BIG, plan), (statement, plan)
         conn.rollback()
+
+
+def _nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def test_the_current_text_embedding_check_reads_one_row_when_statistics_are_stale(engine, settings):
+    """A fresh library filling up: text_embeddings was analyzed while empty, then 3,000 rows of
+    the scope arrived. Each job's "is its text embedding current?" check (job facts, run by every
+    batch completion) must still read only the row it asks for — not every embedding of the scope
+    (it did while ``ix_text_embeddings_scope_model`` existed: the planner took it, estimating one row)."""
+    orch = Orchestrator(engine, settings)
+    res = store_and_ingest(orch, "local", png_bytes(130))
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE text_embeddings"))
+        conn.execute(text(
+            "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
+            " document_version, document, embedding, created_at) SELECT i.scope_id, i.id, i.sha256, md5(g::text),"
+            " 'deterministic-text-v1', 64, 'v1', 'd', array_fill(0.1, ARRAY[64])::vector, now()"
+            " FROM images i, generate_series(1, 3000) g"
+        ))
+    captured: list[tuple[str, dict]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "FROM text_embeddings" in statement and not executemany:
+            captured.append((statement, parameters))
+
+    providers, pub = Providers(settings), RecordingPublisher()
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert handle_hint(orch, "visual", visual_task(res).task_id, "w", providers, pub) == 1
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert captured
+    with engine.connect() as conn:
+        for statement, parameters in captured:
+            [[plan]] = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).all()
+            reads = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "text_embeddings"]
+            assert reads, plan
+            for node in reads:
+                assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, (statement, node)
+        conn.rollback()
