@@ -44,6 +44,7 @@ class Orchestrator:
         self.policy: OperationPolicy = policy if policy is not None else policy_from_settings(settings)
         self.rand = rand or random.Random()
         self._stage_configs = stage_configs
+        self._database = engine.url.render_as_string(hide_password=True)  # key of _INDEXED, rendered once
 
     @property
     def stage_configs(self) -> StageConfigs:
@@ -136,7 +137,7 @@ class Orchestrator:
 
     def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
         """Make sure the per-model HNSW index exists before the first vector of a model lands."""
-        key = (str(self.engine.url), table, model, int(dims))
+        key = (self._database, table, model, int(dims))
         if key in _INDEXED:
             return
         from app.db.engine import ensure_vector_index

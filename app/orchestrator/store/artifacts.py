@@ -78,4 +78,8 @@ def _doc(rows: list[dict]) -> str:
 
 
 def _vec(vector: list[float]) -> str:
-    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+    """pgvector's text form; json.dumps renders a list of floats in C (repr of each, as pgvector reads them)."""
+    try:
+        return json.dumps(vector)
+    except TypeError:  # numpy scalars that are not float subclasses (float32)
+        return json.dumps([float(x) for x in vector])
