@@ -8,6 +8,7 @@ the core transitions.
 
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 from collections.abc import Callable
@@ -44,7 +45,11 @@ class Orchestrator:
         self.policy: OperationPolicy = policy if policy is not None else policy_from_settings(settings)
         self.rand = rand or random.Random()
         self._stage_configs = stage_configs
-        self._database = engine.url.render_as_string(hide_password=True)  # key of _INDEXED, rendered once
+
+    @functools.cached_property
+    def _database_key(self) -> str:
+        """The engine's URL rendered once (``_INDEXED`` is keyed by it for every stored vector)."""
+        return self.engine.url.render_as_string(hide_password=True)
 
     @property
     def stage_configs(self) -> StageConfigs:
@@ -137,7 +142,7 @@ class Orchestrator:
 
     def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
         """Make sure the per-model HNSW index exists before the first vector of a model lands."""
-        key = (self._database, table, model, int(dims))
+        key = (self._database_key, table, model, int(dims))
         if key in _INDEXED:
             return
         from app.db.engine import ensure_vector_index
