@@ -58,8 +58,8 @@ class Settings:
     max_attempts: int = 5
     agent_lane_limit: int = 4
     agent_resource_limit: int = 0
-    embedding_batch_size: int = 16
-    visual_batch_size: int = 16
+    embedding_batch_size: int = 32
+    visual_batch_size: int = 32
     agent_batch_size: int = 2
     worker_task_events: bool = False
     sweep_batch_limit: int = 500

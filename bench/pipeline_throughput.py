@@ -160,8 +160,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--layout", choices=["shared", "per-lane"], default="shared")
     ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--embedding-batch", type=int, default=16)
-    ap.add_argument("--visual-batch", type=int, default=16, help="MEMEFLOW_VISUAL_BATCH_SIZE (uploads and workers)")
+    from app.config import Settings
+
+    defaults = Settings()
+    ap.add_argument("--embedding-batch", type=int, default=defaults.embedding_batch_size,
+                    help="MEMEFLOW_EMBEDDING_BATCH_SIZE (default: settings)")
+    ap.add_argument("--visual-batch", type=int, default=defaults.visual_batch_size,
+                    help="MEMEFLOW_VISUAL_BATCH_SIZE for uploads and workers (default: settings)")
     ap.add_argument("--agent-batch", type=int, help="MEMEFLOW_AGENT_BATCH_SIZE for the workers (default: settings)")
     ap.add_argument("--agent-lane-limit", type=int,
                     help="MEMEFLOW_AGENT_LANE_LIMIT for the workers (default: settings; 0 = no limit)")
