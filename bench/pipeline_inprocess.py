@@ -6,7 +6,7 @@ Ingests N images, then drains the hints in this process through ``app.worker.run
 and per lane the wall time, hints handled and SQL statements per job (counted with SQLAlchemy
 events); ``--statements`` also lists every statement shape with its count and wall time per job.
 
-    python bench/pipeline_inprocess.py [--n 600] [--statements] [--agent-batch 2] [--agent-lane-limit 4]
+    python bench/pipeline_inprocess.py [--n 600] [--statements] [--agent-batch B] [--agent-lane-limit L]
 
 Fresh embedded PostgreSQL (durable settings) under a temp dir unless --database-url (Redis is not used).
 """
@@ -31,12 +31,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=600)
     ap.add_argument("--statements", action="store_true", help="list statement shapes by wall time")
-    ap.add_argument("--agent-batch", type=int, default=2, help="MEMEFLOW_AGENT_BATCH_SIZE (default 2, as the settings)")
-    ap.add_argument("--agent-lane-limit", type=int, default=4, help="MEMEFLOW_AGENT_LANE_LIMIT (0 = none)")
+    from app.config import Settings
+
+    defaults = Settings()
+    ap.add_argument("--agent-batch", type=int, default=defaults.agent_batch_size,
+                    help="MEMEFLOW_AGENT_BATCH_SIZE (default: settings)")
+    ap.add_argument("--agent-lane-limit", type=int, default=defaults.agent_lane_limit,
+                    help="MEMEFLOW_AGENT_LANE_LIMIT (default: settings; 0 = none)")
     ap.add_argument("--database-url")
     args = ap.parse_args()
 
-    from app.config import Settings
     from app.db.engine import make_engine
     from app.orchestrator import Orchestrator, RecordingPublisher
     from app.worker.providers import Providers

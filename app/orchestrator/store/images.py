@@ -53,6 +53,7 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
 # What a completion needs of its images (target check, planning facts, the metadata hash's
 # inputs) — not the context document itself, which can be large and is not read there.
 _FACTS = "id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision"
+_FACTS_OF_I = ", ".join(f"i.{c}" for c in _FACTS.split(", "))  # the same, as an UPDATE … RETURNING list
 
 
 def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
@@ -88,7 +89,7 @@ def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) 
             " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
             " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
             " prov text, mh text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
-            + ", ".join(f"i.{c}" for c in _FACTS.split(", "))
+            + _FACTS_OF_I
         ),
         {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
     ).mappings().all()
