@@ -258,6 +258,11 @@ class BatchEnvelopeSchema(Schema):
 class TextSearchArgsSchema(Schema):
     q = fields.String(required=True, validate=validate.Length(min=1, max=1000))
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+    mode = fields.String(load_default="hybrid", validate=validate.OneOf(["hybrid", "semantic", "lexical"]),
+                         metadata={"description": "hybrid (default): semantic + lexical; or one signal alone"})
+    model = fields.String(load_default=None, validate=validate.Length(min=1, max=200),
+                          metadata={"description": "semantic signal from this one model of the configured "
+                                                   "text provider (see `models` in the response)"})
 
 
 class VisualSearchJsonSchema(StrictSchema):
@@ -274,15 +279,53 @@ class SearchHitSchema(Schema):
     score = fields.Float(required=True)
 
 
+class SignalMatchSchema(Schema):
+    rank = fields.Integer(required=True, metadata={"description": "1-based rank in this signal's own list"})
+    score = fields.Float(required=True)
+    terms = fields.List(fields.String(), metadata={"description": "lexical: the query terms the text contains"})
+
+
+class MatchedSchema(Schema):
+    semantic = fields.Nested(SignalMatchSchema)
+    lexical = fields.Nested(SignalMatchSchema)
+
+
+class HighlightSchema(Schema):
+    field = fields.String(required=True, metadata={"description": "ocr_text, title, description, display_name or tags"})
+    text = fields.String(required=True, metadata={"description": "a short window of that field"})
+    marks = fields.List(fields.List(fields.Integer()), required=True,
+                        metadata={"description": "[start, end) character spans of the matches in `text`"})
+
+
+class TextSearchHitSchema(SearchHitSchema):
+    matched = fields.Nested(MatchedSchema, required=True)
+    highlight = fields.Nested(HighlightSchema, allow_none=True)
+
+
 class CoverageSchema(Schema):
     ready = fields.Integer(required=True)
     total = fields.Integer(required=True)
 
 
-class TextSearchResultSchema(Schema):
-    items = fields.List(fields.Nested(SearchHitSchema), required=True)
-    model = fields.String(required=True)
+class SearchModelSchema(Schema):
+    name = fields.String(required=True)
+    weight = fields.Float(required=True, metadata={"description": "this model's weight in this query's vector"})
+    stored_as = fields.String(required=True, metadata={"description": "the text_embeddings model that holds it"})
     coverage = fields.Nested(CoverageSchema, required=True)
+
+
+class LexicalInfoSchema(Schema):
+    terms = fields.List(fields.String(), required=True)
+    coverage = fields.Nested(CoverageSchema, required=True)
+
+
+class TextSearchResultSchema(Schema):
+    items = fields.List(fields.Nested(TextSearchHitSchema), required=True)
+    mode = fields.String(required=True)
+    model = fields.String(required=True)
+    models = fields.List(fields.Nested(SearchModelSchema), required=True)
+    coverage = fields.Nested(CoverageSchema, required=True)
+    lexical = fields.Nested(LexicalInfoSchema, allow_none=True)
 
 
 class VisualSearchResultSchema(Schema):

@@ -1,4 +1,4 @@
-"""``/api/v1/search``: semantic text search and look-alike visual search over current embeddings."""
+"""``/api/v1/search``: hybrid text search and look-alike visual search over current text and embeddings."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from app.api.errors import ApiError
 from app.api.images import _error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
+from app.search import service as text_search
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
@@ -37,15 +38,18 @@ def _visual_provider() -> Any:
 class TextSearch(MethodView):
     @blp.arguments(S.TextSearchArgsSchema, location="query")
     @blp.response(200, S.TextSearchResultSchema)
+    @blp.doc(responses=_error_docs({422: "validation_error / unknown_model"}))
     def get(self, args):
-        """Semantic search: embed ``q`` with the configured text model, nearest current embeddings."""
+        """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
+        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone."""
         svc = services()
-        provider = _text_provider()
-        config = provider.config()
-        vector = provider.embed([args["q"]])[0]
-        model, dims = str(config["model"]), int(config["dims"])
-        items = Q.search_text(svc.engine, scope_id(), model=model, dims=dims, vector=vector, limit=args["limit"])
-        return {"items": items, "model": model, "coverage": Q.text_coverage(svc.engine, scope_id(), model=model)}
+        try:
+            return text_search.search_text(
+                svc.engine, _text_provider(), scope_id(), args["q"], limit=args["limit"], mode=args["mode"],
+                model=args["model"],
+            )
+        except text_search.UnknownModel as exc:
+            raise ApiError(422, "unknown_model", str(exc)) from None
 
 
 _VISUAL_BODY = {

@@ -1,7 +1,7 @@
-"""Read-only pgvector queries for search, shaped to use the per-model HNSW expression indexes.
+"""Read-only pgvector queries for visual search, shaped to use the per-model HNSW expression indexes
+(text search: app/search/queries.py).
 
-Only *current* embeddings count: the row's image_sha256 must equal the image's sha256 and, for
-text, its metadata_hash the image's metadata_hash. ``dims`` is formatted into the SQL as an
+Only *current* embeddings count: the row's image_sha256 must equal the image's sha256. ``dims`` is formatted into the SQL as an
 integer literal because the index expression is ``embedding::vector(<dims>)``.
 """
 
@@ -37,39 +37,6 @@ def _hits(rows: Any) -> list[dict[str, Any]]:
     # relaxed_order iterative scans may return neighbours slightly out of order
     out.sort(key=lambda h: h["score"], reverse=True)
     return out
-
-
-def search_text(engine: Engine, scope_id: str, *, model: str, dims: int, vector: Sequence[float], limit: int) -> list[dict]:
-    """Nearest current text embeddings of the scope by cosine distance (score = 1 - distance)."""
-    d = int(dims)
-    sql = text(
-        f"SELECT {IMAGE_COLUMNS}, {_LATEST_JOB}, "
-        f"1 - (t.embedding::vector({d}) <=> CAST(:q AS vector({d}))) AS score "
-        "FROM text_embeddings t "
-        "JOIN images i ON i.scope_id = t.scope_id AND i.id = t.image_id "
-        " AND i.sha256 = t.image_sha256 AND i.metadata_hash = t.metadata_hash "
-        "WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready' "
-        f"ORDER BY t.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit"
-    )
-    with engine.begin() as conn:
-        _iterative_scan(conn)
-        return _hits(conn.execute(sql, {"s": scope_id, "m": model, "d": d, "q": _literal(vector), "limit": limit}))
-
-
-def text_coverage(engine: Engine, scope_id: str, *, model: str) -> dict[str, int]:
-    """How many images of the scope have a current text embedding for ``model``."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT (SELECT count(*) FROM images WHERE scope_id = :s) AS total, "
-                "(SELECT count(DISTINCT i.id) FROM images i JOIN text_embeddings t "
-                "  ON t.scope_id = i.scope_id AND t.image_id = i.id AND t.image_sha256 = i.sha256 "
-                "  AND t.metadata_hash = i.metadata_hash AND t.model = :m AND t.status = 'ready' "
-                "  WHERE i.scope_id = :s) AS ready"
-            ),
-            {"s": scope_id, "m": model},
-        ).one()
-    return {"ready": int(row.ready), "total": int(row.total)}
 
 
 def visual_coverage(engine: Engine, scope_id: str, *, model: str, preprocess_version: str) -> dict[str, int]:

@@ -31,7 +31,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.db import enums as E
@@ -110,6 +110,9 @@ class Image(Base):
     context_provenance: Mapped[dict | None] = mapped_column(JSONB)
     metadata_hash: Mapped[str | None] = mapped_column(String(64))
     revision: Mapped[int] = mapped_column(Integer, nullable=False, server_default="1")
+    # Lexical terms of the image's *current* text (app/search/lexical.py), written by the same
+    # statement that writes display_name/context; emptied of context terms when the bytes change.
+    search_tsv: Mapped[Any] = mapped_column(TSVECTOR, nullable=False, server_default=text("''::tsvector"))
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
     __table_args__ = (
@@ -118,6 +121,8 @@ class Image(Base):
         UniqueConstraint("scope_id", "sha256"),
         status_check("context_status", E.ContextStatus),
         Index("ix_images_scope_page", "scope_id", "created_at", "id"),
+        # btree_gin: one index scan answers "term in this scope" without reading other scopes' postings
+        Index("ix_images_search_tsv", "scope_id", "search_tsv", postgresql_using="gin"),
     )
 
 

@@ -289,6 +289,7 @@ def _write_agent_results_txn(
         contexts.append({
             "id": claim.image_id, "sha": claim.image_sha256, "context": artifact.context, "provenance": provenance,
             "metadata_hash": fp.metadata_hash(locked[claim.image_id]["display_name"], artifact.context),
+            "display_name": locked[claim.image_id]["display_name"],
         })
     written = images.write_agent_contexts_txn(conn, contexts, now)
     attempts.complete_many_txn(conn, [

@@ -48,14 +48,24 @@ def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -
     )
 
 
-DOCUMENT_VERSIONS = ("1",)
+DOCUMENT_VERSIONS = ("1", "2")
+DEFAULT_DOCUMENT_VERSION = "2"
 
 
 def semantic_document(display_name: str | None, context: Mapping[str, Any] | None, version: str = "1") -> str:
-    """Deterministic text rendering of the same fields the metadata hash covers (version "1")."""
+    """Deterministic text rendering of the image's text fields for the embedding model.
+
+    Version "1": labelled lines of every field (name, title, description, text, tags).
+    Version "2" (the default): only what carries meaning, unlabelled — the text in the image,
+    then the title, description and tags where they add words the text does not already have.
+    No display name (usually a file name) and no labels: both dilute the embedding of a short
+    caption, measured in docs/search.md.
+    """
     if version not in DOCUMENT_VERSIONS:
         raise ValueError(f"unknown document_version {version!r}")
     ctx = whitelisted_context(context)
+    if version == "2":
+        return _meaning_document(ctx)
     lines = []
     if display_name:
         lines.append(f"name: {display_name}")
@@ -68,6 +78,22 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     if ctx["tags"]:
         lines.append("tags: " + ", ".join(ctx["tags"]))
     return "\n".join(lines)
+
+
+def _meaning_document(ctx: dict[str, Any]) -> str:
+    parts: list[str] = []
+
+    def seen(piece: str) -> bool:
+        folded = piece.casefold()
+        return any(folded in p.casefold() for p in parts)
+
+    for piece in (ctx["ocr_text"].strip(), ctx["title"].strip(), ctx["description"].strip()):
+        if piece and not seen(piece):
+            parts.append(piece)
+    tags = [t.strip() for t in ctx["tags"] if t.strip() and not seen(t.strip())]
+    if tags:
+        parts.append(", ".join(tags))
+    return "\n".join(parts)
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

@@ -27,7 +27,7 @@ def agent_options(settings: Settings) -> dict[str, Any]:
 
 
 def text_options(settings: Settings) -> dict[str, Any]:
-    return {}
+    return {"document_version": settings.text_document_version}
 
 
 @dataclass

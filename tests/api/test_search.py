@@ -37,9 +37,14 @@ def test_text_search_current_only(client, orch, publisher):
     # edit the context without running the text stage: the old embedding is history, not current
     r = client.patch(f"/api/v1/images/{ids[0]}", json={"context": {"title": "changed"}})
     assert r.status_code == 200
-    out = client.get("/api/v1/search/text", query_string={"q": "img0"}).get_json()
+    out = client.get("/api/v1/search/text", query_string={"q": "img0", "mode": "semantic"}).get_json()
     assert out["coverage"] == {"ready": 2, "total": 3}
     assert ids[0] not in {h["image"]["id"] for h in out["items"]}
+    # …while its lexical terms are the edited text's, written with it
+    out = client.get("/api/v1/search/text", query_string={"q": "changed", "mode": "lexical"}).get_json()
+    assert [h["image"]["id"] for h in out["items"]] == [ids[0]]
+    assert out["items"][0]["matched"]["lexical"]["terms"] == ["chang"]
+    assert out["items"][0]["highlight"] == {"field": "title", "text": "changed", "marks": [[0, 7]]}
 
 
 def test_visual_search_by_id_and_file(client, orch, publisher):
@@ -76,11 +81,11 @@ def test_visual_search_before_embedding_embeds_on_the_fly(client):
 
 
 def test_search_query_uses_the_hnsw_expression_index(engine):
-    from app.api.search_queries import search_text
+    from app.search.queries import candidates
 
     with engine.begin() as conn:
         ensure_vector_index(conn, "text_embeddings", "m", 3)
-    assert search_text(engine, "local", model="m", dims=3, vector=[1, 0, 0], limit=5) == []
+    assert candidates(engine, "local", model="m", dims=3, vector=[1, 0, 0], terms=[], k=5) == []
     with engine.begin() as conn:
         conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join(r[0] for r in conn.execute(text(

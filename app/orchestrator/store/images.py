@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
+from app.search.lexical import image_terms
 
 
 def ensure_scope_txn(conn: Connection, scope_id: str) -> uuid.UUID:
@@ -27,12 +28,13 @@ def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], no
         conn.execute(
             sql(
                 "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,"
-                " storage_key, display_name, metadata_hash, created_at, updated_at)"
+                " storage_key, display_name, metadata_hash, search_tsv, created_at, updated_at)"
                 " VALUES (:id, :scope, :sha256, :extension, :media_type, :size_bytes, :width, :height,"
-                " :storage_key, :display_name, :metadata_hash, :now, :now)"
+                " :storage_key, :display_name, :metadata_hash, to_tsvector('simple', :terms), :now, :now)"
                 " ON CONFLICT (scope_id, sha256) DO NOTHING RETURNING *"
             ),
-            {"id": uuid.uuid4(), "scope": scope_id, "now": now, **values},
+            {"id": uuid.uuid4(), "scope": scope_id, "now": now,
+             "terms": image_terms(values.get("display_name"), None), **values},
         )
         .mappings()
         .first()
@@ -77,18 +79,21 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
 
 def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> dict[uuid.UUID, RowMapping]:
     """Store agent-produced contexts — each only if its image still has the bytes it describes —
-    in one statement. ``rows``: id, sha, context, provenance, metadata_hash. Returns the updated
-    images' facts (as ``lock_images_txn``) by id."""
+    in one statement, with their lexical terms. ``rows``: id, sha, context, provenance,
+    metadata_hash, display_name (the locked image's, which the metadata hash covered too).
+    Returns the updated images' facts (as ``lock_images_txn``) by id."""
     if not rows:
         return {}
     doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
-                       "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"]} for r in rows])
+                       "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"],
+                       "terms": image_terms(r["display_name"], r["context"])} for r in rows])
     result = conn.execute(
         sql(
             "UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready',"
             " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
+            " search_tsv = to_tsvector('simple', r.terms),"
             " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
-            " prov text, mh text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
+            " prov text, mh text, terms text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
             + _FACTS_OF_I
         ),
         {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
@@ -105,9 +110,10 @@ def edit_context_txn(
             sql(
                 "UPDATE images SET display_name = :dn, context = CAST(:ctx AS jsonb), context_status = :cs,"
                 " context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,"
-                " updated_at = :now WHERE id = :id RETURNING *"
+                " search_tsv = to_tsvector('simple', :terms), updated_at = :now WHERE id = :id RETURNING *"
             ),
             {
+                "terms": image_terms(display_name, context if context_status in ("ready", "edited") else None),
                 "dn": display_name, "ctx": None if context is None else canonical_json(context),
                 "cs": context_status, "prov": None if provenance is None else canonical_json(provenance),
                 "mh": metadata_hash, "now": now, "id": image_id,
@@ -119,16 +125,20 @@ def edit_context_txn(
 
 
 def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str, Any], now: datetime) -> RowMapping:
-    """New bytes for an image: the context no longer describes them (status back to pending)."""
+    """New bytes for an image: the context no longer describes them (status back to pending), and
+    lexical search keeps only the display name — unless a human wrote the context (``edited``)."""
+    name = conn.execute(sql("SELECT display_name FROM images WHERE id = :id"), {"id": image_id}).scalar()
     return (
         conn.execute(
             sql(
                 "UPDATE images SET sha256 = :sha256, extension = :extension, media_type = :media_type,"
                 " size_bytes = :size_bytes, width = :width, height = :height, storage_key = :storage_key,"
+                " search_tsv = CASE WHEN context_status = 'edited' THEN search_tsv"
+                "   ELSE to_tsvector('simple', :name_terms) END,"
                 " context_status = CASE WHEN context_status = 'edited' THEN 'edited' ELSE 'pending' END,"
                 " revision = revision + 1, updated_at = :now WHERE id = :id RETURNING *"
             ),
-            {"id": image_id, "now": now, **values},
+            {"id": image_id, "now": now, "name_terms": image_terms(name, None), **values},
         )
         .mappings()
         .one()

@@ -1,0 +1,185 @@
+"""Lexical terms for Chinese and English text: one normaliser for documents, queries and highlights.
+
+PostgreSQL's parsers do not segment Chinese (a caption like 抢红包手速太慢了 is one token), so the
+terms are made here and stored as a ``simple`` tsvector (no further processing in the database):
+
+- text is NFKC-normalised (full-width forms → ASCII) and lower-cased;
+- a Latin/digit word becomes its Snowball English stem (``passes`` → ``pass``); English stopwords
+  are dropped;
+- a run of CJK characters (Han, kana, hangul) becomes its character bigrams — robust without a
+  dictionary: a query word always shares its bigrams with the caption that contains it, whatever
+  a segmenter would have made of either — plus, in documents, its single characters (so a
+  one-character query still matches). A query uses bigrams, or the character itself when the
+  run is one character long.
+
+Everything is pure Python and deterministic; the same function renders a document's terms when
+its context is written and a query's terms when it is searched.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import snowballstemmer
+
+from app.stages.agent.text_tags import STOPWORDS
+
+_CJK_CLASS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_CJK_CLASS}]+|[^\W_{_CJK_CLASS}]+", re.UNICODE)
+_CJK_RUN = re.compile(rf"[{_CJK_CLASS}]+")
+_LATIN_OK = re.compile(r"^[0-9a-z\u00c0-\u024f]+$")
+MAX_QUERY_TERMS = 32
+_stemmers = threading.local()
+
+
+def _stem(word: str) -> str:
+    stemmer = getattr(_stemmers, "english", None)
+    if stemmer is None:  # snowballstemmer objects are not thread-safe: one per thread
+        stemmer = _stemmers.english = snowballstemmer.stemmer("english")
+    return stemmer.stemWord(word)
+
+
+def normalise(text: str) -> str:
+    """NFKC + lower case: the form every term and highlight is computed on."""
+    return unicodedata.normalize("NFKC", text).lower()
+
+
+@dataclass(frozen=True)
+class Token:
+    """One word or CJK run of a text, with its span in the *normalised* text."""
+
+    text: str
+    start: int
+    end: int
+    cjk: bool
+
+
+def tokens(text: str) -> Iterator[Token]:
+    """Words and CJK runs of ``normalise(text)``, in order."""
+    for m in _TOKEN.finditer(normalise(text)):
+        yield Token(m.group(), m.start(), m.end(), bool(_CJK_RUN.fullmatch(m.group())))
+
+
+def latin_term(word: str) -> str | None:
+    """The stem of a Latin/digit word, or None for a stopword or a word with other letters."""
+    word = word.strip("'’")
+    if not word or word in STOPWORDS or not _LATIN_OK.match(word):
+        return None
+    return _stem(word)
+
+
+def cjk_terms(run: str, *, query: bool) -> list[str]:
+    """Bigrams of a CJK run (+ its characters for documents; a 1-char query run is itself)."""
+    if len(run) == 1:
+        return [run]
+    grams = [run[i:i + 2] for i in range(len(run) - 1)]
+    return grams if query else grams + list(run)
+
+
+def document_terms(texts: Iterable[str | None]) -> list[str]:
+    """The terms of a document made of several fields (duplicates kept: they are term counts)."""
+    out: list[str] = []
+    for text in texts:
+        if not text:
+            continue
+        for tok in tokens(text):
+            if tok.cjk:
+                out.extend(cjk_terms(tok.text, query=False))
+            else:
+                term = latin_term(tok.text)
+                if term:
+                    out.append(term)
+    return out
+
+
+def query_terms(query: str) -> list[str]:
+    """Distinct terms of a query, in order, at most MAX_QUERY_TERMS."""
+    seen: dict[str, None] = {}
+    for tok in tokens(query):
+        terms = cjk_terms(tok.text, query=True) if tok.cjk else [t for t in [latin_term(tok.text)] if t]
+        for term in terms:
+            seen.setdefault(term, None)
+    return list(seen)[:MAX_QUERY_TERMS]
+
+
+def tsvector_source(terms: list[str]) -> str:
+    """The text handed to ``to_tsvector('simple', …)``: terms are word characters only, so the
+    simple parser keeps each one as exactly one lexeme."""
+    return " ".join(terms)
+
+
+def tsquery_source(terms: list[str]) -> str:
+    """An OR tsquery of the terms (each quoted; terms contain no quote characters)."""
+    return " | ".join(f"'{t}'" for t in terms)
+
+
+def lexical_fields(display_name: str | None, context: dict | None) -> list[str]:
+    """The fields of an image that lexical search reads: display name, title, OCR text,
+    description and tags (the human-edited ones included — they are the context)."""
+    ctx = context or {}
+    tags = ctx.get("tags") or []
+    return [
+        display_name or "",
+        str(ctx.get("title") or ""),
+        str(ctx.get("ocr_text") or ""),
+        str(ctx.get("description") or ""),
+        " ".join(str(t) for t in tags) if isinstance(tags, list) else str(tags),
+    ]
+
+
+def image_terms(display_name: str | None, context: dict | None) -> str:
+    """``tsvector_source`` of an image's current text (what the store writes with the context)."""
+    return tsvector_source(document_terms(lexical_fields(display_name, context)))
+
+
+def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | None:
+    """A short window of ``text`` around its matches of ``terms`` (query terms that matched).
+
+    Returns ``{"text": snippet, "marks": [[start, end], …]}`` with spans in the snippet (marks
+    merged where adjacent), or None when nothing in ``text`` matches.
+    """
+    wanted = set(terms)
+    if not text or not wanted:
+        return None
+    norm = normalise(text)
+    # NFKC can change lengths (e.g. ligatures): only highlight texts it leaves aligned
+    source = text if len(norm) == len(text) else norm
+    spans: list[list[int]] = []
+    for tok in tokens(text):
+        if tok.cjk:
+            run = tok.text
+            for i in range(len(run)):
+                if run[i:i + 2] in wanted and i + 1 < len(run):
+                    spans.append([tok.start + i, tok.start + i + 2])
+                elif run[i] in wanted:
+                    spans.append([tok.start + i, tok.start + i + 1])
+        elif latin_term(tok.text) in wanted:
+            spans.append([tok.start, tok.end])
+    if not spans:
+        return None
+    merged: list[list[int]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    start = max(0, merged[0][0] - width // 4)
+    end = min(len(source), start + width)
+    if start > 0:  # do not cut a word in half at the window's left edge
+        while start > 0 and not source[start - 1].isspace() and start > merged[0][0] - width // 2:
+            start -= 1
+    snippet = source[start:end]
+    marks = [[s - start, min(e, end) - start] for s, e in merged if s < end]
+    prefix = "…" if start > 0 else ""
+    suffix = "…" if end < len(source) else ""
+    shift = len(prefix)
+    return {"text": prefix + snippet + suffix, "marks": [[s + shift, e + shift] for s, e in marks]}
+
+
+def has_cjk(text: str) -> bool:
+    """Whether ``text`` contains any CJK character (Han, kana, hangul)."""
+    return _CJK_RUN.search(text) is not None

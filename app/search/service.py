@@ -1,0 +1,144 @@
+"""Text search as the API and the CLI serve it: embed the query, gather both signals, rank.
+
+``mode``: ``hybrid`` (default) — semantic and lexical candidates fused (app/search/fusion.py);
+``semantic`` — nearest current text embeddings only; ``lexical`` — current text terms only.
+With a text provider made of several models (app/stages/text/composite.py) the query's parts
+are weighted per query (``route_weights``) or, with ``model=``, one model alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine
+
+from app.search import fusion, lexical
+from app.search import queries as Q
+
+MODES = ("hybrid", "semantic", "lexical")
+_CANDIDATES = 100  # per signal; the fused list is cut to ``limit`` after ranking
+
+
+class UnknownModel(ValueError):
+    """``model=`` names no part of the configured text provider."""
+
+
+def provider_parts(provider: Any) -> list[str]:
+    """The model names whose embeddings the provider's vector holds (one for a single model)."""
+    parts = getattr(provider, "part_names", None)
+    if parts:
+        return list(parts() if callable(parts) else parts)
+    return [str(provider.config()["model"])]
+
+
+def route_weights(query: str, parts: Sequence[str]) -> dict[str, float] | None:
+    """Per-model weights for a query (None = the provider's default). A query with CJK script is
+    served by the multilingual model alone: English-only models place all Chinese text near
+    each other and only add noise (measured, docs/search.md)."""
+    if len(parts) < 2:
+        return None
+    if lexical.has_cjk(query):
+        multilingual = [p for p in parts if "multilingual" in p]
+        if multilingual:
+            return {p: (1.0 if p in multilingual else 0.0) for p in parts}
+    return None
+
+
+def embed_query(provider: Any, query: str, *, model: str | None = None) -> tuple[list[float], dict[str, float] | None]:
+    """The query vector in the provider's space, and the per-model weights it was made with."""
+    parts = provider_parts(provider)
+    weights = None
+    if model is not None:
+        if model not in parts:
+            raise UnknownModel(f"unknown model {model!r}; this deployment serves {', '.join(parts)}")
+        weights = {p: (1.0 if p == model else 0.0) for p in parts} if len(parts) > 1 else None
+    else:
+        weights = route_weights(query, parts)
+    if weights is not None:
+        return list(provider.embed_query([query], weights=weights)[0]), weights
+    embed = getattr(provider, "embed_query", None) or provider.embed
+    return list(embed([query])[0]), None
+
+
+def search_text(
+    engine: Engine, provider: Any, scope_id: str, query: str, *, limit: int = 20, mode: str = "hybrid",
+    model: str | None = None, params: fusion.FusionParams | None = None,
+) -> dict[str, Any]:
+    """The response of ``GET /api/v1/search/text`` (items, mode, model, models, coverage)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    config = provider.config()
+    stored_model, dims = str(config["model"]), int(config["dims"])
+    parts = provider_parts(provider)
+    terms = lexical.query_terms(query) if mode in ("hybrid", "lexical") else []
+    vector, weights = (None, None)
+    if mode in ("hybrid", "semantic"):
+        vector, weights = embed_query(provider, query, model=model)
+    rows = Q.candidates(engine, scope_id, model=stored_model if vector is not None else None, dims=dims,
+                        vector=vector, terms=terms, k=max(_CANDIDATES, limit))
+    df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)
+    cands: dict[str, fusion.Candidate] = {}
+    for row in rows:
+        c = fusion.Candidate(image_id=str(row["id"]), cosine=row["cosine"], matched_terms=list(row["matched_terms"]))
+        c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n) if terms else 0.0
+        cands[c.image_id] = c
+    _assign_ranks(list(cands.values()), semantic=vector is not None, lexical_on=bool(terms))
+    if mode == "semantic":
+        ranked = fusion.rank_semantic(list(cands.values()))
+        for c in ranked:
+            c.score = c.cosine or 0.0
+    elif mode == "lexical":
+        ranked = fusion.rank_lexical(list(cands.values()))
+        for c in ranked:
+            c.score = c.lexical
+    else:
+        ranked = fusion.fuse(list(cands.values()), params or fusion.FusionParams())
+    by_id = {str(r["id"]): r for r in rows}
+    items = [_hit(by_id[c.image_id], c, terms) for c in ranked[:limit]]
+    coverage = Q.text_coverage(engine, scope_id, model=stored_model)
+    models = [
+        {"name": p, "weight": (weights or {}).get(p, 1.0) if weights else 1.0, "stored_as": stored_model,
+         "coverage": coverage}
+        for p in parts
+    ] if mode != "lexical" else []
+    return {
+        "items": items, "mode": mode, "model": stored_model, "models": models, "coverage": coverage,
+        "lexical": {"terms": terms, "coverage": Q.lexical_coverage(engine, scope_id)} if mode != "semantic" else None,
+    }
+
+
+def _assign_ranks(cands: list[fusion.Candidate], *, semantic: bool, lexical_on: bool) -> None:
+    if semantic:
+        for rank, c in enumerate(fusion.rank_semantic(cands), 1):
+            c.semantic_rank = rank
+    if lexical_on:
+        for rank, c in enumerate(fusion.rank_lexical(cands), 1):
+            c.lexical_rank = rank
+
+
+def _hit(row: dict[str, Any], c: fusion.Candidate, terms: list[str]) -> dict[str, Any]:
+    image = {k: v for k, v in row.items() if k not in ("sem_rank", "lex_rank", "cosine", "matched_terms")}
+    matched: dict[str, Any] = {}
+    if c.semantic_rank is not None:
+        matched["semantic"] = {"rank": c.semantic_rank, "score": round(float(c.cosine or 0.0), 6)}
+    if c.lexical_rank is not None:
+        matched["lexical"] = {"rank": c.lexical_rank, "score": round(c.lexical, 6), "terms": c.matched_terms}
+    return {"image": image, "score": float(c.score), "matched": matched,
+            "highlight": _highlight(image, c.matched_terms)}
+
+
+def _highlight(image: dict[str, Any], matched_terms: list[str]) -> dict[str, Any] | None:
+    """The first of the image's text fields that contains a matched term, around the matches."""
+    if not matched_terms:
+        return None
+    ctx = image.get("context") or {}
+    tags = ctx.get("tags") or []
+    for field, value in (("ocr_text", ctx.get("ocr_text")), ("title", ctx.get("title")),
+                         ("description", ctx.get("description")), ("display_name", image.get("display_name")),
+                         ("tags", ", ".join(map(str, tags)) if isinstance(tags, list) else None)):
+        if isinstance(value, str) and value:
+            found = lexical.highlight(value.replace("\n", " / "), matched_terms)
+            if found is not None:
+                return {"field": field, **found}
+    return None

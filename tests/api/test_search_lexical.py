@@ -1,0 +1,84 @@
+"""Lexical search: current text only, written with the context, scope-filtered, index-driven."""
+
+from __future__ import annotations
+
+import io
+
+from sqlalchemy import text
+
+from app.search import lexical
+from tests.api.conftest import png_bytes, upload
+from tests.api.test_images import wait_job
+from tests.support.pipeline import Workers
+
+
+def _search(client, q: str, mode: str = "lexical", headers: dict | None = None) -> list[str]:
+    r = client.get("/api/v1/search/text", query_string={"q": q, "mode": mode}, headers=headers or {})
+    assert r.status_code == 200, r.get_json()
+    return [h["image"]["id"] for h in r.get_json()["items"]]
+
+
+def test_agent_context_terms_are_searchable_and_leave_with_the_bytes(client, orch, publisher):
+    with Workers(orch, publisher, n=1):
+        body = upload(client, png_bytes((10, 200, 10), size=(40, 40)), display_name="frog photo").get_json()
+        image = body["image"]["id"]
+        wait_job(client, body["job"]["id"])
+    # the deterministic agent's title is "40x40 still image": written with the context
+    assert _search(client, "still image") == [image]
+    assert _search(client, "frog") == [image]
+    # new bytes: the old context no longer describes the image — only its name is still its text
+    r = client.put(f"/api/v1/images/{image}/content",
+                   data={"file": (io.BytesIO(png_bytes((1, 2, 3), size=(40, 40))), "n.png")},
+                   content_type="multipart/form-data")
+    assert r.status_code == 200, r.get_json()
+    assert _search(client, "still image") == []
+    assert _search(client, "frog") == [image]
+
+
+def test_edited_chinese_context_is_found_by_any_word_of_it(client):
+    image = upload(client, png_bytes((9, 9, 9)), process=False).get_json()["image"]["id"]
+    other = upload(client, png_bytes((8, 8, 8)), process=False).get_json()["image"]["id"]
+    client.patch(f"/api/v1/images/{image}", json={"context": {"ocr_text": "抢红包手速太慢了"}})
+    client.patch(f"/api/v1/images/{other}", json={"context": {"ocr_text": "今天也要加油"}})
+    assert _search(client, "抢红包") == [image]
+    assert _search(client, "手速") == [image]
+    assert _search(client, "加油") == [other]
+    out = client.get("/api/v1/search/text", query_string={"q": "红包", "mode": "lexical"}).get_json()
+    hit = out["items"][0]
+    assert hit["highlight"] == {"field": "ocr_text", "text": "抢红包手速太慢了", "marks": [[1, 3]]}
+    assert hit["matched"]["lexical"] == {"rank": 1, "score": 1.0, "terms": ["红包"]}
+    assert out["lexical"]["terms"] == ["红包"]
+
+
+def test_lexical_search_never_crosses_scopes(token_app, tokens):
+    token_client = token_app.test_client()
+
+    def auth(scope):
+        return {"Authorization": f"Bearer {tokens[scope]}"}
+
+    a = upload(token_client, png_bytes((1, 1, 1)), process=False, headers=auth("alpha")).get_json()["image"]["id"]
+    b = upload(token_client, png_bytes((2, 2, 2)), process=False, headers=auth("beta")).get_json()["image"]["id"]
+    for image, scope in ((a, "alpha"), (b, "beta")):
+        r = token_client.patch(f"/api/v1/images/{image}", json={"context": {"title": "shared secret words"}},
+                               headers=auth(scope))
+        assert r.status_code == 200
+    assert _search(token_client, "secret words", headers=auth("alpha")) == [a]
+    assert _search(token_client, "secret words", mode="hybrid", headers=auth("beta")) == [b]
+
+
+def test_the_lexical_lookup_is_one_scope_led_gin_index_scan(engine):
+    terms = lexical.query_terms("build passes 红包")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('local', gen_random_uuid())"))
+        conn.execute(text(
+            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
+            " search_tsv) SELECT gen_random_uuid(), 'local', md5(g::text), '.png', 'image/png', 1, 1, 1, 'k' || g,"
+            " to_tsvector('simple', 'word' || g) FROM generate_series(1, 3000) g"))
+        conn.execute(text("ANALYZE images"))
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = "\n".join(r[0] for r in conn.execute(
+            text("EXPLAIN SELECT i.id FROM images i WHERE i.scope_id = 'local'"
+                 " AND i.search_tsv @@ to_tsquery('simple', :q)"),
+            {"q": lexical.tsquery_source(terms)}))
+    assert "ix_images_search_tsv" in plan, plan
+    assert "scope_id" in plan.split("Index Cond:")[1], plan  # the scope is part of the index scan

@@ -1,0 +1,77 @@
+"""Lexical terms (Chinese and English), highlights and hybrid fusion: pure functions."""
+
+from __future__ import annotations
+
+from app.search import fusion, lexical
+from app.search.fusion import Candidate, FusionParams
+
+
+def test_english_terms_are_stems_without_stopwords():
+    assert lexical.query_terms("When the build PASSES on Friday") == ["build", "pass", "friday"]
+    assert lexical.document_terms(["Deploying", "deploys"]) == ["deploy", "deploy"]
+
+
+def test_chinese_runs_become_bigrams_and_documents_also_keep_characters():
+    assert lexical.query_terms("抢红包") == ["抢红", "红包"]
+    assert lexical.query_terms("油") == ["油"]
+    doc = lexical.document_terms(["抢红包手速太慢了"])
+    assert {"抢红", "红包", "包手", "慢了"} <= set(doc) and {"抢", "油"} & set(doc) == {"抢"}
+    # a query word always shares its bigrams with a caption containing it, wherever it sits
+    assert set(lexical.query_terms("手速")) <= set(doc)
+
+
+def test_mixed_script_full_width_and_case_fold_to_one_form():
+    assert lexical.query_terms("ＯＫ 加油 Bug") == ["ok", "加油", "bug"]
+    assert lexical.query_terms("加油 加油") == ["加油"]
+
+
+def test_terms_are_safe_for_the_tsquery_syntax():
+    hostile = "a' | b & !c <-> (d) 'e:* \\ 好'"
+    for term in lexical.query_terms(hostile):
+        assert "'" not in term and " " not in term and "\\" not in term
+    assert lexical.tsquery_source(["ab", "好的"]) == "'ab' | '好的'"
+
+
+def test_emoji_and_punctuation_only_give_no_terms():
+    assert lexical.query_terms("😂🔥 !!! ...") == []
+
+
+def test_highlight_marks_english_words_and_chinese_bigrams():
+    hl = lexical.highlight("WHEN THE BUILD PASSES", ["build", "pass"])
+    assert hl == {"text": "WHEN THE BUILD PASSES", "marks": [[9, 14], [15, 21]]}
+    hl = lexical.highlight("抢红包手速太慢了", ["抢红", "红包"])
+    assert hl["marks"] == [[0, 3]]
+    assert lexical.highlight("nothing here", ["build"]) is None
+
+
+def test_highlight_window_of_a_long_text_keeps_the_match():
+    text = "word " * 100 + "deploy on friday " + "word " * 100
+    hl = lexical.highlight(text, ["deploy"])
+    start, end = hl["marks"][0]
+    assert hl["text"][start:end] == "deploy" and len(hl["text"]) <= 82
+
+
+def test_lexical_score_weighs_rare_terms_more():
+    df = {"monday": 40, "coffee": 2}
+    assert fusion.lexical_score(["monday", "coffee"], ["monday", "coffee"], df, 100) == 1.0
+    rare = fusion.lexical_score(["coffee"], ["monday", "coffee"], df, 100)
+    common = fusion.lexical_score(["monday"], ["monday", "coffee"], df, 100)
+    assert rare > 0.5 > common > 0
+
+
+def test_a_weak_lexical_match_never_reorders_the_semantic_answer():
+    # paraphrase: the right image shares no word; another shares one common word
+    cands = [Candidate("right", cosine=0.85, lexical=0.0), Candidate("common-word", cosine=0.84, lexical=0.3)]
+    assert [c.image_id for c in fusion.fuse(cands, FusionParams(gate=0.5, weight=0.15))] == ["right", "common-word"]
+
+
+def test_a_strong_lexical_match_lifts_an_image_above_a_close_semantic_neighbour():
+    cands = [Candidate("neighbour", cosine=0.86, lexical=0.2), Candidate("exact", cosine=0.84, lexical=1.0)]
+    assert [c.image_id for c in fusion.fuse(cands)] == ["exact", "neighbour"]
+
+
+def test_an_image_without_an_embedding_yet_still_ranks_by_its_words():
+    cands = [Candidate("embedded", cosine=0.5, lexical=0.0), Candidate("new", cosine=None, lexical=1.0)]
+    assert [c.image_id for c in fusion.fuse(cands)] == ["new", "embedded"]
+    assert [c.image_id for c in fusion.rank_semantic(cands)] == ["embedded"]
+    assert [c.image_id for c in fusion.rank_lexical(cands)] == ["new"]
