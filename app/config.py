@@ -47,6 +47,8 @@ class Settings:
     metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
     metrics_host: str = "0.0.0.0"
     auth: str = "none"
+    session_ttl_s: float = 12 * 3600.0  # a browser sign-in (token mode) lasts this long at most
+    trusted_proxy_hops: int = 0  # reverse proxies whose X-Forwarded-Proto/For are believed (HSTS, Secure cookies)
     max_upload_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     lease_s: float = 60.0
@@ -119,6 +121,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
         if self.agent_lane_limit < 0 or self.agent_resource_limit < 0:
             raise SettingsError("lane limits must be >= 0 (0 = unlimited)")
+        if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
+            raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 

@@ -86,8 +86,6 @@ def create_app(
         OPENAPI_VERSION="3.0.3",
         OPENAPI_URL_PREFIX="/api",
         OPENAPI_JSON_PATH="openapi.json",
-        OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
         MAX_CONTENT_LENGTH=settings.max_upload_bytes + MULTIPART_OVERHEAD,
         JSON_SORT_KEYS=False,
     )
@@ -109,8 +107,19 @@ def create_app(
     for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, health.blp):
         api.register_blueprint(blp)
     _mount_ops(app)
+    _mount_browser_surfaces(app, settings)
     register_error_handlers(app)
     return app
+
+
+def _mount_browser_surfaces(app: Flask, settings: Any) -> None:
+    """/api/docs from memeflow's own Swagger UI files; security headers on every response."""
+    from app.api.docs import bp as docs_bp
+    from app.web.headers import install_security_headers, trust_proxies
+
+    app.register_blueprint(docs_bp)
+    install_security_headers(app)
+    trust_proxies(app, getattr(settings, "trusted_proxy_hops", 0))
 
 
 def _mount_ops(app: Flask) -> None:

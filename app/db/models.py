@@ -93,6 +93,22 @@ class ApiToken(Base):
     )
 
 
+class BrowserSession(Base):
+    """A browser signed in with an API token (token mode): the cookie's sha256, never the cookie."""
+
+    __tablename__ = "browser_sessions"
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    csrf_token: Mapped[str] = mapped_column(String(64), nullable=False)
+    created_at: Mapped[datetime] = _now()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    __table_args__ = (
+        ForeignKeyConstraint(["token_id"], ["api_tokens.id"], ondelete="CASCADE"),
+        Index("ix_browser_sessions_token_id", "token_id"),
+        Index("ix_browser_sessions_expires_at", "expires_at"),
+    )
+
+
 class Image(Base):
     __tablename__ = "images"
     id: Mapped[uuid.UUID] = _uuid_pk()

@@ -1,5 +1,7 @@
 """/ops blueprint. Reads go through :mod:`app.ops.queries`; the one write (retry) goes through the
-orchestrator's ``retry_job``. The scope comes from the same trusted resolver as the API's."""
+orchestrator's ``retry_job``. The scope comes from the same trusted resolver as the API's, or, in
+token mode, from a browser session opened at ``/login`` (:mod:`app.ops.login`). GETs change nothing;
+every POST passes the same-origin and CSRF checks of :mod:`app.web.csrf` first."""
 
 from __future__ import annotations
 
@@ -22,11 +24,16 @@ from flask import (
     url_for,
 )
 
+from app.auth import Unauthorized
 from app.ops import queries
+from app.ops.login import browser_bp, load_browser_session
+from app.web.csrf import CsrfRejected, csrf_token, protect_post, set_csrf_cookie
+from app.web.headers import install_security_headers
 
 log = logging.getLogger("memeflow.ops")
 
-ops_bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates")
+ops_bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates", static_folder="static")
+ops_bp.after_request(set_csrf_cookie)
 
 ScopeGetter = Callable[[], str]
 RetryFn = Callable[[str, uuid.UUID], Any]
@@ -48,10 +55,19 @@ def _services() -> Any:
 
 
 def _default_scope() -> str:
-    """The API's resolver: the same trusted headers, the same scope (fails closed when absent)."""
+    """The API's resolver (the same trusted headers, the same scope); without an Authorization
+    header, a live browser session's scope (token mode). Fails closed when neither resolves."""
     from app.scopes import validate_scope_id
 
-    return validate_scope_id(_services().scope_resolver.resolve(request.headers))
+    try:
+        return validate_scope_id(_services().scope_resolver.resolve(request.headers))
+    except Unauthorized:
+        if "Authorization" in request.headers:
+            raise
+        session = load_browser_session(_cfg().engine())
+        if session is None:
+            raise
+        return validate_scope_id(session.scope_id)
 
 
 def _default_retry(scope_id: str, job_id: uuid.UUID) -> Any:
@@ -100,7 +116,10 @@ def register_ops(
     )
     app.jinja_env.filters.setdefault("pretty_json", _pretty_json)
     app.jinja_env.filters.setdefault("age", _age)
+    app.jinja_env.globals.setdefault("csrf_token", csrf_token)
+    install_security_headers(app)
     app.register_blueprint(ops_bp)
+    app.register_blueprint(browser_bp)
 
 
 def _cfg() -> OpsConfig:
@@ -124,14 +143,24 @@ def _age(seconds: float | None) -> str:
 
 @ops_bp.before_request
 def _resolve_scope() -> Any:
+    """Scope first (a browser without credentials is sent to /login), then the POST checks."""
+    if request.endpoint == "ops.static":  # the stylesheet, also needed by the sign-in page
+        return None
     try:
         g.ops_scope = _cfg().scope_for_request()
     except Exception as exc:
         status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-        if status == 401 or getattr(exc, "code", None) == "unauthorized":
-            return render_template("ops/error.html", title="unauthorized", message=str(exc) or "unauthorized"), \
-                401, {"WWW-Authenticate": "Bearer"}
-        raise
+        if not (status == 401 or getattr(exc, "code", None) == "unauthorized"):
+            raise
+        if request.method == "GET" and "Authorization" not in request.headers:
+            return redirect(url_for("browser.login_form", next=request.full_path.rstrip("?")), code=303)
+        return render_template("ops/error.html", title="unauthorized", message=str(exc) or "unauthorized"), \
+            401, {"WWW-Authenticate": "Bearer"}
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        try:
+            protect_post()
+        except CsrfRejected as exc:
+            return render_template("ops/error.html", title="forbidden", message=str(exc)), 403
     return None
 
 

@@ -51,3 +51,19 @@ def db_funnel(engine, stage: str, scope: str = SCOPE) -> dict[str, int]:
         return {r.status: r.n for r in conn.execute(text(
             "SELECT status, count(*) AS n FROM job_stages WHERE scope_id = :s AND stage = :st GROUP BY status"),
             {"s": scope, "st": stage})}
+
+
+SAME_ORIGIN = "http://localhost"  # the Flask test client's origin
+
+
+def page_csrf_token(html: str) -> str:
+    m = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert m, "no CSRF token in the page"
+    return m.group(1)
+
+
+def same_site_post(client, url: str, *, page: str = "/ops", headers: dict | None = None, data: dict | None = None):
+    """POST as the page's own form would: its CSRF token (from a GET of ``page``) and its Origin."""
+    html = client.get(page, headers=headers or {}).get_data(as_text=True)
+    form = {"csrf_token": page_csrf_token(html), **(data or {})}
+    return client.post(url, data=form, headers={"Origin": SAME_ORIGIN, **(headers or {})})

@@ -19,6 +19,7 @@ from tests.ops.helpers import (
     page_funnel,
     page_job_counts,
     page_lane,
+    same_site_post,
 )
 
 
@@ -84,7 +85,7 @@ def test_batch_progress(ops_app, seeded):
     html = ops_app.test_client().get("/ops").get_data(as_text=True)
     row = html.split(f'data-batch="{seeded.batch_id}"')[1].split("</tr>")[0]
     assert "3 / 4" in row  # items: 3 succeeded, 1 queued
-    assert 'class="b-ok" style="width:75.0%"' in row
+    assert '<rect class="b-ok" x="0" y="0" width="75.0"' in row
 
 
 def test_image_page_shows_thumbnail_context_and_timeline(ops_app, seeded):
@@ -104,7 +105,7 @@ def test_image_page_shows_thumbnail_context_and_timeline(ops_app, seeded):
 
 def test_retry_button_posts_to_the_orchestrator_with_the_request_scope(ops_app, seeded, retry_recorder):
     job_id = seeded.jobs["unknown_execution"][0]
-    resp = ops_app.test_client().post(f"/ops/jobs/{job_id}/retry")
+    resp = same_site_post(ops_app.test_client(), f"/ops/jobs/{job_id}/retry")
     assert resp.status_code == 303
     assert retry_recorder.calls == [(SCOPE, job_id)]
     follow = ops_app.test_client().get(resp.headers["Location"]).get_data(as_text=True)
@@ -124,7 +125,7 @@ def test_retry_refusal_is_shown_not_raised(engine, seeded):
     app = Flask("ops-refuse")
     register_ops(app, engine=engine, scope_for_request=lambda: SCOPE, retry_job=refuse)
     client = app.test_client()
-    resp = client.post(f"/ops/jobs/{seeded.jobs['succeeded'][0]}/retry")
+    resp = same_site_post(client, f"/ops/jobs/{seeded.jobs['succeeded'][0]}/retry")
     assert resp.status_code == 303
     assert "job_not_retryable" in client.get(resp.headers["Location"]).get_data(as_text=True)
 
@@ -163,14 +164,16 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
     app.extensions["memeflow"] = svc
     register_ops(app)
     client = app.test_client()
-    denied = client.get("/ops")
+    to_login = client.get("/ops")  # a browser without credentials is sent to the sign-in page
+    assert to_login.status_code == 303 and to_login.headers["Location"].startswith("/login?next=/ops")
+    denied = client.get("/ops", headers={"Authorization": "Bearer bad"})
     assert denied.status_code == 401 and denied.headers["WWW-Authenticate"] == "Bearer"
     assert client.post(f"/ops/jobs/{seeded.jobs['failed'][0]}/retry").status_code == 401
     assert Orchestrator.calls == []
     ok = client.get("/ops", headers={"Authorization": "Bearer good"})
     assert ok.status_code == 200
     assert page_lane(ok.get_data(as_text=True), "agent")["slots"] == "2 / 3 / 2"
-    resp = client.post(f"/ops/jobs/{seeded.jobs['failed'][0]}/retry", headers={"Authorization": "Bearer good"})
+    resp = same_site_post(client, f"/ops/jobs/{seeded.jobs['failed'][0]}/retry", headers={"Authorization": "Bearer good"})
     assert resp.status_code == 303
     assert Orchestrator.calls == [(SCOPE, seeded.jobs["failed"][0])]
     assert Publisher.published == ["hint"]

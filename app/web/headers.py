@@ -1,0 +1,57 @@
+"""Security headers on every response of the app: JSON, errors, HTML pages, static files, metrics.
+
+One ``after_request`` hook. HTML gets a self-only Content-Security-Policy; everything else gets
+``default-src 'none'`` (a JSON body or a script file opened as a page can run nothing). Framing is
+denied twice (``X-Frame-Options`` for old browsers, ``frame-ancestors`` for current ones). HSTS only
+when the request arrived over TLS, which behind a reverse proxy needs ``MEMEFLOW_TRUSTED_PROXY_HOPS``
+(see :func:`trust_proxies`).
+"""
+
+from __future__ import annotations
+
+from flask import Flask, Response, request
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+# Scripts and styles from this origin only: the /ops pages and the Swagger UI page carry no inline
+# script or style (their CSS and JS are files served by memeflow). Images: thumbnails from /ops and
+# Swagger UI's data: icons.
+HTML_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+NON_HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+HSTS = "max-age=31536000"
+
+COMMON_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+
+def apply_security_headers(response: Response) -> Response:
+    """Set the headers on one response (a view's explicit CSP is kept: it may only be stricter)."""
+    for name, value in COMMON_HEADERS.items():
+        response.headers[name] = value
+    if "Content-Security-Policy" not in response.headers:
+        html = response.mimetype == "text/html"
+        response.headers["Content-Security-Policy"] = HTML_CSP if html else NON_HTML_CSP
+    if request.is_secure:
+        response.headers["Strict-Transport-Security"] = HSTS
+    return response
+
+
+def install_security_headers(app: Flask) -> None:
+    """Register the hook once per app (the API factory and ``register_ops`` both call this)."""
+    if app.extensions.get("memeflow_security_headers"):
+        return
+    app.extensions["memeflow_security_headers"] = True
+    app.after_request(apply_security_headers)
+
+
+def trust_proxies(app: Flask, hops: int) -> None:
+    """Believe ``X-Forwarded-Proto``/``-For`` from ``hops`` reverse proxies (0: believe none), so that
+    a TLS-terminating proxy makes ``request.is_secure`` true (HSTS, Secure cookies, origin checks)."""
+    if hops > 0:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops)  # type: ignore[method-assign]

@@ -1,0 +1,96 @@
+"""Browser sessions for token mode: a pasted API token is exchanged for a random cookie.
+
+Only the cookie's sha256 is stored, with the id of the token that opened the session; the lookup
+joins ``api_tokens`` on every request, so revoking the token ends the session at once (and deleting
+it cascades). The session carries its own CSRF secret. The cookie is honoured by the browser pages
+(/ops) only; the API (``/api/v1``) reads nothing but ``Authorization: Bearer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+
+from app.auth import hash_token
+
+SESSION_COOKIE = "mf_session"
+MAX_TOKEN_CHARS = 256
+
+# -- open_session: the token's row, if live, becomes a session; expired sessions are dropped --
+OPEN_SESSION = text("""
+    WITH expired AS (DELETE FROM browser_sessions WHERE expires_at <= now())
+    INSERT INTO browser_sessions (id_sha256, token_id, csrf_token, expires_at)
+    SELECT :sid, t.id, :csrf, now() + make_interval(secs => :ttl)
+      FROM api_tokens t
+     WHERE t.token_sha256 = :digest AND t.revoked_at IS NULL
+    RETURNING token_id, csrf_token, expires_at,
+              (SELECT scope_id FROM api_tokens WHERE id = token_id) AS scope_id
+""")
+
+# -- session_for_cookie: a live session of a live token; the scope is the token's --
+LIVE_SESSION = text("""
+    SELECT s.id_sha256, s.token_id, s.csrf_token, s.expires_at, t.scope_id
+      FROM browser_sessions s
+      JOIN api_tokens t ON t.id = s.token_id
+     WHERE s.id_sha256 = :sid AND s.expires_at > now() AND t.revoked_at IS NULL
+""")
+
+CLOSE_SESSION = text("DELETE FROM browser_sessions WHERE id_sha256 = :sid")
+
+
+@dataclass(frozen=True)
+class BrowserSession:
+    """A signed-in browser: the scope of the token that opened it and its CSRF secret."""
+
+    token_id: uuid.UUID
+    scope_id: str
+    csrf_token: str
+
+
+def _digest(cookie_value: str) -> str:
+    return hashlib.sha256(cookie_value.encode("utf-8")).hexdigest()
+
+
+def _plausible(value: str | None) -> bool:
+    return bool(value) and len(value) <= MAX_TOKEN_CHARS and value.isascii() and value.isprintable()
+
+
+def open_session(engine: Engine, token: str, ttl_s: float) -> tuple[str, BrowserSession] | None:
+    """Exchange an API token for (cookie value, session); None when the token is unknown or revoked."""
+    token = token.strip()
+    if not _plausible(token):
+        return None
+    cookie_value = secrets.token_urlsafe(32)
+    digest = hash_token(token)
+    with engine.begin() as conn:
+        row = conn.execute(OPEN_SESSION, {"sid": _digest(cookie_value), "csrf": secrets.token_urlsafe(32),
+                                          "ttl": float(ttl_s), "digest": digest}).first()
+    if row is None:
+        return None
+    return cookie_value, BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token)
+
+
+def session_for_cookie(engine: Engine, cookie_value: str | None) -> BrowserSession | None:
+    """The live session this cookie names, or None (unknown, expired, or its token revoked)."""
+    if not _plausible(cookie_value):
+        return None
+    sid = _digest(cookie_value)  # type: ignore[arg-type]
+    with engine.connect() as conn:
+        row = conn.execute(LIVE_SESSION, {"sid": sid}).first()
+    # Looked up by digest; compared again in constant time on the digest itself.
+    if row is None or not hmac.compare_digest(row.id_sha256, sid):
+        return None
+    return BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token)
+
+
+def close_session(engine: Engine, cookie_value: str | None) -> bool:
+    """Delete the session this cookie names; whether a row was deleted."""
+    if not _plausible(cookie_value):
+        return False
+    with engine.begin() as conn:
+        return conn.execute(CLOSE_SESSION, {"sid": _digest(cookie_value)}).rowcount > 0  # type: ignore[arg-type]
