@@ -26,7 +26,7 @@ bp = Blueprint("api_docs", __name__, url_prefix="/api/docs", template_folder="te
 @bp.get("")
 def swagger_ui():
     """The OpenAPI UI for ``/api/openapi.json``."""
-    return render_template("swagger_ui.html", spec_url=url_for("api-docs.openapi_json"),
+    return render_template("api_docs/swagger_ui.html", spec_url=url_for("api-docs.openapi_json"),
                            swagger_ui_version=SWAGGER_UI_VERSION)
 
 
