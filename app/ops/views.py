@@ -112,7 +112,7 @@ def register_ops(
         scope_for_request=scope_for_request or _default_scope,
         retry_job=retry_job or _default_retry,
         slot_limits=(lambda: slot_limits) if slot_limits is not None else _default_slot_limits,
-        content_url=content_url or (lambda image_id: f"/api/v1/images/{image_id}/content"),
+        content_url=content_url or (lambda image_id: url_for("ops.image_content", image_id=image_id)),
     )
     app.jinja_env.filters.setdefault("pretty_json", _pretty_json)
     app.jinja_env.filters.setdefault("age", _age)
@@ -182,6 +182,26 @@ def image(image_id: uuid.UUID) -> Any:
     if detail is None:
         abort(404)
     return render_template("ops/image.html", d=detail, content_url=cfg.content_url(image_id), scope_id=g.ops_scope)
+
+
+@ops_bp.get("/images/<uuid:image_id>/content")
+def image_content(image_id: uuid.UUID) -> Any:
+    """The image's bytes for the page's scope: a signed-in browser has a cookie, not a bearer token,
+    and the API takes only the latter."""
+    from app.api.queries import image_file
+
+    store = getattr(current_app.extensions.get("memeflow"), "store", None)
+    row = image_file(_cfg().engine(), g.ops_scope, image_id)
+    if row is None or store is None:
+        abort(404)
+    try:
+        data = store.read(row.storage_key)
+    except FileNotFoundError:
+        abort(404)
+    response = current_app.response_class(data, mimetype=row.media_type)
+    response.set_etag(row.sha256)
+    response.headers["Cache-Control"] = "private, no-cache"
+    return response.make_conditional(request)
 
 
 @ops_bp.post("/jobs/<uuid:job_id>/retry")

@@ -93,7 +93,7 @@ def test_image_page_shows_thumbnail_context_and_timeline(ops_app, seeded):
     resp = ops_app.test_client().get(f"/ops/images/{image_id}")
     assert resp.status_code == 200
     html = resp.get_data(as_text=True)
-    assert f'src="/api/v1/images/{image_id}/content"' in html
+    assert f'src="/ops/images/{image_id}/content"' in html
     assert "&#34;ocr_text&#34;: &#34;RUNNING-6&#34;" in html or '"ocr_text": "RUNNING-6"' in html
     for stage in ("visual", "agent", "text_embedding"):
         assert f'<tr data-stage="{stage}">' in html

@@ -206,8 +206,9 @@ class Page:
     def click(self, selector: str) -> None:
         """A real mouse click at the centre of the element."""
         box = self.evaluate(
-            f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
-            " return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+            f"(() => {{ const el = document.querySelector({json.dumps(selector)});"
+            " el.scrollIntoView({block: 'center'}); const r = el.getBoundingClientRect();"
+            " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
         for kind in ("mousePressed", "mouseReleased"):
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
                                                    "clickCount": 1})
