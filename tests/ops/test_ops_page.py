@@ -179,7 +179,8 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
     assert Publisher.published == ["hint"]
 
 
-@pytest.mark.parametrize("path", ["/ops", "/ops/images/00000000-0000-0000-0000-000000000000"])
+@pytest.mark.parametrize("path", ["/ops", "/ops/images/00000000-0000-0000-0000-000000000000", "/login",
+                                  "/ops/images/00000000-0000-0000-0000-000000000000/content"])
 def test_page_reads_never_write(ops_app, engine, seeded, path):
     def snapshot():
         with engine.connect() as conn:
