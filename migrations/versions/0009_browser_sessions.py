@@ -1,7 +1,7 @@
 """browser sessions: a pasted API token exchanged for a cookie (token mode, /ops only)
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 A row per signed-in browser. ``id_sha256`` is the sha256 of the random cookie value (the value
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0009'
-down_revision = '0006'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 
