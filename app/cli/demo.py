@@ -18,7 +18,8 @@ import click
 
 from app.cli.common import cli_settings, friendly_errors
 
-TEXT_QUERIES = ("build passes", "friday deploy", "加油")
+# words from a caption, and meanings in other words, in English and Chinese
+TEXT_QUERIES = ("build passes", "releasing code at the end of the week", "加油", "上班偷偷休息")
 NEAR_DUPLICATE = "build-passes-small.jpg"
 TERMINAL = ("succeeded", "failed", "blocked", "unknown_execution", "target_changed", "superseded", "cancelled")
 STAGE_DONE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled")
@@ -113,24 +114,33 @@ def print_summary(console, jobs: dict[str, int], timings: dict[str, tuple[int, f
     console.print(table)
 
 
-def _hit_line(hit: dict[str, Any]) -> str:
+def _hit_line(hit: dict[str, Any]):
+    """One hit as rich Text: score, which signals found it, name, and the highlighted match (user
+    text is never parsed as markup)."""
+    from rich.text import Text
+
+    from app.cli.search import highlighted, signals
+
     image = hit.get("image", {})
-    ctx = image.get("context") or {}
-    text = (ctx.get("ocr_text") or ctx.get("title") or "").replace("\n", " ")
-    return f"{hit.get('score', 0):.3f}  {image.get('display_name') or image.get('id')}  {text[:60]!r}"
+    line = Text(f"{hit.get('score', 0):.3f}  {signals(hit):<14} ")
+    line.append(str(image.get("display_name") or image.get("id")))
+    line.append("  ")
+    line.append_text(highlighted(hit))
+    return line
 
 
 def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[str, list[dict]]:
     import requests
+    from rich.text import Text
 
     results: dict[str, list[dict]] = {}
     for query in TEXT_QUERIES:
         resp = requests.get(f"{api_url}/api/v1/search/text", params={"q": query, "limit": 3}, timeout=60)
         resp.raise_for_status()
         results[query] = resp.json().get("items", [])
-        console.print(f"[bold]text search[/bold] {query!r}")
+        console.print("[bold]text search[/bold]", Text(repr(query)), "(hybrid: meaning + words)")
         for hit in results[query]:
-            console.print(f"   {_hit_line(hit)}")
+            console.print("  ", _hit_line(hit))
     if near_duplicate_id:
         resp = requests.post(f"{api_url}/api/v1/search/visual", json={"image_id": near_duplicate_id, "limit": 3},
                              timeout=60)
@@ -140,7 +150,7 @@ def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[s
         results["visual"] = resp.json().get("items", [])[:3]
         console.print(f"[bold]visual search[/bold] like {NEAR_DUPLICATE}")
         for hit in results["visual"]:
-            console.print(f"   {_hit_line(hit)}")
+            console.print("  ", _hit_line(hit))
     return results
 
 
