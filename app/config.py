@@ -47,6 +47,12 @@ class Settings:
     metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
     metrics_host: str = "0.0.0.0"
     auth: str = "none"
+    # MEMEFLOW_AUTH=none on a non-loopback address needs this explicit opt-in (app.netguard).
+    allow_unauthenticated_remote: bool = False
+    # Host-header allow-list, comma separated ("*" = any); unset: localhost, 127.0.0.1, ::1, api_host.
+    allowed_hosts: str | None = None
+    # HMAC key of keyset cursors; unset: a random key generated once and kept in app_secrets.
+    cursor_secret: str | None = dataclasses.field(default=None, repr=False)
     max_upload_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     lease_s: float = 60.0
@@ -119,6 +125,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
         if self.agent_lane_limit < 0 or self.agent_resource_limit < 0:
             raise SettingsError("lane limits must be >= 0 (0 = unlimited)")
+        if self.cursor_secret is not None and len(self.cursor_secret) < 16:
+            raise SettingsError("MEMEFLOW_CURSOR_SECRET must be at least 16 characters (unset: a generated key)")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 

@@ -97,7 +97,7 @@ def create_app(
         engine=engine,
         publisher=publisher,
         store=store,
-        cursors=CursorCodec(cursor_secret(settings, cursor_secret_key)),
+        cursors=CursorCodec(cursor_secret(settings, engine, cursor_secret_key)),
         scope_resolver=scope_resolver,
     )
     api = MemeflowApi(app, spec_kwargs={"components": {"securitySchemes": {

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from app.cli.common import cli_settings, friendly_errors
+from app.cli.safe_text import markup_safe, printable
 
 TEXT_QUERIES = ("build passes", "friday deploy", "加油")
 NEAR_DUPLICATE = "build-passes-small.jpg"
@@ -114,10 +115,11 @@ def print_summary(console, jobs: dict[str, int], timings: dict[str, tuple[int, f
 
 
 def _hit_line(hit: dict[str, Any]) -> str:
+    """One search hit as a rich markup line; the name and text are escaped (they are user data)."""
     image = hit.get("image", {})
     ctx = image.get("context") or {}
-    text = (ctx.get("ocr_text") or ctx.get("title") or "").replace("\n", " ")
-    return f"{hit.get('score', 0):.3f}  {image.get('display_name') or image.get('id')}  {text[:60]!r}"
+    text = printable(ctx.get("ocr_text") or ctx.get("title") or "", max_len=60)
+    return f"{hit.get('score', 0):.3f}  {markup_safe(image.get('display_name') or image.get('id'))}  {markup_safe(repr(text))}"
 
 
 def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[str, list[dict]]:
@@ -128,7 +130,7 @@ def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[s
         resp = requests.get(f"{api_url}/api/v1/search/text", params={"q": query, "limit": 3}, timeout=60)
         resp.raise_for_status()
         results[query] = resp.json().get("items", [])
-        console.print(f"[bold]text search[/bold] {query!r}")
+        console.print(f"[bold]text search[/bold] {markup_safe(repr(query))}")
         for hit in results[query]:
             console.print(f"   {_hit_line(hit)}")
     if near_duplicate_id:
@@ -164,17 +166,18 @@ def demo(keep: bool, n_images: int | None, timeout_s: float) -> None:
     started = time.monotonic()
     console.rule("memeflow demo")
     console.print("starting PostgreSQL, Redis, API, workers (visual, agent, embedding), beat, Flower …")
-    stack = start_stack(settings, lambda msg, **kw: console.print(msg))
+    stack = start_stack(settings, lambda msg, **kw: console.print(markup_safe(msg)))
     try:
         urls = stack.urls()
         api_url = urls["api"].rstrip("/")
         sample_dir = Path(settings.var_dir).resolve() / "samples"
         generate_samples(sample_dir, limit=n_images)
         paths = image_files(sample_dir)
-        console.print(f"generated {len(paths)} sample memes in {sample_dir}; uploading through {api_url}/api/v1/images")
+        console.print(f"generated {len(paths)} sample memes in {markup_safe(sample_dir)}; "
+                      f"uploading through {api_url}/api/v1/images")
         report = ingest_files(paths, http_uploader(api_url))
         if report.failed:
-            raise click.ClickException(f"uploads failed: {report.failed}")
+            raise click.ClickException(printable(f"uploads failed: {report.failed}"))
         image_ids = list(report.image_ids.values())
         engine = make_engine(stack.database_url)
         try:
