@@ -9,6 +9,7 @@ from flask_smorest import Api
 
 from app.api.context import Services
 from app.api.errors import register_error_handlers
+from app.api.hosts import install_host_check
 from app.api.pagination import CursorCodec, cursor_secret
 from app.api.schemas import ErrorSchema
 
@@ -74,6 +75,7 @@ def create_app(
 
     app = Flask("memeflow.api")
     app.request_class = UploadRequest
+    install_host_check(app, settings)  # first: an unknown Host is refused before anything else runs
 
     @app.teardown_request
     def _close_upload_streams(exc: BaseException | None) -> None:
