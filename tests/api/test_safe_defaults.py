@@ -21,6 +21,7 @@ from app.auth import LocalScopeResolver, TokenScopeResolver, create_scope, creat
 from app.cli import main
 from app.db.engine import make_engine
 from tests.api.conftest import png_bytes, upload
+from tests.conftest import poll_until
 
 
 def _app(settings, engine, orch, publisher, store, resolver=None):
@@ -137,6 +138,9 @@ def test_a_short_cursor_secret_is_refused():
 def test_concurrent_first_starts_agree_on_one_secret(db_url):
     """Threads (each its own connection) and separate processes race to create the secret."""
     engines = [make_engine(db_url) for _ in range(6)]
+    for e in engines:  # connect first, so that the racers start together at the barrier
+        with e.connect() as conn:
+            conn.execute(text("SELECT 1"))
     barrier = threading.Barrier(len(engines))
     got: list[bytes] = []
 
@@ -160,6 +164,31 @@ def test_concurrent_first_starts_agree_on_one_secret(db_url):
     outs = {p.communicate(timeout=60)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(outs) == 1 and len(outs.pop()) == 64
+
+
+def test_a_process_that_loses_the_insert_race_uses_the_winners_secret(engine, db_url):
+    """Deterministic interleaving: the winner's insert is pending when the loser reads (nothing)
+    and inserts (blocks); after the winner commits the loser must return the winner's value."""
+    winner_value = b"w" * 32
+    loser_engine = make_engine(db_url)
+    result: list[bytes] = []
+    with engine.connect() as winner:
+        tx = winner.begin()
+        winner.execute(text("INSERT INTO app_secrets (name, value) VALUES ('lost_race', :v)"), {"v": winner_value})
+        t = threading.Thread(target=lambda: result.append(get_or_create_secret(loser_engine, "lost_race")))
+        t.start()
+        poll_until(lambda: _waiting_on_a_lock(engine), timeout=30, what="the loser's insert waits on the winner's")
+        tx.commit()
+    t.join(timeout=30)
+    loser_engine.dispose()
+    assert result == [winner_value]
+
+
+def _waiting_on_a_lock(engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO app_secrets%'")).scalar())
 
 
 # --------------------------------------------------------------------------- tokens
