@@ -43,7 +43,7 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 5000
     flower_port: int = 5555
-    flower_basic_auth: str | None = None
+    flower_basic_auth: str | None = dataclasses.field(default=None, repr=False)  # secrets stay out of logs
     metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
     metrics_host: str = "0.0.0.0"
     auth: str = "none"
@@ -78,7 +78,7 @@ class Settings:
     text_document_version: str = "2"
     agent_base_url: str = "http://127.0.0.1:11434/v1"
     agent_model: str = "gpt-4o-mini"
-    agent_api_key: str | None = None
+    agent_api_key: str | None = dataclasses.field(default=None, repr=False)
     agent_timeout_s: float = 60.0
     agent_lookup_url: str | None = None
     open_clip_checkpoint: str | None = None

@@ -132,7 +132,8 @@ def test_a_short_cursor_secret_is_refused():
     with pytest.raises(SettingsError, match="MEMEFLOW_CURSOR_SECRET"):
         Settings.from_env({"MEMEFLOW_CURSOR_SECRET": "short"})
     assert Settings.from_env({"MEMEFLOW_CURSOR_SECRET": ""}).cursor_secret is None
-    assert "operator" not in repr(Settings(cursor_secret="operator secret 1234"))
+    shown = repr(Settings(cursor_secret="operator secret 1234", flower_basic_auth="ops:pw-9", agent_api_key="sk-7"))
+    assert "operator secret" not in shown and "pw-9" not in shown and "sk-7" not in shown
 
 
 def test_concurrent_first_starts_agree_on_one_secret(db_url):
