@@ -9,7 +9,7 @@ from flask_smorest import Api
 
 from app.api.context import Services
 from app.api.errors import register_error_handlers
-from app.api.hosts import install_host_check
+from app.api.hosts import install_request_guards
 from app.api.pagination import CursorCodec, cursor_secret
 from app.api.schemas import ErrorSchema
 
@@ -75,7 +75,7 @@ def create_app(
 
     app = Flask("memeflow.api")
     app.request_class = UploadRequest
-    install_host_check(app, settings)  # first: an unknown Host is refused before anything else runs
+    install_request_guards(app, settings, scope_resolver)  # first: Host allow-list, local-only none mode
 
     @app.teardown_request
     def _close_upload_streams(exc: BaseException | None) -> None:

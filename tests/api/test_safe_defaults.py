@@ -67,6 +67,32 @@ def test_token_mode_checks_the_host_before_the_token(settings, engine, orch, pub
     assert app.test_client().get("/api/v1/images", headers=auth).status_code == 200
 
 
+@pytest.mark.parametrize("peer", ["10.0.0.7", "192.168.1.20", "2001:db8::5", "::ffff:10.0.0.7"])
+def test_auth_none_answers_remote_peers_403_whatever_server_runs_it(client, engine, peer):
+    """The second layer behind the bind guard: a plain ``gunicorn -b 0.0.0.0`` still serves no one else."""
+    r = client.get("/api/v1/images", environ_base={"REMOTE_ADDR": peer})
+    assert r.status_code == 403 and r.get_json()["error"] == "unauthenticated_remote"
+    r = client.post("/api/v1/images", environ_base={"REMOTE_ADDR": peer})
+    assert r.status_code == 403
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM images")).scalar() == 0
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1", ""])
+def test_auth_none_serves_local_peers(client, peer):
+    assert client.get("/api/v1/images", environ_base={"REMOTE_ADDR": peer}).status_code == 200
+
+
+def test_remote_peers_with_the_opt_in_or_in_token_mode(settings, engine, orch, publisher, store, token_app, tokens):
+    remote = {"REMOTE_ADDR": "10.0.0.7"}
+    opted = _app(settings.replace(allow_unauthenticated_remote=True), engine, orch, publisher, store).test_client()
+    assert opted.get("/api/v1/images", environ_base=remote).status_code == 200
+    c = token_app.test_client()
+    assert c.get("/api/v1/images", environ_base=remote).status_code == 401
+    auth = {"Authorization": f"Bearer {tokens['alpha']}"}
+    assert c.get("/api/v1/images", environ_base=remote, headers=auth).status_code == 200
+
+
 # --------------------------------------------------------------------------- cursor secret
 def _first_page_cursor(client) -> str:
     for i in range(3):

@@ -106,6 +106,30 @@ def test_the_opt_in_and_token_mode_may_bind_everywhere(env, spawn):
     assert r.status_code == 400 and r.json()["error"] == "invalid_host"
 
 
+def _own_non_loopback_ip() -> str | None:
+    """An IPv4 address of this machine that is not loopback (connecting to it is a 'remote' peer)."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_a_server_started_without_the_guards_still_serves_no_remote_peer(env, spawn):
+    """Plain ``gunicorn -b 0.0.0.0`` (no memeflow config): the API itself answers 403 to a
+    non-loopback peer in MEMEFLOW_AUTH=none, and serves loopback."""
+    ip = _own_non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    port = free_port()
+    proc = spawn([PYTHON, "-m", "gunicorn", "app.api.wsgi:app", "-b", f"0.0.0.0:{port}", "-w", "1"], env, "plain")
+    poll_until(lambda: port_open(port) or proc.poll() is not None, timeout=60, what="gunicorn up")
+    assert proc.poll() is None, proc.log_path.read_text()
+    assert requests.get(f"http://127.0.0.1:{port}/api/v1/images", timeout=10).status_code == 200
+    r = requests.get(f"http://{ip}:{port}/api/v1/images", headers={"Host": "localhost"}, timeout=10)
+    assert r.status_code == 403 and r.json()["error"] == "unauthenticated_remote"
+
+
 def test_the_stack_refuses_before_starting_anything(settings):
     stack = Stack(settings.replace(auth="none", api_host="0.0.0.0", database_url=None, broker_url=None))
     with pytest.raises(UnsafeBind, match="MEMEFLOW_AUTH=none"):
