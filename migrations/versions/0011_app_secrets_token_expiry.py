@@ -1,7 +1,7 @@
 """app_secrets (the generated cursor HMAC key) and optional API token expiry
 
 Revision ID: 0011
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 ``app_secrets`` holds deployment-wide random secrets generated once (insert-if-absent, so API
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0011'
-down_revision = '0006'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 

@@ -52,9 +52,22 @@ def hostile_image(client) -> dict:
 def test_search_hits_render_hostile_names_literally(hostile_image):
     result = {"items": [{"score": 0.9, "image": hostile_image}], "model": "m",
               "coverage": {"ready": 1, "total": 1}}
-    out = rendered(hits_table(HOSTILE, result))
+    out = rendered(hits_table(HOSTILE, "hybrid", result))
     assert_inert(out)
     assert "[red]owned[/red]" in out  # the text itself, not red
+
+
+def test_search_highlights_escape_control_characters_and_keep_their_marks(hostile_image):
+    from app.cli.search import highlighted
+
+    source = "before \x1b[31mBUILD\x07 passes [/] after"
+    start = source.index("BUILD")
+    text = highlighted({"image": hostile_image, "highlight": {"text": source, "marks": [[start, start + 5]]}})
+    assert "\x1b" not in text.plain and "\\x1b[31mBUILD\\x07 passes [/] after" in text.plain
+    (span,) = text.spans
+    assert text.plain[span.start:span.end] == "BUILD"  # the mark still covers the matched word
+    out = rendered(text)
+    assert "\x1b" not in out and "\x07" not in out
 
 
 def test_demo_hit_lines_render_hostile_names_literally(hostile_image):
