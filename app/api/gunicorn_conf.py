@@ -5,9 +5,10 @@
 * a few slow or idle clients cannot take every worker: the threaded worker (``gthread``) parks idle
   keep-alive connections in its event loop (no thread), hands a connection that has sent nothing
   back to it after gunicorn's 5 s data timeout, and serves ``threads`` requests at once per worker;
-  request line and header sizes are bounded; ``timeout`` recycles a worker whose main loop hangs and ``graceful_timeout`` bounds a
-  restart. For a service on the open internet put a buffering reverse proxy in front anyway
-  (docs/security.md has an nginx example): it absorbs slow uploads before they reach a thread.
+  request line and header sizes are bounded; ``timeout`` recycles a worker whose main loop hangs
+  and ``graceful_timeout`` bounds a restart. For a service on the open internet put a buffering
+  reverse proxy in front anyway (docs/security.md has an nginx example): it absorbs slow uploads
+  before they reach a thread.
 * an unauthenticated instance is never bound beyond loopback (:func:`app.netguard.check_bind`
   runs in ``on_starting``, before any socket is opened).
 

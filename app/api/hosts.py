@@ -23,7 +23,7 @@ def _loopback_peer(addr: str | None) -> bool:
     if not addr:
         return True
     try:
-        ip = ipaddress.ip_address((addr or "").split("%")[0])
+        ip = ipaddress.ip_address(addr.split("%")[0])
     except ValueError:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)

@@ -119,7 +119,8 @@ def _hit_line(hit: dict[str, Any]) -> str:
     image = hit.get("image", {})
     ctx = image.get("context") or {}
     text = printable(ctx.get("ocr_text") or ctx.get("title") or "", max_len=60)
-    return f"{hit.get('score', 0):.3f}  {markup_safe(image.get('display_name') or image.get('id'))}  {markup_safe(repr(text))}"
+    name = markup_safe(image.get("display_name") or image.get("id"))
+    return f"{hit.get('score', 0):.3f}  {name}  {markup_safe(repr(text))}"
 
 
 def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[str, list[dict]]:

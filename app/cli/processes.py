@@ -93,9 +93,10 @@ def api_cmd(host: str, port: int, workers: int = 2) -> list[str]:
     with contextlib.suppress(ImportError):
         import gunicorn  # noqa: F401
 
+        bare = host.strip("[]")
         return [
             sys.executable, "-m", "gunicorn", "-c", "python:app.api.gunicorn_conf", "app.api.wsgi:app",
-            "-b", f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "-w", str(workers),
+            "-b", f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}", "-w", str(workers),
         ]
     return [sys.executable, "-m", "flask", "--app", "app.api.wsgi:app", "run", "--host", host, "--port", str(port)]
 
