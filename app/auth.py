@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import Engine, text
@@ -24,10 +25,24 @@ TOKEN_PREFIX = "mf_"
 
 
 class Unauthorized(Exception):
-    """Missing, malformed, unknown or revoked API token."""
+    """Missing, malformed, unknown, revoked or expired API token."""
 
     code = "unauthorized"
     status = 401
+
+
+# One message for every token that does not authenticate, so that a caller cannot tell a token
+# that never existed from one that was revoked or has expired.
+INVALID_TOKEN = "invalid, revoked or expired token"
+
+
+class AmbiguousTokenName(ValueError):
+    """A token name exists in several scopes; the caller must say which scope."""
+
+    def __init__(self, name: str, scope_ids: list[str]) -> None:
+        super().__init__(f"token name {name!r} exists in scopes {', '.join(scope_ids)}; choose one with --scope")
+        self.name = name
+        self.scope_ids = scope_ids
 
 
 class ScopeResolver(Protocol):
@@ -50,6 +65,14 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+# Expiry is judged by the database clock, the same clock that stamped created_at/expires_at.
+RESOLVE_TOKEN = text(
+    "SELECT scope_id, token_sha256, "
+    "(revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())) AS usable "
+    "FROM api_tokens WHERE token_sha256 = :d"
+)
+
+
 class TokenScopeResolver:
     """``Authorization: Bearer <token>`` → the scope of a non-revoked token (by sha256)."""
 
@@ -64,15 +87,10 @@ class TokenScopeResolver:
             raise Unauthorized("missing or malformed bearer token")
         digest = hash_token(token)
         with self.engine.connect() as conn:
-            row = conn.execute(
-                text("SELECT scope_id, token_sha256, revoked_at FROM api_tokens WHERE token_sha256 = :d"),
-                {"d": digest},
-            ).first()
+            row = conn.execute(RESOLVE_TOKEN, {"d": digest}).first()
         # The lookup is by digest; the compare below is constant-time on the digest itself.
-        if row is None or not hmac.compare_digest(row.token_sha256, digest):
-            raise Unauthorized("unknown token")
-        if row.revoked_at is not None:
-            raise Unauthorized("token revoked")
+        if row is None or not hmac.compare_digest(row.token_sha256, digest) or not row.usable:
+            raise Unauthorized(INVALID_TOKEN)
         return row.scope_id
 
 
@@ -95,6 +113,10 @@ class TokenInfo:
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = None
+
+
+TOKEN_COLUMNS = "id, scope_id, name, created_at, revoked_at, expires_at"
 
 
 def create_scope(engine: Engine, scope_id: str) -> tuple[str, uuid.UUID, bool]:
@@ -126,11 +148,28 @@ def list_scopes(engine: Engine) -> list[dict[str, Any]]:
         return [dict(r) for r in rows]
 
 
-def create_token(engine: Engine, scope_id: str, name: str) -> tuple[TokenInfo, str]:
-    """Create a token for an existing scope; returns its info and the token (shown only once)."""
+def parse_duration(text_: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` → a positive :class:`timedelta`."""
+    match = re.fullmatch(r"\s*(\d{1,9})\s*([smhdw])\s*", text_ or "")
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"not a positive duration like 30d, 12h, 90m, 2w: {text_!r}")
+    return timedelta(seconds=int(match.group(1)) * _UNIT_S[match.group(2)])
+
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def create_token(
+    engine: Engine, scope_id: str, name: str, expires_in: timedelta | None = None
+) -> tuple[TokenInfo, str]:
+    """Create a token for an existing scope; returns its info and the token (shown only once).
+
+    With ``expires_in`` the token stops authenticating that long after creation (DB clock)."""
     validate_scope_id(scope_id)
     if not name or len(name) > 200:
         raise ValueError("token name must be 1..200 characters")
+    if expires_in is not None and expires_in.total_seconds() <= 0:
+        raise ValueError("expires_in must be positive")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as conn:
         if conn.execute(text("SELECT 1 FROM scopes WHERE id = :id"), {"id": scope_id}).first() is None:
@@ -141,16 +180,18 @@ def create_token(engine: Engine, scope_id: str, name: str) -> tuple[TokenInfo, s
             raise ValueError(f"scope {scope_id!r} already has a token named {name!r}")
         row = conn.execute(
             text(
-                "INSERT INTO api_tokens (id, scope_id, name, token_sha256) VALUES (:id, :s, :n, :h) "
-                "RETURNING id, scope_id, name, created_at, revoked_at"
+                "INSERT INTO api_tokens (id, scope_id, name, token_sha256, expires_at) "
+                "VALUES (:id, :s, :n, :h, now() + make_interval(secs => :ttl)) "
+                f"RETURNING {TOKEN_COLUMNS}"
             ),
-            {"id": uuid.uuid4(), "s": scope_id, "n": name, "h": hash_token(token)},
+            {"id": uuid.uuid4(), "s": scope_id, "n": name, "h": hash_token(token),
+             "ttl": None if expires_in is None else expires_in.total_seconds()},
         ).one()
     return TokenInfo(**row._mapping), token
 
 
 def list_tokens(engine: Engine, scope_id: str | None = None) -> list[TokenInfo]:
-    sql = "SELECT id, scope_id, name, created_at, revoked_at FROM api_tokens"
+    sql = f"SELECT {TOKEN_COLUMNS} FROM api_tokens"
     params: dict[str, Any] = {}
     if scope_id is not None:
         sql += " WHERE scope_id = :s"
@@ -160,7 +201,10 @@ def list_tokens(engine: Engine, scope_id: str | None = None) -> list[TokenInfo]:
 
 
 def revoke_token(engine: Engine, id_or_name: str, scope_id: str | None = None) -> list[TokenInfo]:
-    """Revoke the token with this id, or the token(s) with this name (optionally in one scope)."""
+    """Revoke the token with this id, or the token with this name (in ``scope_id`` when given).
+
+    A name that exists in several scopes raises :class:`AmbiguousTokenName` unless ``scope_id``
+    says which, and then nothing is revoked. Returns the revoked tokens (empty: no match)."""
     try:
         token_id: uuid.UUID | None = uuid.UUID(id_or_name)
     except ValueError:
@@ -171,10 +215,15 @@ def revoke_token(engine: Engine, id_or_name: str, scope_id: str | None = None) -
         cond += " AND scope_id = :s"
         params["s"] = scope_id
     with engine.begin() as conn:
+        # Lock the matching rows first so that the ambiguity check and the update see the same set.
+        scopes = sorted({r.scope_id for r in conn.execute(
+            text(f"SELECT scope_id FROM api_tokens WHERE {cond} FOR UPDATE"), params)})
+        if len(scopes) > 1:
+            raise AmbiguousTokenName(id_or_name, scopes)
         rows = conn.execute(
             text(
                 f"UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE {cond} "
-                "RETURNING id, scope_id, name, created_at, revoked_at"
+                f"RETURNING {TOKEN_COLUMNS}"
             ),
             params,
         ).all()

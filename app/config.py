@@ -43,12 +43,18 @@ class Settings:
     api_host: str = "127.0.0.1"
     api_port: int = 5000
     flower_port: int = 5555
-    flower_basic_auth: str | None = None
+    flower_basic_auth: str | None = dataclasses.field(default=None, repr=False)  # secrets stay out of logs
     metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
     metrics_host: str = "0.0.0.0"
     auth: str = "none"
     session_ttl_s: float = 12 * 3600.0  # a browser sign-in (token mode) lasts this long at most
     trusted_proxy_hops: int = 0  # reverse proxies whose X-Forwarded-Proto/For are believed (HSTS, Secure cookies)
+    # MEMEFLOW_AUTH=none on a non-loopback address needs this explicit opt-in (app.netguard).
+    allow_unauthenticated_remote: bool = False
+    # Host-header allow-list, comma separated ("*" = any); unset: localhost, 127.0.0.1, ::1, api_host.
+    allowed_hosts: str | None = None
+    # HMAC key of keyset cursors; unset: a random key generated once and kept in app_secrets.
+    cursor_secret: str | None = dataclasses.field(default=None, repr=False)
     max_upload_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     lease_s: float = 60.0
@@ -74,7 +80,7 @@ class Settings:
     text_document_version: str = "2"
     agent_base_url: str = "http://127.0.0.1:11434/v1"
     agent_model: str = "gpt-4o-mini"
-    agent_api_key: str | None = None
+    agent_api_key: str | None = dataclasses.field(default=None, repr=False)
     agent_timeout_s: float = 60.0
     agent_lookup_url: str | None = None
     open_clip_checkpoint: str | None = None
@@ -123,6 +129,8 @@ class Settings:
             raise SettingsError("lane limits must be >= 0 (0 = unlimited)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
+        if self.cursor_secret is not None and len(self.cursor_secret) < 16:
+            raise SettingsError("MEMEFLOW_CURSOR_SECRET must be at least 16 characters (unset: a generated key)")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 

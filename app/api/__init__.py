@@ -9,6 +9,7 @@ from flask_smorest import Api
 
 from app.api.context import Services
 from app.api.errors import register_error_handlers
+from app.api.hosts import install_request_guards
 from app.api.pagination import CursorCodec, cursor_secret
 from app.api.schemas import ErrorSchema
 
@@ -74,6 +75,7 @@ def create_app(
 
     app = Flask("memeflow.api")
     app.request_class = UploadRequest
+    install_request_guards(app, settings, scope_resolver)  # first: Host allow-list, local-only none mode
 
     @app.teardown_request
     def _close_upload_streams(exc: BaseException | None) -> None:
@@ -95,7 +97,7 @@ def create_app(
         engine=engine,
         publisher=publisher,
         store=store,
-        cursors=CursorCodec(cursor_secret(settings, cursor_secret_key)),
+        cursors=CursorCodec(cursor_secret(settings, engine, cursor_secret_key)),
         scope_resolver=scope_resolver,
     )
     api = MemeflowApi(app, spec_kwargs={"components": {"securitySchemes": {

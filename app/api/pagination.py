@@ -58,12 +58,12 @@ class CursorCodec:
             raise ApiError(422, "invalid_cursor", "cursor is malformed or was not issued by this server") from None
 
 
-def cursor_secret(settings: Any, explicit: str | bytes | None = None) -> bytes:
-    """The HMAC key: explicit/``MEMEFLOW_CURSOR_SECRET``, else a per-deployment derivation."""
-    import os
-
-    raw = explicit if explicit is not None else os.environ.get("MEMEFLOW_CURSOR_SECRET")
+def cursor_secret(settings: Any, engine: Any, explicit: str | bytes | None = None) -> bytes:
+    """The HMAC key: ``explicit``, else ``MEMEFLOW_CURSOR_SECRET``, else the random key generated
+    once and stored in ``app_secrets`` (never derived from the database URL or other settings)."""
+    raw = explicit if explicit is not None else getattr(settings, "cursor_secret", None)
     if raw:
         return raw.encode() if isinstance(raw, str) else raw
-    basis = f"memeflow-cursor:{getattr(settings, 'database_url', '') or ''}:{getattr(settings, 'var_dir', '')}"
-    return hashlib.sha256(basis.encode()).digest()
+    from app.app_secrets import CURSOR_HMAC, get_or_create_secret
+
+    return get_or_create_secret(engine, CURSOR_HMAC)

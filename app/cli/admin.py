@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import click
 
 from app.cli.common import database_url, friendly_errors
+from app.cli.safe_text import printable
 
 
 @contextlib.contextmanager
@@ -39,7 +41,7 @@ def scopes_create(scope_id: str) -> None:
             sid, namespace, created = create_scope(engine, scope_id)
         except InvalidScopeId as exc:
             raise click.BadParameter(str(exc), param_hint="SCOPE_ID") from None
-    click.echo(f"{'created' if created else 'exists'}: {sid} (storage namespace {namespace})")
+    click.echo(f"{'created' if created else 'exists'}: {printable(sid)} (storage namespace {namespace})")
 
 
 @scopes.command("list")
@@ -53,7 +55,8 @@ def scopes_list() -> None:
     if not rows:
         click.echo("no scopes")
     for r in rows:
-        click.echo(f"{r['id']}\t{r['images']} images\tnamespace {r['storage_namespace']}\tcreated {r['created_at']:%Y-%m-%d %H:%M}")
+        click.echo(f"{printable(r['id'])}\t{r['images']} images\tnamespace {r['storage_namespace']}"
+                   f"\tcreated {r['created_at']:%Y-%m-%d %H:%M}")
 
 
 @click.group()
@@ -64,34 +67,48 @@ def tokens() -> None:
 @tokens.command("create")
 @click.argument("scope_id")
 @click.option("--name", "-n", required=True, help="A label for the token, unique in the scope.")
+@click.option("--expires-in", "expires_in", default=None, metavar="DURATION",
+              help="Stop accepting the token after this long: 30d, 12h, 90m, 2w (default: never).")
 @friendly_errors
-def tokens_create(scope_id: str, name: str) -> None:
+def tokens_create(scope_id: str, name: str, expires_in: str | None) -> None:
     """Create a token for SCOPE_ID and print it (only this once)."""
-    from app.auth import create_token
+    from app.auth import create_token, parse_duration
 
+    try:
+        ttl = parse_duration(expires_in) if expires_in is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expires-in") from None
     with _engine() as engine:
         try:
-            info, token = create_token(engine, scope_id, name)
+            info, token = create_token(engine, scope_id, name, expires_in=ttl)
         except (LookupError, ValueError) as exc:
-            raise click.ClickException(str(exc)) from None
-    click.echo(f"token id {info.id} for scope {info.scope_id} ({info.name}); store it now, it is not shown again:", err=True)
+            raise click.ClickException(printable(exc)) from None
+    expiry = f", expires {info.expires_at:%Y-%m-%d %H:%M %Z}" if info.expires_at else ""
+    click.echo(f"token id {info.id} for scope {printable(info.scope_id)} ({printable(info.name)}){expiry}; "
+               "store it now, it is not shown again:", err=True)
     click.echo(token)
 
 
 @tokens.command("revoke")
 @click.argument("id_or_name")
-@click.option("--scope", "scope_id", default=None, help="Only revoke a token of this scope.")
+@click.option("--scope", "scope_id", default=None,
+              help="The token's scope; required when the name exists in several scopes.")
 @friendly_errors
 def tokens_revoke(id_or_name: str, scope_id: str | None) -> None:
-    """Revoke the token with this id or name (requests with it then get 401)."""
-    from app.auth import revoke_token
+    """Revoke the token with this id or name (requests with it then get 401).
+
+    A name used in several scopes is refused (nothing revoked) unless --scope picks one."""
+    from app.auth import AmbiguousTokenName, revoke_token
 
     with _engine() as engine:
-        revoked = revoke_token(engine, id_or_name, scope_id)
+        try:
+            revoked = revoke_token(engine, id_or_name, scope_id)
+        except AmbiguousTokenName as exc:
+            raise click.ClickException(printable(exc)) from None
     if not revoked:
-        raise click.ClickException(f"no token {id_or_name!r}")
+        raise click.ClickException(printable(f"no token {id_or_name!r}"))
     for info in revoked:
-        click.echo(f"revoked {info.id} ({info.scope_id}/{info.name})")
+        click.echo(f"revoked {info.id} ({printable(info.scope_id)}/{printable(info.name)})")
 
 
 @tokens.command("list")
@@ -105,4 +122,7 @@ def tokens_list(scope_id: str | None) -> None:
         rows = list_tokens(engine, scope_id)
     for t in rows:
         state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
-        click.echo(f"{t.id}\t{t.scope_id}\t{t.name}\t{state}")
+        if t.expires_at and not t.revoked_at:
+            past = t.expires_at <= datetime.now(timezone.utc)
+            state = f"{'expired' if past else 'active, expires'} {t.expires_at:%Y-%m-%d %H:%M %Z}"
+        click.echo(f"{t.id}\t{printable(t.scope_id)}\t{printable(t.name)}\t{state}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from app.cli.safe_text import printable
 from app.config import Settings, SettingsError, get_settings
 from app.embedded import EmbeddedServiceError
 
@@ -23,14 +24,19 @@ def cli_settings() -> Settings:
 
 
 def friendly_errors(fn):
-    """Turn expected operational errors into a one-line message and exit code 1."""
+    """Turn expected operational errors into a one-line message and exit code 1.
+
+    Every message is made terminal-safe (:func:`printable`): it may quote user-controlled text."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except click.ClickException as exc:
+            exc.message = printable(exc.message)
+            raise
         except (EmbeddedServiceError, SettingsError) as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {printable(exc)}", err=True)
             sys.exit(1)
         except Exception as exc:
             from sqlalchemy.exc import OperationalError
@@ -38,10 +44,11 @@ def friendly_errors(fn):
             from app.orchestrator.errors import OrchestratorError
 
             if isinstance(exc, OperationalError):
-                click.echo(f"error: cannot reach the database: {str(exc.orig).strip().splitlines()[0]}", err=True)
+                first_line = (str(exc.orig).strip().splitlines() or [""])[0]
+                click.echo(f"error: cannot reach the database: {printable(first_line)}", err=True)
                 sys.exit(1)
             if isinstance(exc, OrchestratorError):
-                click.echo(f"error: {getattr(exc, 'code', 'error')}: {exc}", err=True)
+                click.echo(f"error: {getattr(exc, 'code', 'error')}: {printable(exc)}", err=True)
                 sys.exit(1)
             raise
 

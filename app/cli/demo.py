@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from app.cli.common import cli_settings, friendly_errors
+from app.cli.safe_text import markup_safe, printable
 
 # words from a caption, and meanings in other words, in English and Chinese
 TEXT_QUERIES = ("build passes", "releasing code at the end of the week", "加油", "上班偷偷休息")
@@ -174,17 +175,18 @@ def demo(keep: bool, n_images: int | None, timeout_s: float) -> None:
     started = time.monotonic()
     console.rule("memeflow demo")
     console.print("starting PostgreSQL, Redis, API, workers (visual, agent, embedding), beat, Flower …")
-    stack = start_stack(settings, lambda msg, **kw: console.print(msg))
+    stack = start_stack(settings, lambda msg, **kw: console.print(markup_safe(msg)))
     try:
         urls = stack.urls()
         api_url = urls["api"].rstrip("/")
         sample_dir = Path(settings.var_dir).resolve() / "samples"
         generate_samples(sample_dir, limit=n_images)
         paths = image_files(sample_dir)
-        console.print(f"generated {len(paths)} sample memes in {sample_dir}; uploading through {api_url}/api/v1/images")
+        console.print(f"generated {len(paths)} sample memes in {markup_safe(sample_dir)}; "
+                      f"uploading through {api_url}/api/v1/images")
         report = ingest_files(paths, http_uploader(api_url))
         if report.failed:
-            raise click.ClickException(f"uploads failed: {report.failed}")
+            raise click.ClickException(printable(f"uploads failed: {report.failed}"))
         image_ids = list(report.image_ids.values())
         engine = make_engine(stack.database_url)
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from app.cli.common import cli_settings, friendly_errors
+from app.cli.safe_text import printable
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
 
@@ -135,7 +136,7 @@ def ingest(directory: Path, policy: str, scope_id: str) -> None:
     settings = settings.replace(database_url=urls.database_url, broker_url=urls.broker_url)
     paths = image_files(directory)
     if not paths:
-        click.echo(f"no images under {directory}", err=True)
+        click.echo(f"no images under {printable(directory)}", err=True)
         sys.exit(1)
     upload = in_process_uploader(scope_id, settings)
     known = existing_sha256(settings.database_url, scope_id)
@@ -147,5 +148,5 @@ def ingest(directory: Path, policy: str, scope_id: str) -> None:
     click.echo(f"created {len(report.created)}, already present {len(report.existing) + len(report.skipped)}, "
                f"failed {len(report.failed)}")
     for path, why in report.failed:
-        click.echo(f"  failed: {path}: {why}", err=True)
+        click.echo(f"  failed: {printable(path)}: {printable(why)}", err=True)
     sys.exit(1 if report.failed else 0)

@@ -58,21 +58,45 @@ def beat_cmd(schedule_file: Path, *, loglevel: str = "INFO") -> list[str]:
     return celery_cmd("beat", "-s", str(schedule_file), "--pidfile=", "-l", loglevel)
 
 
-def flower_cmd(port: int, basic_auth: str | None = None, address: str = "127.0.0.1") -> list[str]:
-    cmd = celery_cmd("flower", f"--port={port}", f"--address={address}")
+def flower_cmd(port: int, address: str = "127.0.0.1") -> list[str]:
+    """``celery flower``; credentials never go on the command line (see :func:`flower_env`)."""
+    return celery_cmd("flower", f"--port={port}", f"--address={address}")
+
+
+def flower_env(env: dict[str, str], basic_auth: str | None) -> dict[str, str]:
+    """``env`` with Flower's basic auth in ``FLOWER_BASIC_AUTH`` (Flower reads ``FLOWER_<option>``).
+
+    A process's environment is readable only by its own user and root, its command line by every
+    local user (``ps``), so the credentials travel here and only here."""
+    env = dict(env)
+    env.pop("FLOWER_BASIC_AUTH", None)
     if basic_auth:
-        cmd.append(f"--basic_auth={basic_auth}")
-    return cmd
+        env["FLOWER_BASIC_AUTH"] = basic_auth
+    return env
+
+
+def check_flower_bind(settings: Settings, address: str) -> None:
+    """Flower can revoke and terminate tasks: no credentials means loopback only (or an opt-in)."""
+    from app.netguard import UnsafeBind, is_loopback
+
+    if settings.flower_basic_auth or settings.allow_unauthenticated_remote or is_loopback(address):
+        return
+    raise UnsafeBind(
+        f"refusing to serve Flower on {address} without MEMEFLOW_FLOWER_BASIC_AUTH=user:password "
+        "(or set MEMEFLOW_ALLOW_UNAUTHENTICATED_REMOTE=1 if a trusted network or proxy guards it)"
+    )
 
 
 def api_cmd(host: str, port: int, workers: int = 2) -> list[str]:
-    """gunicorn serving ``app.api.wsgi:app`` (Flask's dev server if gunicorn is missing)."""
+    """gunicorn serving ``app.api.wsgi:app`` with :mod:`app.api.gunicorn_conf` (threaded workers,
+    bounded requests, the bind guard); Flask's dev server if gunicorn is missing."""
     with contextlib.suppress(ImportError):
         import gunicorn  # noqa: F401
 
+        bare = host.strip("[]")
         return [
-            sys.executable, "-m", "gunicorn", "app.api.wsgi:app", "-b", f"{host}:{port}", "-w", str(workers),
-            "--timeout", "120", "--graceful-timeout", "10",
+            sys.executable, "-m", "gunicorn", "-c", "python:app.api.gunicorn_conf", "app.api.wsgi:app",
+            "-b", f"[{bare}]:{port}" if ":" in bare else f"{bare}:{port}", "-w", str(workers),
         ]
     return [sys.executable, "-m", "flask", "--app", "app.api.wsgi:app", "run", "--host", host, "--port", str(port)]
 
@@ -173,6 +197,10 @@ class Stack:
 
     # ------------------------------------------------------------------ start
     def start(self) -> Stack:
+        from app.netguard import check_bind
+
+        if "api" in self.components:
+            check_bind(self.settings, self.settings.api_host)  # before anything starts
         try:
             self._start_services()
             self._migrate()
@@ -234,8 +262,9 @@ class Stack:
                 plan.append(Child(name, beat_cmd(self.run_dir / "celerybeat-schedule"), self.child_env(), log_path))
             elif name == "flower":
                 # Flower logs the SIGTERM but its event thread keeps it alive; it holds no state: kill soon.
-                plan.append(Child(name, flower_cmd(s.flower_port, s.flower_basic_auth), self.child_env(), log_path,
-                                  port=s.flower_port, stop_grace_s=2.0))
+                env = flower_env(self.child_env(), s.flower_basic_auth)
+                plan.append(Child(name, flower_cmd(s.flower_port), env, log_path, port=s.flower_port,
+                                  stop_grace_s=2.0))
         return plan
 
     def worker_nodes(self) -> list[str]:
@@ -364,9 +393,18 @@ def _urls_env(settings: Settings) -> dict[str, str]:
 @click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
 @friendly_errors
 def api(host: str | None, port: int | None, workers: int) -> None:
-    """Serve the REST API (gunicorn app.api.wsgi:app)."""
+    """Serve the REST API (gunicorn app.api.wsgi:app).
+
+    With MEMEFLOW_AUTH=none only a loopback address is accepted (MEMEFLOW_ALLOW_UNAUTHENTICATED_REMOTE=1
+    overrides); MEMEFLOW_ALLOWED_HOSTS lists the Host names it answers."""
+    from app.netguard import check_bind
+
     s = cli_settings()
-    _exec(api_cmd(host or s.api_host, port or s.api_port, workers), _urls_env(s))
+    host = host or s.api_host
+    check_bind(s, host)
+    env = _urls_env(s)
+    env["MEMEFLOW_API_HOST"] = host  # the default Host allow-list includes the bind address
+    _exec(api_cmd(host, port or s.api_port, workers), env)
 
 
 @click.command()
@@ -403,6 +441,8 @@ def beat(schedule: Path | None) -> None:
               help="Bind address (0.0.0.0 in a container; set MEMEFLOW_FLOWER_BASIC_AUTH then).")
 @friendly_errors
 def flower(port: int | None, address: str) -> None:
-    """Run Flower (MEMEFLOW_FLOWER_BASIC_AUTH=user:password enables basic auth)."""
+    """Run Flower (MEMEFLOW_FLOWER_BASIC_AUTH=user:password enables basic auth; it reaches Flower
+    through its environment, never its command line). A non-loopback address needs basic auth."""
     s = cli_settings()
-    _exec(flower_cmd(port or s.flower_port, s.flower_basic_auth, address), _urls_env(s))
+    check_flower_bind(s, address)
+    _exec(flower_cmd(port or s.flower_port, address), flower_env(_urls_env(s), s.flower_basic_auth))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from app.cli.common import connected, friendly_errors
+from app.cli.safe_text import cell, printable
 
 
 def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: str = "hybrid") -> dict:
@@ -20,16 +22,23 @@ def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: s
 
 def highlighted(hit: dict):
     """The hit's highlight (or its OCR text) as rich Text, matches in bold — user text never
-    parsed as markup."""
+    parsed as markup, its control characters shown escaped (each piece is escaped on its own,
+    so the marks' offsets into the original text still apply)."""
     from rich.text import Text
 
     hl = hit.get("highlight")
     if not hl:
         ocr = ((hit["image"].get("context") or {}).get("ocr_text") or "").replace("\n", " / ")
-        return Text(ocr[:60])
-    out = Text(hl["text"])
-    for start, end in hl["marks"]:
-        out.stylize("bold yellow", start, end)
+        return cell(ocr, max_len=60)
+    source, out, pos = hl["text"], Text(), 0
+    for start, end in sorted(hl["marks"]):
+        start = max(start, pos)
+        if end <= start:
+            continue
+        out.append(printable(source[pos:start]))
+        out.append(printable(source[start:end]), style="bold yellow")
+        pos = end
+    out.append(printable(source[pos:]))
     return out
 
 
@@ -38,6 +47,22 @@ def signals(hit: dict) -> str:
     m = hit.get("matched") or {}
     return " ".join(f"{short}#{m[name]['rank']}" for name, short in (("semantic", "sem"), ("lexical", "lex"))
                     if name in m)
+
+
+def hits_table(query: str, mode: str, result: dict) -> Any:
+    """The hits as a rich table; names, highlights and OCR text are printed literally."""
+    from rich.table import Table
+
+    cov = result["coverage"]
+    title = cell(f"'{printable(query)}'  ({mode}; {result['model']}; {cov['ready']}/{cov['total']} images embedded)")
+    table = Table(title=title)
+    for col in ("score", "found by", "image", "name", "match"):
+        table.add_column(col, justify="right" if col == "score" else "left")
+    for hit in result["items"]:
+        image = hit["image"]
+        table.add_row(f"{hit['score']:.3f}", signals(hit), cell(image["id"]),
+                      cell(image.get("display_name") or ""), highlighted(hit))
+    return table
 
 
 @click.command()
@@ -50,25 +75,14 @@ def signals(hit: dict) -> str:
 def search(text: str, limit: int, scope_id: str, mode: str, as_json: bool) -> None:
     """Hybrid search (meaning + words) over the images' current text (exit 1 when nothing matches)."""
     from rich.console import Console
-    from rich.table import Table
 
     if not text.strip():
         raise click.BadParameter("empty query", param_hint="TEXT")
     with connected() as ctx:
         result = text_search(ctx.engine, ctx.settings, scope_id, text, limit, mode)
     if as_json:
+        # JSON string escaping covers control characters; non-ASCII letters stay readable.
         click.echo(json.dumps(result, default=str, indent=2, ensure_ascii=False))
     else:
-        cov = result["coverage"]
-        from rich.text import Text
-
-        title = Text(f"{text!r}  ({mode}; {result['model']}; {cov['ready']}/{cov['total']} images embedded)")
-        table = Table(title=title)
-        for col in ("score", "found by", "image", "name", "match"):
-            table.add_column(col, justify="right" if col == "score" else "left")
-        for hit in result["items"]:
-            image = hit["image"]
-            table.add_row(f"{hit['score']:.3f}", signals(hit), str(image["id"]),
-                          Text(image.get("display_name") or ""), highlighted(hit))
-        Console().print(table)
+        Console().print(hits_table(text, mode, result))
     sys.exit(0 if result["items"] else 1)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from app.cli.common import connected, friendly_errors
+from app.cli.safe_text import cell, printable
 
 TERMINAL_STAGE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled", "skipped")
 
@@ -23,7 +24,7 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int) -> tuple[Any, 
     with engine.connect() as conn:
         jobs = Q.jobs_by_status(conn, scope_id)
         lanes = Q.lane_stats(conn, scope_id, {"agent": agent_lane_limit or None})
-    jobs_table = Table(title=f"jobs by status (scope {scope_id})")
+    jobs_table = Table(title=cell(f"jobs by status (scope {printable(scope_id)})"))
     jobs_table.add_column("status")
     jobs_table.add_column("jobs", justify="right")
     for status, n in jobs.items():
@@ -43,21 +44,22 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int) -> tuple[Any, 
 
 
 def job_table(job: dict) -> Any:
-    """One job's stages, in pipeline order."""
+    """One job's stages, in pipeline order (error texts printed literally: they may quote
+    provider responses or file contents)."""
     from rich.table import Table
 
     error = job.get("error") or {}
     title = f"job {job['id']}  {job['status']}  progress {float(job.get('progress') or 0):.0%}"
     if error:
         title += f"  error {error.get('code')}: {error.get('message')}"
-    table = Table(title=title)
+    table = Table(title=cell(title))
     for col in ("stage", "status", "attempts", "error", "retry at", "updated"):
         table.add_column(col)
     for stage in job.get("stages", []):
         err = stage.get("error") or {}
-        table.add_row(stage["stage"], stage["status"], str(stage.get("attempt_count") or 0),
-                      f"{err.get('code')}: {err.get('message')}" if err else "", str(stage.get("retry_at") or ""),
-                      str(stage.get("updated_at") or ""))
+        table.add_row(cell(stage["stage"]), cell(stage["status"]), str(stage.get("attempt_count") or 0),
+                      cell(f"{err.get('code')}: {err.get('message')}" if err else ""),
+                      cell(stage.get("retry_at") or ""), cell(stage.get("updated_at") or ""))
     return table
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Sequence,
     SmallInteger,
@@ -87,6 +88,7 @@ class ApiToken(Base):
     token_sha256: Mapped[str] = mapped_column(String(64), nullable=False, unique=True)
     created_at: Mapped[datetime] = _now()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # NULL: never
     __table_args__ = (
         ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
         UniqueConstraint("scope_id", "name"),
@@ -107,6 +109,14 @@ class BrowserSession(Base):
         Index("ix_browser_sessions_token_id", "token_id"),
         Index("ix_browser_sessions_expires_at", "expires_at"),
     )
+class AppSecret(Base):
+    """A deployment-wide random secret, generated once (insert-if-absent) and never derived."""
+
+    __tablename__ = "app_secrets"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    created_at: Mapped[datetime] = _now()
+    __table_args__ = (CheckConstraint("length(value) >= 32", name="value_long_enough"),)
 
 
 class Image(Base):

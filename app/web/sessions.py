@@ -25,9 +25,10 @@ MAX_TOKEN_CHARS = 256
 OPEN_SESSION = text("""
     WITH expired AS (DELETE FROM browser_sessions WHERE expires_at <= now())
     INSERT INTO browser_sessions (id_sha256, token_id, csrf_token, expires_at)
-    SELECT :sid, t.id, :csrf, now() + make_interval(secs => :ttl)
+    SELECT :sid, t.id, :csrf, least(now() + make_interval(secs => :ttl), t.expires_at)
       FROM api_tokens t
      WHERE t.token_sha256 = :digest AND t.revoked_at IS NULL
+       AND (t.expires_at IS NULL OR t.expires_at > now())
     RETURNING token_id, csrf_token, expires_at,
               (SELECT scope_id FROM api_tokens WHERE id = token_id) AS scope_id
 """)
@@ -38,6 +39,7 @@ LIVE_SESSION = text("""
       FROM browser_sessions s
       JOIN api_tokens t ON t.id = s.token_id
      WHERE s.id_sha256 = :sid AND s.expires_at > now() AND t.revoked_at IS NULL
+       AND (t.expires_at IS NULL OR t.expires_at > now())
 """)
 
 CLOSE_SESSION = text("DELETE FROM browser_sessions WHERE id_sha256 = :sid")

@@ -108,7 +108,58 @@ def test_api_shares_storage_with_workers(services):
 def test_flower_requires_basic_auth_from_env(services):
     env = services["flower"]["environment"]
     assert env["MEMEFLOW_FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
-    assert "-u" in " ".join(services["flower"]["healthcheck"]["test"])
+    check = " ".join(services["flower"]["healthcheck"]["test"])
+    # the healthcheck sends the credentials through curl's config on stdin, never as an argument
+    assert "-K -" in check and "$$MEMEFLOW_FLOWER_BASIC_AUTH" in check and " -u " not in check
+    assert not any("basic_auth" in arg.lower() for arg in services["flower"]["command"])
+
+
+def _expand(value: str) -> str:
+    """Compose's ${VAR:-default} with every variable unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+@pytest.mark.parametrize(("service", "container_port", "env_prefix"), [("api", 5000, "API"), ("flower", 5555, "FLOWER")])
+def test_published_ports_are_explicit_and_loopback_by_default(services, service, container_port, env_prefix):
+    (port,) = services[service]["ports"]
+    assert port == f"${{{env_prefix}_BIND:-127.0.0.1}}:${{{env_prefix}_PORT:-{container_port}}}:{container_port}"
+    assert _expand(port) == f"127.0.0.1:{container_port}:{container_port}"
+
+
+def test_nothing_else_publishes_a_port(services):
+    assert {name for name, svc in services.items() if "ports" in svc} == {"api", "flower"}
+
+
+def test_published_ports_are_documented():
+    header = (ROOT / "docker-compose.yml").read_text().split("\nname:")[0]
+    doc = (ROOT / "docs" / "security.md").read_text()
+    for needle in ("API_BIND", "API_PORT", "FLOWER_BIND", "FLOWER_PORT"):
+        assert needle in header and needle in doc, needle
+
+
+def test_api_gunicorn_resists_slow_clients_and_parses(services):
+    """The compose command is valid gunicorn: threaded workers, timeouts and request limits."""
+    from gunicorn.config import Config
+
+    args = [_expand(a) for a in services["api"]["command"][1:]]
+    cfg = Config()
+    parsed = cfg.parser().parse_args(args)
+    for name, value in vars(parsed).items():
+        if value is not None and name in cfg.settings:
+            cfg.set(name, value)
+    assert parsed.args == ["app.api.wsgi:app"]
+    assert "--config=python:app.api.gunicorn_conf" in args
+    assert cfg.worker_class_str == "gthread" and cfg.threads >= 8
+    assert cfg.timeout <= 120 and cfg.graceful_timeout <= 30 and 0 < cfg.keepalive <= 10
+    assert cfg.limit_request_line <= 8190 and cfg.limit_request_fields <= 100
+
+
+def test_api_environment_carries_the_safe_defaults(services):
+    env = services["api"]["environment"]
+    assert env["MEMEFLOW_AUTH"] == "${MEMEFLOW_AUTH:-token}"
+    assert _expand(env["MEMEFLOW_ALLOW_UNAUTHENTICATED_REMOTE"]) == "0"
+    assert _expand(env["MEMEFLOW_ALLOWED_HOSTS"]) == "localhost,127.0.0.1,::1"
+    assert env["MEMEFLOW_CURSOR_SECRET"] == "${MEMEFLOW_CURSOR_SECRET:-}"
 
 
 def test_named_volumes_declared(compose, services):

@@ -1,0 +1,55 @@
+"""Per-request exposure guards of the API (see :mod:`app.netguard`).
+
+* The Host-header allow-list (DNS-rebinding defence): an unknown Host is 400 ``invalid_host``.
+* Without authentication (``MEMEFLOW_AUTH=none``: :class:`~app.auth.LocalScopeResolver`) and no
+  opt-in, a request from a non-loopback peer is 403 ``unauthenticated_remote``. It is the second
+  layer behind the bind guard, for servers started without memeflow's commands or gunicorn
+  config (``gunicorn -b 0.0.0.0 app.api.wsgi:app``, ``flask run --host 0.0.0.0``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from flask import Flask, request
+
+from app.api.errors import error_response
+from app.netguard import allowed_hosts, host_allowed
+
+
+def _loopback_peer(addr: str | None) -> bool:
+    """Whether the peer is this machine; no address at all means a unix socket, local too."""
+    if not addr:
+        return True
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> None:
+    """Register the guards as the first ``before_request`` hook (before auth and every view).
+
+    "Unauthenticated" is decided by the resolver the app really uses, not by the setting alone."""
+    from app.auth import LocalScopeResolver
+
+    allowed = allowed_hosts(settings)
+    local_only = isinstance(scope_resolver, LocalScopeResolver) and not settings.allow_unauthenticated_remote
+
+    @app.before_request
+    def _guard_exposure():
+        if allowed is not None and not host_allowed(request.host, allowed):
+            return error_response(
+                400, "invalid_host",
+                "this server does not answer to that Host name; add it to MEMEFLOW_ALLOWED_HOSTS",
+            )
+        if local_only and not _loopback_peer(request.remote_addr):
+            return error_response(
+                403, "unauthenticated_remote",
+                "MEMEFLOW_AUTH=none serves this machine only; use MEMEFLOW_AUTH=token "
+                "(or MEMEFLOW_ALLOW_UNAUTHENTICATED_REMOTE=1 behind a trusted proxy)",
+            )
+        return None
