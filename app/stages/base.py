@@ -82,7 +82,8 @@ class AgentProvider(Protocol):
 
 @runtime_checkable
 class TextEmbeddingProvider(Protocol):
-    """Embeds semantic documents into normalised vectors."""
+    """Embeds semantic documents (``embed``) and search queries (``embed_query``) into
+    normalised vectors of length ``config()["dims"]``."""
 
     name: str
 
@@ -92,6 +93,14 @@ class TextEmbeddingProvider(Protocol):
 
     def embed(self, documents: list[str]) -> list[list[float]]:
         """One normalised vector per document, in order (batched internally)."""
+        ...
+
+    def embed_query(self, queries: list[str]) -> list[list[float]]:
+        """One normalised vector per search query, comparable with :meth:`embed`'s vectors.
+
+        Models trained with roles (e5: ``query: `` / ``passage: ``) embed queries differently
+        from documents; for symmetric models (MiniLM, deterministic) this equals ``embed``.
+        """
         ...
 
 

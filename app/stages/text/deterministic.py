@@ -49,3 +49,7 @@ class DeterministicTextProvider:
                 vec[_bucket(doc)[0]] = 1.0
             vectors.append(l2_normalise(vec).tolist())
         return vectors
+
+    def embed_query(self, queries: list[str]) -> list[list[float]]:
+        """Same as :meth:`embed` (the fake model is symmetric)."""
+        return self.embed(queries)

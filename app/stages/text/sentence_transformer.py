@@ -100,3 +100,7 @@ class SentenceTransformerProvider:
             show_progress_bar=False,
         )
         return vectors.astype("float64").tolist()
+
+    def embed_query(self, queries: list[str]) -> list[list[float]]:
+        """Same as :meth:`embed`: sentence-transformers models like MiniLM have no query role."""
+        return self.embed(queries)

