@@ -300,7 +300,7 @@ def live_stack(services, template_db, tmp_path_factory):
         database_url=services.postgres_url(name), broker_url=broker, var_dir=tmp / "var",
         lease_s=30.0, heartbeat_s=1.0, sweep_interval_s=0.5, rehint_grace_s=1.0, backoff_base_s=0.05,
         backoff_max_s=0.5, visual_provider="perceptual-v1", agent_provider="local-ocr",
-        text_provider="all-MiniLM-L6-v2", embedding_batch_size=8, log_json=True,
+        embedding_batch_size=8, log_json=True,  # the default text provider (e5 + MiniLM)
     )
     cluster = CeleryCluster(settings, broker, tmp)
     engine = make_engine(settings.database_url)

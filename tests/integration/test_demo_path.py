@@ -1,5 +1,5 @@
 """`memeflow demo` in reduced form: a handful of sample memes through real Celery workers with the
-real default providers (perceptual-v1, local-ocr, all-MiniLM-L6-v2); every job succeeds, an OCR'd
+real default providers (perceptual-v1, local-ocr, multilingual-e5-small+all-MiniLM-L6-v2); every job succeeds, an OCR'd
 caption word finds its image by text search, and the near-duplicate finds its original."""
 
 from __future__ import annotations
