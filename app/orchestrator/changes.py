@@ -16,7 +16,7 @@ from app.orchestrator.errors import (
     JobNotRetryable,
     NotFound,
 )
-from app.orchestrator.files import discard_after_failure, remove_unreferenced_file, store_file_txn
+from app.orchestrator.files import release_file, store_file_txn
 from app.orchestrator.store import images, jobs, reads, tasks
 from app.orchestrator.types import ImageJobResult, IngestResult, JobResult
 from app.storage import FileStore
@@ -77,7 +77,7 @@ def ingest_image(
             image_doc = reads.get_image_txn(conn, scope_id, image["id"])
             job_doc = reads.get_job_txn(conn, scope_id, job["id"]) if job else None
     except BaseException:
-        discard_after_failure(orch, files, storage_key)
+        release_file(orch, files, storage_key)
         raise
     return IngestResult(image=image_doc, job=job_doc, created=created, hints=hints)
 
@@ -214,10 +214,10 @@ def replace_content(
             job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
             job_id = job["id"]
     except BaseException:
-        discard_after_failure(orch, files, storage_key)
+        release_file(orch, files, storage_key)
         raise
-    if files is not None and old_key != storage_key:
-        remove_unreferenced_file(orch, files, old_key)
+    if old_key != storage_key:
+        release_file(orch, files, old_key)
     return ImageJobResult(image=orch.get_image(scope_id, image_id), job=orch.get_job(scope_id, job_id), hints=hints,
                           old_storage_key=old_key)
 
@@ -234,6 +234,6 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted"):
                 orch.on_task_cancelled_txn(conn, task_id)
         key = images.delete_image_txn(conn, scope_id, image_id)
-    if files is not None and key:
-        remove_unreferenced_file(orch, files, key)
+    if key:
+        release_file(orch, files, key)
     return key

@@ -65,15 +65,16 @@ def remove_unreferenced_file(
     return size
 
 
-def discard_after_failure(orch: Orchestrator, files: FileStore | None, storage_key: str) -> None:
-    """A transaction that stored ``storage_key`` failed: remove the file unless a row uses it.
-    Best effort — if the database is unreachable, the orphan is left to ``memeflow gc``."""
+def release_file(orch: Orchestrator, files: FileStore | None, storage_key: str) -> None:
+    """Best effort, after a row change committed (delete, replace) or a transaction that stored
+    ``storage_key`` failed: remove the file unless a row uses it. If the database cannot be
+    reached now, the file stays for ``memeflow gc`` (a file without a row is harmless)."""
     if files is None:
         return
     try:
         remove_unreferenced_file(orch, files, storage_key)
-    except Exception:  # noqa: BLE001 - the original failure is what the caller reports
-        log.warning("could not remove the file of a failed upload; memeflow gc will", exc_info=True)
+    except Exception:  # noqa: BLE001 - the caller's outcome stands; gc removes the orphan later
+        log.warning("could not remove an unreferenced file; memeflow gc will", exc_info=True)
 
 
 def referenced_keys(orch: Orchestrator, storage_keys: list[str]) -> set[str]:
