@@ -115,7 +115,7 @@ def test_a_call_that_crashes_on_a_poisoned_item_is_bisected_and_charges_only_tha
 
 
 def test_a_text_batch_that_fails_on_one_document_fails_only_that_task(engine, settings):
-    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText")
+    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText", text_document_version="1")
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
     for i, scope in enumerate(["tenant-a"] * 3 + ["tenant-b"] * 3):
@@ -166,7 +166,7 @@ def test_the_top_up_of_a_batch_takes_only_what_its_remaining_budget_allows(engin
 
 
 def test_a_text_batch_holds_at_most_its_character_budget(engine, settings):
-    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText")
+    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText", text_document_version="1")
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
     for i in range(8):
