@@ -135,6 +135,18 @@ def test_a_failed_upload_leaves_no_file_and_a_deleted_image_takes_its_file(app, 
     assert not store.path(key).is_file() and list(store.iter_keys()) == []
 
 
+def test_an_upload_whose_transaction_fails_after_writing_its_file_removes_it(app, store, monkeypatch):
+    from app.orchestrator import changes
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("the database failed mid-transaction")
+
+    monkeypatch.setattr(changes, "create_or_reuse_job_txn", boom)  # after the file write, before commit
+    r = upload(app.test_client(), _bytes(3))
+    assert r.status_code == 500 and r.get_json()["error"] == "internal_error"
+    assert list(store.iter_keys()) == [] and not store.stale_temp_files()
+
+
 def _key_of(engine, image_id: str) -> str:
     with engine.connect() as conn:
         return conn.execute(text("SELECT storage_key FROM images WHERE id = :i"), {"i": image_id}).scalar_one()
