@@ -68,6 +68,8 @@ class Settings:
     agent_resource_limit: int = 0
     embedding_batch_size: int = 32
     visual_batch_size: int = 32
+    visual_batch_max_pixels: int = 64_000_000  # decoded pixels one visual batch may hold (≈ 192 MB as RGB)
+    embedding_batch_max_chars: int = 400_000  # characters one text-embedding batch may render
     agent_batch_size: int = 2
     worker_task_events: bool = False
     sweep_batch_limit: int = 500
@@ -131,6 +133,8 @@ class Settings:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.cursor_secret is not None and len(self.cursor_secret) < 16:
             raise SettingsError("MEMEFLOW_CURSOR_SECRET must be at least 16 characters (unset: a generated key)")
+        if self.visual_batch_max_pixels < 1 or self.embedding_batch_max_chars < 1:
+            raise SettingsError("MEMEFLOW_VISUAL_BATCH_MAX_PIXELS and MEMEFLOW_EMBEDDING_BATCH_MAX_CHARS must be >= 1")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 

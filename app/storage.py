@@ -2,7 +2,9 @@
 
 Files are written atomically (temp file in the same directory, fsync, rename, fsync of the
 directory), so a reader never sees a partial file and a crash leaves at most an orphan temp file
-or an orphan complete file that :meth:`FileStore.orphans` reports for ``memeflow gc``.
+or an orphan complete file that :meth:`FileStore.orphans` reports for ``memeflow gc``. Whether a
+file may be removed is decided from the database under the key's lock
+(``app.orchestrator.files``), never from this directory alone.
 """
 
 from __future__ import annotations
@@ -52,11 +54,16 @@ class FileStore:
     def write(self, key: str, data: bytes) -> bool:
         """Write ``data`` under ``key`` atomically; returns True if the file was newly created.
 
-        Content addressing makes an existing file with the same key identical, so it is kept.
+        Content addressing makes an existing file with the same key identical, so it is kept, and
+        its mtime is refreshed: ``memeflow gc`` measures a file's age from its latest upload.
+        Callers that go on to reference the file hold the key's lock (``orchestrator.files``).
         """
         target = self.path(key)
-        if target.is_file():
+        try:
+            os.utime(target)
             return False
+        except FileNotFoundError:
+            pass
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
         try:
@@ -73,6 +80,14 @@ class FileStore:
             raise
         _fsync_dir(target.parent)
         return True
+
+    def size_and_mtime(self, key: str) -> tuple[int, float] | None:
+        """(size in bytes, mtime) of the file of ``key``, or None if there is none."""
+        try:
+            st = self.path(key).stat()
+        except FileNotFoundError:
+            return None
+        return st.st_size, st.st_mtime
 
     def read(self, key: str) -> bytes:
         return self.path(key).read_bytes()

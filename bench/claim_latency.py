@@ -109,7 +109,7 @@ def main() -> None:
                     task_id = conn.execute(text("SELECT id FROM tasks WHERE status = 'queued' OFFSET :o LIMIT 1"),
                                            {"o": random.randrange(1000)}).scalar_one()
                 t = time.perf_counter()
-                assert len(orch.claim_with_batch(task_id, "embedding", 16, "bench")) == 16
+                assert len(orch.claim_with_batch(task_id, "embedding", 16, "bench").claims) == 16
                 group.append(time.perf_counter() - t)
             sweeps = {}
             for due in (0, 100, 500):

@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 from app.api import schemas as S
 from app.api.context import protect, publish, scope_id, services
 from app.api.errors import ApiError
-from app.api.queries import image_file, storage_key_referenced
+from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
 from app.storage import storage_key
 
@@ -52,26 +52,11 @@ def _error_docs(codes: dict[int, str]) -> dict[str, Any]:
     }
 
 
-def store_file(upload: ValidatedUpload, scope: str) -> tuple[str, bool]:
-    """Write the validated bytes atomically under the scope's namespace (before any DB row)."""
-    svc = services()
-    namespace = svc.orchestrator.ensure_scope(scope)
-    key = storage_key(namespace, upload.sha256, upload.extension)
-    return key, svc.store.write(key, upload.data)
-
-
-def discard_file(key: str, newly_written: bool) -> None:
-    """Remove a file this request wrote if no image row references it (failed DB step)."""
-    svc = services()
-    if newly_written and not storage_key_referenced(svc.engine, key):
-        svc.store.delete(key)
-
-
-def release_file(key: str | None) -> None:
-    """Remove a file whose image row is gone, unless another image still uses it."""
-    svc = services()
-    if key and not storage_key_referenced(svc.engine, key):
-        svc.store.delete(key)
+def file_key(upload: ValidatedUpload, scope: str) -> str:
+    """The content-addressed key of the validated bytes under the scope's namespace. The file
+    itself is written by the orchestrator, in the transaction that references it."""
+    namespace = services().orchestrator.ensure_scope(scope)
+    return storage_key(namespace, upload.sha256, upload.extension)
 
 
 @blp.route("")
@@ -95,24 +80,21 @@ class Images(MethodView):
         args, upload = parse_multipart(S.UploadFormSchema(), svc.settings)
         assert upload is not None
         scope = scope_id()
-        key, newly_written = store_file(upload, scope)
-        try:
-            result = svc.orchestrator.ingest_image(
-                scope,
-                sha256=upload.sha256,
-                media_type=upload.media_type,
-                extension=upload.extension,
-                size_bytes=upload.size_bytes,
-                width=upload.width,
-                height=upload.height,
-                storage_key=key,
-                display_name=args.get("display_name"),
-                reverse_image_policy=args["reverse_image_policy"],
-                process=args["process"],
-            )
-        except BaseException:
-            discard_file(key, newly_written)
-            raise
+        result = svc.orchestrator.ingest_image(
+            scope,
+            sha256=upload.sha256,
+            media_type=upload.media_type,
+            extension=upload.extension,
+            size_bytes=upload.size_bytes,
+            width=upload.width,
+            height=upload.height,
+            storage_key=file_key(upload, scope),
+            display_name=args.get("display_name"),
+            reverse_image_policy=args["reverse_image_policy"],
+            process=args["process"],
+            files=svc.store,
+            data=upload.data,
+        )
         publish(result.hints)
         body = {"image": result.image, "job": result.job, "created": result.created}
         return body, (201 if result.created else 200)
@@ -140,8 +122,8 @@ class ImageById(MethodView):
     @blp.doc(responses=_error_docs({404: "not_found"}))
     def delete(self, image_id: uuid.UUID):
         """Delete the image, its jobs, tasks and artifacts; the file goes after the commit."""
-        key = services().orchestrator.delete_image(scope_id(), image_id)
-        release_file(key)
+        svc = services()
+        svc.orchestrator.delete_image(scope_id(), image_id, files=svc.store)
 
 
 @blp.route("/<uuid:image_id>/content")
@@ -184,26 +166,20 @@ class ImageContent(MethodView):
         assert upload is not None
         scope = scope_id()
         svc.orchestrator.get_image(scope, image_id)  # 404 before any file is written
-        key, newly_written = store_file(upload, scope)
-        try:
-            result = svc.orchestrator.replace_content(
-                scope,
-                image_id,
-                sha256=upload.sha256,
-                media_type=upload.media_type,
-                extension=upload.extension,
-                size_bytes=upload.size_bytes,
-                width=upload.width,
-                height=upload.height,
-                storage_key=key,
-            )
-        except BaseException:
-            discard_file(key, newly_written)
-            raise
+        result = svc.orchestrator.replace_content(
+            scope,
+            image_id,
+            sha256=upload.sha256,
+            media_type=upload.media_type,
+            extension=upload.extension,
+            size_bytes=upload.size_bytes,
+            width=upload.width,
+            height=upload.height,
+            storage_key=file_key(upload, scope),
+            files=svc.store,
+            data=upload.data,
+        )
         publish(result.hints)
-        old = getattr(result, "old_storage_key", None)
-        if old and old != key:
-            release_file(old)
         return {"image": result.image, "job": result.job}
 
 

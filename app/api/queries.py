@@ -17,12 +17,6 @@ def image_file(engine: Engine, scope_id: str, image_id: uuid.UUID) -> Any | None
         ).first()
 
 
-def storage_key_referenced(engine: Engine, key: str) -> bool:
-    """Whether any image row (any scope) still points at this file."""
-    with engine.connect() as conn:
-        return conn.execute(text("SELECT 1 FROM images WHERE storage_key = :k LIMIT 1"), {"k": key}).first() is not None
-
-
 def queue_gauges(engine: Engine) -> list[Any]:
     """Per lane: queued count, running count, age in seconds of the oldest due queued task."""
     with engine.connect() as conn:

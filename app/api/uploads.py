@@ -1,7 +1,8 @@
 """Upload validation: size limit, media type from magic bytes, full decode with a pixel limit.
 
-Nothing is written until the bytes have been fully validated; the file is then written
-atomically before the database transaction, and removed again if that transaction fails.
+Nothing is written until the bytes have been fully validated; the orchestrator then writes the
+file atomically inside the transaction that inserts its row (under the storage key's lock, see
+``app.orchestrator.files``), and removes it again if that transaction fails.
 """
 
 from __future__ import annotations

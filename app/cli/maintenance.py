@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
-from sqlalchemy import text
 
 from app.cli.common import connected, friendly_errors
 
@@ -36,23 +35,17 @@ class GcReport:
     kept_young: int = 0
 
 
-def _referenced(engine, keys: list[str]) -> set[str]:
-    """Which of ``keys`` an image row (any scope) references."""
-    if not keys:
-        return set()
-    with engine.connect() as conn:
-        rows = conn.execute(text("SELECT storage_key FROM images WHERE storage_key = ANY(:keys)"), {"keys": keys})
-        return {r[0] for r in rows}
-
-
-def collect_garbage(engine, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None
+def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None
                     ) -> GcReport:
     """Remove files no ``images.storage_key`` references, and stale temp files, older than ``min_age_s``.
 
-    An upload writes its file before its row commits, so a young unreferenced file may be in
-    flight: only files older than ``min_age_s`` go. The references are read after the listing,
-    so a file whose row committed meanwhile is seen as referenced.
+    Each candidate file is decided under its storage key's lock (``orchestrator.files``): the
+    references are re-read there and an upload of the same bytes holds that lock from its file
+    check to its commit, so a file is never removed from under a row, however the two race. An
+    upload refreshes an existing file's mtime, so ``min_age_s`` counts from the latest upload and
+    also keeps uploads of older versions (which wrote the file before locking) safe.
     """
+    from app.orchestrator.files import referenced_keys, remove_unreferenced_file
     from app.storage import FileStore
 
     store = FileStore(storage_dir)
@@ -66,28 +59,26 @@ def collect_garbage(engine, storage_dir: Path, *, min_age_s: float, dry_run: boo
             return False
 
     keys = list(store.iter_keys())
-    referenced = _referenced(engine, keys)
+    referenced = referenced_keys(orch, keys)  # a lock-free first filter; each removal re-checks
     for key in keys:
         if key in referenced:
             continue
-        path = store.path(key)
-        if old(path):
-            report.orphans.append(path)
-        else:
+        if not old(store.path(key)):
             report.kept_young += 1
+            continue
+        removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
+        if removed is not None:
+            report.orphans.append(store.path(key))
+            report.bytes += removed
     for path in store.stale_temp_files():
-        if old(path):
-            report.temp_files.append(path)
-        else:
+        if not old(path):
             report.kept_young += 1
-    # re-check right before deleting: a row may have been inserted for a key since the listing
-    still_referenced = _referenced(engine, [f"{p.parent.name}/{p.name}" for p in report.orphans])
-    report.orphans = [p for p in report.orphans if f"{p.parent.name}/{p.name}" not in still_referenced]
-    for path in (*report.orphans, *report.temp_files):
+            continue
         try:
             report.bytes += path.stat().st_size
             if not dry_run:
                 path.unlink()
+            report.temp_files.append(path)
         except FileNotFoundError:
             pass
     return report
@@ -96,13 +87,13 @@ def collect_garbage(engine, storage_dir: Path, *, min_age_s: float, dry_run: boo
 @click.command()
 @click.option("--dry-run", is_flag=True, help="only report what would be removed")
 @click.option("--min-age", "min_age_s", type=click.FloatRange(0), default=3600.0, show_default=True,
-              help="keep files younger than this many seconds (uploads in flight)")
+              help="keep files younger than this many seconds (counted from their latest upload)")
 @friendly_errors
 def gc(dry_run: bool, min_age_s: float) -> None:
     """Remove storage files no image references, and temp files left by crashed writes."""
     with connected() as ctx:
         storage = ctx.settings.storage_path
-        report = collect_garbage(ctx.engine, storage, min_age_s=min_age_s, dry_run=dry_run)
+        report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc {storage}: {verb} {len(report.orphans)} unreferenced files and {len(report.temp_files)} "
                f"temp files ({report.bytes} bytes); kept {report.kept_young} younger than {min_age_s:g}s")

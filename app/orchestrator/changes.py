@@ -16,8 +16,10 @@ from app.orchestrator.errors import (
     JobNotRetryable,
     NotFound,
 )
-from app.orchestrator.store import images, jobs, tasks
+from app.orchestrator.files import release_file, store_file_txn
+from app.orchestrator.store import images, jobs, reads, tasks
 from app.orchestrator.types import ImageJobResult, IngestResult, JobResult
+from app.storage import FileStore
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
@@ -46,29 +48,50 @@ def _check_stages(force_stages: Iterable[str]) -> list[str]:
 def ingest_image(
     orch: Orchestrator, scope_id: str, *, sha256: str, media_type: str, extension: str, size_bytes: int,
     width: int, height: int, storage_key: str, display_name: str | None = None,
-    reverse_image_policy: str = "forbid", process: bool = True,
+    reverse_image_policy: str = "forbid", process: bool = True, files: FileStore | None = None,
+    data: bytes | None = None,
 ) -> IngestResult:
-    """Insert the image (or find identical bytes) and create/reuse its auto job — one transaction."""
+    """Insert the image (or find identical bytes) and create/reuse its auto job — one transaction.
+
+    With ``files``, ``data`` is stored under ``storage_key`` in that transaction, under the key's
+    lock (``files.store_file_txn``), so no removal can take the file from under the row; if the
+    transaction fails, the file goes again unless another row uses it.
+    """
     _check_policy(reverse_image_policy)
     values = {"sha256": sha256, "extension": extension, "media_type": media_type, "size_bytes": size_bytes,
               "width": width, "height": height, "storage_key": storage_key, "display_name": display_name,
               "metadata_hash": None}
-    with orch.engine.begin() as conn:
-        images.ensure_scope_txn(conn, scope_id)
+    try:
+        with orch.engine.begin() as conn:
+            images.ensure_scope_txn(conn, scope_id)
+            store_file_txn(conn, files, storage_key, data)
+            image, created = _insert_or_lock_image_txn(orch, conn, scope_id, sha256, values)
+            job, hints = None, []
+            if process:
+                job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO,
+                                                        policy=reverse_image_policy)
+            elif not created:
+                job = jobs.latest_job_txn(conn, image["id"])
+            # read in the transaction: a delete committing right after this one cannot turn the
+            # upload's answer into a 404
+            image_doc = reads.get_image_txn(conn, scope_id, image["id"])
+            job_doc = reads.get_job_txn(conn, scope_id, job["id"]) if job else None
+    except BaseException:
+        release_file(orch, files, storage_key)
+        raise
+    return IngestResult(image=image_doc, job=job_doc, created=created, hints=hints)
+
+
+def _insert_or_lock_image_txn(orch: Orchestrator, conn, scope_id: str, sha256: str, values: dict):
+    """The new image row, or the scope's existing one with these bytes, locked: (row, created).
+    An existing row deleted between the two statements is simply inserted on the next round."""
+    while True:
         row = images.insert_image_txn(conn, scope_id, values, orch.now())
-        created = row is not None
-        image = row if created else images.image_by_sha_txn(conn, scope_id, sha256)
-        assert image is not None
-        job, hints = None, []
-        if process:
-            job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=reverse_image_policy)
-        elif not created:
-            job = jobs.latest_job_txn(conn, image["id"])
-        image_id, job_id = image["id"], job["id"] if job else None
-    return IngestResult(
-        image=orch.get_image(scope_id, image_id), job=orch.get_job(scope_id, job_id) if job_id else None,
-        created=created, hints=hints,
-    )
+        if row is not None:
+            return row, True
+        existing = images.image_by_sha_txn(conn, scope_id, sha256)
+        if existing is not None:
+            return existing, False
 
 
 def request_processing(
@@ -157,36 +180,51 @@ def edit_context(
 
 def replace_content(
     orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, sha256: str, media_type: str, extension: str,
-    size_bytes: int, width: int, height: int, storage_key: str,
+    size_bytes: int, width: int, height: int, storage_key: str, files: FileStore | None = None,
+    data: bytes | None = None,
 ) -> ImageJobResult:
-    """New bytes: the active job ends target_changed and a new auto job starts for the new sha."""
-    with orch.engine.begin() as conn:
-        image = images.lock_image_txn(conn, scope_id, image_id)
-        if image is None:
-            raise NotFound("image not found")
-        old_key = image["storage_key"]
-        if image["sha256"] == sha256:
-            job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
-            return ImageJobResult(image=orch.get_image(scope_id, image_id),
-                                  job=orch.get_job(scope_id, job["id"]) if job else None)
-        active = jobs.active_job_txn(conn, image_id)
-        policy = active["reverse_image_policy"] if active else "forbid"
-        if active is not None:
-            _end_job_txn(orch, conn, active, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
-        image = images.replace_content_txn(
-            conn, image_id, {"sha256": sha256, "media_type": media_type, "extension": extension,
-                             "size_bytes": size_bytes, "width": width, "height": height, "storage_key": storage_key},
-            orch.now(),
-        )
-        job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
-        job_id = job["id"]
-        key_free = not images.storage_key_in_use_txn(conn, old_key)
+    """New bytes: the active job ends target_changed and a new auto job starts for the new sha.
+
+    With ``files``, the new bytes are stored in the transaction under their key's lock (as on
+    upload), and after the commit the old file is removed under its key's lock unless a row
+    (e.g. a re-upload of those bytes) references it.
+    """
+    try:
+        with orch.engine.begin() as conn:
+            store_file_txn(conn, files, storage_key, data)
+            image = images.lock_image_txn(conn, scope_id, image_id)
+            if image is None:
+                raise NotFound("image not found")
+            old_key = image["storage_key"]
+            if image["sha256"] == sha256:
+                job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
+                return ImageJobResult(image=orch.get_image(scope_id, image_id),
+                                      job=orch.get_job(scope_id, job["id"]) if job else None)
+            active = jobs.active_job_txn(conn, image_id)
+            policy = active["reverse_image_policy"] if active else "forbid"
+            if active is not None:
+                _end_job_txn(orch, conn, active, JobStatus.TARGET_CHANGED, "target_changed",
+                             "the image content changed")
+            image = images.replace_content_txn(
+                conn, image_id, {"sha256": sha256, "media_type": media_type, "extension": extension,
+                                 "size_bytes": size_bytes, "width": width, "height": height,
+                                 "storage_key": storage_key},
+                orch.now(),
+            )
+            job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
+            job_id = job["id"]
+    except BaseException:
+        release_file(orch, files, storage_key)
+        raise
+    if old_key != storage_key:
+        release_file(orch, files, old_key)
     return ImageJobResult(image=orch.get_image(scope_id, image_id), job=orch.get_job(scope_id, job_id), hints=hints,
-                          old_storage_key=old_key if key_free else None)
+                          old_storage_key=old_key)
 
 
-def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID) -> str | None:
-    """Delete the image (cascade). Returns the storage key to remove after commit, if now unused."""
+def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, files: FileStore | None = None) -> str | None:
+    """Delete the image (cascade). With ``files``, its file is then removed under the key's lock
+    unless a row (e.g. a re-upload of the same bytes) references it. Returns the storage key."""
     with orch.engine.begin() as conn:
         image = images.lock_image_txn(conn, scope_id, image_id)
         if image is None:
@@ -196,6 +234,6 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID) -> str 
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted"):
                 orch.on_task_cancelled_txn(conn, task_id)
         key = images.delete_image_txn(conn, scope_id, image_id)
-        in_use = images.storage_key_in_use_txn(conn, key) if key else True
-    return None if in_use else key
-
+    if key:
+        release_file(orch, files, key)
+    return key

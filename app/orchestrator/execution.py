@@ -15,9 +15,10 @@ from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.advance import advance_jobs_txn
 from app.orchestrator.hints import Hint
+from app.orchestrator.lanes import lane_batch_budget
 from app.orchestrator.retry import decide_retry
 from app.orchestrator.store import artifacts, attempts, counters, images, jobs, tasks
-from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
+from app.orchestrator.types import AgentArtifact, BatchClaim, Claim, TextArtifact, VisualArtifact
 from app.stages.errors import OutcomeUnknownError, StageError
 
 if TYPE_CHECKING:
@@ -84,39 +85,47 @@ def _admitted_txn(orch: Orchestrator, conn: Connection, row: RowMapping, hinted:
 
 @retry_on_disconnect
 def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim]:
-    """Claim up to ``n`` due tasks of a batched lane; each keeps its own fencing token."""
+    """Claim up to ``n`` due tasks of a batched lane within its batch budget (at least one); each
+    keeps its own fencing token."""
     if lane == Lane.AGENT:
         raise ValueError("the agent lane is claimed one task at a time (attempt protocol, lane slots)")
     with orch.engine.begin() as conn:
-        rows = tasks.claim_batch_txn(conn, lane, n, owner, orch.now(), orch.settings.lease_s)
+        rows = tasks.claim_batch_txn(conn, lane, n, owner, orch.now(), orch.settings.lease_s,
+                                     budget=lane_batch_budget(orch.settings, lane))
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     return [_claim_from_row(r, owner) for r in rows]
 
 
 @retry_on_disconnect
-def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> list[Claim]:
-    """Claim the hinted task and its whole wake-up group, then up to ``n`` in all with other due
-    tasks of its batched lane, in one transaction.
+def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> BatchClaim:
+    """Claim the hinted task and its wake-up group, then up to ``n`` in all with other due tasks of
+    its batched lane, in one transaction — as far as the lane's batch budget allows (decoded
+    pixels, document characters: ``lanes.lane_batch_budget``), and at least the hinted task.
 
     Only a live hint drains a batch: a stale, duplicate, wrong-lane or unknown id whose group has
     nothing queued claims nothing (the message is acked and changes nothing); every queued task
-    is named by a hint of its own or its group's. The hinted task is locked first (waiting for a
-    task joining its group to commit), so the group claim sees every member that joined.
+    is named by a hint of its own or its group's — group members left out for lack of budget by a
+    new hint naming the group, returned to publish right away. The hinted task is locked first
+    (waiting for a task joining its group to commit), so the group claim sees every member that
+    joined.
     """
     if lane == Lane.AGENT:
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
+    budget = lane_batch_budget(orch.settings, lane)
     with orch.engine.begin() as conn:
         tasks.lock_hinted_txn(conn, task_id, lane)
         now = orch.now()  # after the wait: a member that joined meanwhile is due by now
-        rows = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s)
-        if rows and len(rows) < n:
-            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s)
+        rows, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget)
+        used = sum(r["batch_cost"] for r in rows)
+        if rows and not left_out and len(rows) < n and used < budget:
+            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s,
+                                          budget=budget - used, at_least_one=False)
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:
         metrics.EMPTY_CLAIMS.labels(lane).inc()
-    return [_claim_from_row(r, owner) for r in rows]
+    return BatchClaim([_claim_from_row(r, owner) for r in rows], [Hint(lane, task_id)] if left_out else [])
 
 
 @retry_on_disconnect

@@ -82,6 +82,13 @@ def lane_batch_size(settings, lane: str) -> int:
     )
 
 
+def lane_batch_budget(settings, lane: str) -> int:
+    """How much one batch of a batched lane may hold, in the unit of ``tasks.BATCH_COST``: decoded
+    pixels (visual) or document characters (embedding). A batch always takes at least one task."""
+    return {Lane.VISUAL.value: settings.visual_batch_max_pixels,
+            Lane.EMBEDDING.value: settings.embedding_batch_max_chars}[str(lane)]
+
+
 def claim_group_txn(
     orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
 ) -> list[RowMapping]:

@@ -25,7 +25,7 @@ from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
 from app.orchestrator.policy import Denial, OperationPolicy, policy_from_settings
 from app.orchestrator.store import reads
-from app.orchestrator.types import Claim, StageConfigs, SweepReport
+from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
 
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
 
@@ -112,7 +112,7 @@ class Orchestrator:
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
 
-    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> list[Claim]:
+    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> BatchClaim:
         return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
 
     def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str) -> list[Claim]:

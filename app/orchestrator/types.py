@@ -63,6 +63,15 @@ class Claim:
     grant_id: uuid.UUID | None = None  # agent: the operation grant as of the claim (None: look it up)
 
 
+@dataclass
+class BatchClaim:
+    """What a hint of a batched lane claimed, and the hints to publish now (after that claim
+    committed): the members of its wake-up group left out for lack of batch budget."""
+
+    claims: list[Claim]
+    hints: list[Hint] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class VisualArtifact:
     vector: list[float]

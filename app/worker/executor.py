@@ -2,18 +2,59 @@
 
 No state is decided here: the executor reads the stored file (and, for text, the context the
 document is rendered from) and returns an artifact or raises a typed StageError.
+
+A batch of claims is one provider call, but every claim keeps its own outcome: a bad input
+fails alone, a provider may answer one item with an exception, and a call that raises is
+bisected until each failure belongs to the one item that fails alone (``embed_isolated``).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
-from app.stages.errors import PermanentError, StageError
+from app.stages.errors import PermanentError, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.worker.providers import Providers
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def as_stage_error(exc: BaseException) -> StageError:
+    """A provider's own StageError as is; anything else (a bug, an out-of-memory) is retryable,
+    but never as "provably not executed"."""
+    if isinstance(exc, StageError):
+        return exc
+    return RetryableError(f"{type(exc).__name__}: {exc}", code="internal_error", not_executed=False)
+
+
+def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], lane: str) -> list[Any]:
+    """``embed(items)`` with one outcome per item: its vector or its own StageError.
+
+    A provider may answer an item with an exception in place of its vector (that item fails). A
+    call that raises is split in halves and each half run again, down to single items, so an
+    error is only ever charged to an item whose call failed with that item alone — never copied
+    onto the others of the batch (which may belong to other scopes). One poisoned item among n
+    costs about 2·log2(n) extra calls; a provider that fails for everything, 2n − 1 calls in all.
+    """
+    try:
+        vectors = list(embed(items))
+        if len(vectors) != len(items):
+            raise RuntimeError(f"the provider returned {len(vectors)} vectors for {len(items)} inputs")
+    except Exception as exc:  # noqa: BLE001 - bisected below; a single item's failure is its own
+        if len(items) == 1:
+            return [as_stage_error(exc)]
+        log.warning("a provider call for %d items failed; running its halves again", len(items),
+                    extra={"lane": lane, "code": type(exc).__name__})
+        mid = len(items) // 2
+        return embed_isolated(embed, items[:mid], lane) + embed_isolated(embed, items[mid:], lane)
+    return [as_stage_error(v) if isinstance(v, BaseException) else v for v in vectors]
 
 
 def load_image(settings: Settings, claim: Claim) -> DecodedImage:
@@ -47,8 +88,8 @@ def execute_visual(settings: Settings, providers: Providers, claim: Claim) -> Vi
 def execute_visual_batch(
     settings: Settings, providers: Providers, claims: list[Claim]
 ) -> list[VisualArtifact | StageError]:
-    """One provider call for every claim whose image decodes; a claim's own bad input is its own
-    failure (aligned with ``claims``). A failure of the call itself raises for all of them."""
+    """One provider call for every claim whose image decodes (aligned with ``claims``); a claim's
+    own bad input, and an item the provider fails on, is that claim's failure alone."""
     out: list[VisualArtifact | StageError | None] = [None] * len(claims)
     todo: list[tuple[int, DecodedImage]] = []
     cfg: dict = {}
@@ -59,10 +100,10 @@ def execute_visual_batch(
         except StageError as exc:
             out[i] = exc
     if todo:
-        vectors = providers.visual.embed([img for _, img in todo])
+        vectors = embed_isolated(providers.visual.embed, [img for _, img in todo], "visual")
         for (i, _), vector in zip(todo, vectors, strict=True):
-            out[i] = VisualArtifact([float(x) for x in vector], cfg["model"], cfg["preprocess_version"],
-                                    int(cfg["dims"]))
+            out[i] = vector if isinstance(vector, StageError) else VisualArtifact(
+                [float(x) for x in vector], cfg["model"], cfg["preprocess_version"], int(cfg["dims"]))
     return out  # type: ignore[return-value]
 
 
@@ -98,7 +139,7 @@ def execute_text_batch(
     orch, settings: Settings, providers: Providers, claims: list[Claim]
 ) -> list[TextArtifact | StageError]:
     """One model call for every claim whose document renders (aligned with ``claims``); the
-    inputs of all of them are read in one query. A failure of the call raises for all."""
+    inputs of all of them are read in one query. An item the model fails on fails alone."""
     cfg = providers.text.config()
     inputs = orch.text_inputs_many(claims)
     out: list[TextArtifact | StageError | None] = [None] * len(claims)
@@ -111,8 +152,9 @@ def execute_text_batch(
         except StageError as exc:
             out[i] = exc
     if todo:
-        vectors = providers.text.embed([doc for _, doc, _ in todo])
+        vectors = embed_isolated(providers.text.embed, [doc for _, doc, _ in todo], "embedding")
         for (i, doc, mhash), v in zip(todo, vectors, strict=True):
-            out[i] = TextArtifact([float(x) for x in v], cfg["model"], int(cfg["dims"]), doc,
-                                  str(cfg.get("document_version", "1")), mhash)
+            out[i] = v if isinstance(v, StageError) else TextArtifact(
+                [float(x) for x in v], cfg["model"], int(cfg["dims"]), doc, str(cfg.get("document_version", "1")),
+                mhash)
     return out  # type: ignore[return-value]

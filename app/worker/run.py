@@ -14,7 +14,7 @@ from app.orchestrator.hints import HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
-from app.stages.errors import RetryableError, StageError
+from app.stages.errors import StageError
 from app.worker import executor
 from app.worker.providers import Providers
 
@@ -72,9 +72,7 @@ def _forget_call_pool() -> None:  # a forked child has none of its parent's thre
 os.register_at_fork(after_in_child=_forget_call_pool)
 
 
-def _internal_error(exc: Exception) -> StageError:
-    # An unexpected exception in our own code: retry, but never as "provably not executed".
-    return RetryableError(f"{type(exc).__name__}: {exc}", code="internal_error", not_executed=False)
+_internal_error = executor.as_stage_error  # an unexpected exception: retryable, never "provably not executed"
 
 
 def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object | None:
@@ -179,19 +177,17 @@ def run_batch(
     orch: Orchestrator, lane: str, owner: str, providers: Providers, publisher: HintPublisher, n: int,
     first_task_id: uuid.UUID | str,
 ) -> int:
-    """Claim the hinted task and up to ``n - 1`` more due tasks of a batched lane, compute them with
-    one provider call, and complete them in one transaction; returns how many were claimed."""
-    claims = orch.claim_with_batch(first_task_id, lane, n, owner)
+    """Claim the hinted task and up to ``n - 1`` more due tasks of a batched lane (within the lane's
+    batch budget), compute them with one provider call, and complete them in one transaction;
+    returns how many were claimed. Every claim keeps its own outcome: one item's failure never
+    fails, charges or annotates another."""
+    batch = orch.claim_with_batch(first_task_id, lane, n, owner)
+    publisher.publish(batch.hints)  # group members the budget left out: claimable by another worker now
+    claims = batch.claims
     if not claims:
         return 0
     with Heartbeat(orch, claims):
-        try:
-            results = _compute_batch(orch, lane, claims, providers)
-        except StageError as exc:
-            results = [exc] * len(claims)
-        except Exception as exc:  # noqa: BLE001
-            log.exception("stage raised", extra={"lane": lane, "task_id": claims[0].task_id})
-            results = [_internal_error(exc)] * len(claims)
+        results = _compute_isolated(orch, lane, claims, providers)
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []
@@ -200,3 +196,18 @@ def run_batch(
             hints += orch.fail_task(claim, result)
     publisher.publish(hints)
     return len(claims)
+
+
+def _compute_isolated(orch: Orchestrator, lane: str, claims: list[Claim], providers: Providers) -> list:
+    """The batch's outcomes, one per claim. The executor isolates bad inputs and provider failures
+    per item; should the batch step fail as a whole anyway (e.g. reading the documents' inputs),
+    each claim is computed again on its own before any of them is charged."""
+    try:
+        return _compute_batch(orch, lane, claims, providers)
+    except Exception as exc:  # noqa: BLE001 - re-run singly below
+        if len(claims) == 1:
+            log.exception("stage raised", extra={"lane": lane, "task_id": claims[0].task_id})
+            return [_internal_error(exc)]
+        log.warning("a %s batch of %d failed as a whole; computing each claim alone", lane, len(claims),
+                    extra={"lane": lane, "code": type(exc).__name__})
+    return [_compute_isolated(orch, lane, [claim], providers)[0] for claim in claims]

@@ -93,7 +93,7 @@ def test_a_fenced_out_claim_does_not_stop_the_rest_of_its_batch(engine, settings
     orch = Orchestrator(engine, settings, clock=clock)
     providers = Providers(settings)
     hints = _ingest(orch, [30, 31, 32])
-    claims = orch.claim_with_batch(hints[0].task_id, "visual", 16, "old")
+    claims = orch.claim_with_batch(hints[0].task_id, "visual", 16, "old").claims
     assert len(claims) == 3
     artifacts = [executor.execute_visual(settings, providers, c) for c in claims]
     clock.advance(settings.lease_s + 1)  # the old worker stalled past its lease ...

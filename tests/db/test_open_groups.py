@@ -49,7 +49,7 @@ def test_an_upload_after_its_group_was_claimed_hints_for_itself(engine, settings
     first = store_and_ingest(orch, "local", png_bytes(20))
     assert len(first.hints) == 1
     assert store_and_ingest(orch, "local", png_bytes(21)).hints == []  # joined
-    assert len(orch.claim_with_batch(first.hints[0].task_id, "visual", 16, "w1")) == 2
+    assert len(orch.claim_with_batch(first.hints[0].task_id, "visual", 16, "w1").claims) == 2
     later = store_and_ingest(orch, "local", png_bytes(22))
     assert [h.task_id for h in later.hints] == [visual_task(later).task_id]
     # another scope never joins this scope's group
@@ -64,7 +64,7 @@ def test_a_group_is_claimed_whole_by_a_worker_with_a_smaller_batch(engine, setti
     results = [store_and_ingest(api, "local", png_bytes(s)) for s in range(30, 34)]
     (hint,) = [h for r in results for h in r.hints]
     worker = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=2))
-    assert len(worker.claim_with_batch(hint.task_id, "visual", 2, "w1")) == 4
+    assert len(worker.claim_with_batch(hint.task_id, "visual", 2, "w1").claims) == 4
 
 
 def test_a_claim_waits_for_an_upload_that_is_joining_its_group(engine, settings):
@@ -91,7 +91,7 @@ def test_a_claim_waits_for_an_upload_that_is_joining_its_group(engine, settings)
     try:
         assert joined.wait(30)
         claimer = threading.Thread(target=lambda: result.update(
-            claims=orch.claim_with_batch(hint.task_id, "visual", 16, "w1")))
+            claims=orch.claim_with_batch(hint.task_id, "visual", 16, "w1").claims))
         claimer.start()
         poll_until(lambda: _scalar(engine, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                                            " AND query LIKE 'SELECT id FROM tasks WHERE id = %'") == 1,

@@ -149,7 +149,7 @@ def test_a_hint_on_the_wrong_lane_queue_claims_nothing(engine, settings):
     (hint,) = res.hints
     assert hint.lane == "visual"
     assert orch.claim_task(hint.task_id, "agent-worker", lane="agent") is None
-    assert orch.claim_with_batch(hint.task_id, "embedding", 4, "embedding-worker") == []
+    assert orch.claim_with_batch(hint.task_id, "embedding", 4, "embedding-worker").claims == []
     assert _scalar(engine, "SELECT claim_generation FROM tasks WHERE id = :t", t=hint.task_id) == 0
     claim = orch.claim_task(hint.task_id, "visual-worker", lane="visual")
     assert claim is not None and claim.generation == 1

@@ -50,8 +50,8 @@ class CountingAgent(DeterministicAgent):
 
 
 class CountingText(DeterministicTextProvider):
-    def __init__(self, calls: Calls):
-        super().__init__()
+    def __init__(self, calls: Calls, document_version: str = "1"):
+        super().__init__(document_version=document_version)
         self.calls = calls
 
     def embed(self, documents):
@@ -65,7 +65,7 @@ def counting_providers(settings, calls: Calls, visual_failures: list | None = No
     p._cache.update(
         visual=CountingVisual(calls, visual_failures),
         agent=CountingAgent(calls, str(settings.agent_results_path)),
-        text=CountingText(calls),
+        text=CountingText(calls, settings.text_document_version),  # the version jobs are planned with
     )
     return p
 

@@ -154,6 +154,23 @@ def delete_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> st
 
 
 def storage_key_in_use_txn(conn: Connection, storage_key: str) -> bool:
+    """Whether any image row (any scope) references the file. Read under ``lock_storage_key_txn``
+    (a statement after the lock sees every row committed before it was granted)."""
     return conn.execute(
         sql("SELECT EXISTS (SELECT 1 FROM images WHERE storage_key = :k)"), {"k": storage_key}
     ).scalar_one()
+
+
+def lock_storage_key_txn(conn: Connection, storage_key: str) -> None:
+    """Serialise everything that decides whether a stored file exists, held to the end of the
+    transaction: an upload holds it from its file check (or write) until its row commits, a file
+    removal from its reference check until the file is gone. Keyed by the storage key."""
+    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"file:{storage_key}"})
+
+
+def referenced_storage_keys_txn(conn: Connection, storage_keys: list[str]) -> set[str]:
+    """Which of ``storage_keys`` an image row (any scope) references."""
+    if not storage_keys:
+        return set()
+    rows = conn.execute(sql("SELECT storage_key FROM images WHERE storage_key = ANY(:keys)"), {"keys": storage_keys})
+    return {r[0] for r in rows}

@@ -32,7 +32,7 @@ _CLAIM_SET = (
     " started_at = coalesce(started_at, :now), updated_at = :now"
 )
 # ... and, in the same statement, the claimed tasks' waiting stages and queued jobs to running.
-_CLAIMED_TO_RUNNING = (
+_CLAIMED_STAGES_AND_JOBS = (
     ", s AS ("
     " UPDATE job_stages js SET status = 'running', attempt_count = c.attempt_count,"
     " started_at = coalesce(js.started_at, :now), updated_at = :now"
@@ -40,8 +40,19 @@ _CLAIMED_TO_RUNNING = (
     "), j AS ("
     " UPDATE processing_jobs pj SET status = 'running', updated_at = :now"
     " FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'"
-    ") SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
+    ")"
 )
+_CLAIMED_TO_RUNNING = _CLAIMED_STAGES_AND_JOBS + " SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id"
+
+# What one task of a batched lane costs the worker that holds the batch in memory, read from its
+# image row: decoded pixels (visual), or the characters its semantic document is rendered from
+# (embedding: the display name and the context's JSON text, which is at least as long as the
+# rendered fields). A batch claims a prefix of its candidates whose costs sum within the lane's
+# budget (``lanes.lane_batch_budget``).
+BATCH_COST = {
+    "visual": "i.width::bigint * i.height",
+    "embedding": "coalesce(length(i.display_name), 0) + coalesce(length(i.context::text), 0)",
+}
 
 
 def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> tuple[uuid.UUID, str, bool]:
@@ -125,33 +136,84 @@ def _claim_picked_txn(conn: Connection, pick: str, params: dict[str, Any], now: 
     )
 
 
-def claim_batch_txn(
-    conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float
-) -> list[RowMapping]:
-    """Claim up to ``n`` due queued tasks of a lane at once (FOR UPDATE SKIP LOCKED)."""
-    return _claim_picked_txn(
-        conn,
-        f"SELECT id FROM tasks WHERE status = 'queued' AND available_at <= :now AND {_CLAIMABLE}"
-        " ORDER BY priority DESC, available_at LIMIT :n FOR UPDATE SKIP LOCKED",
-        {"lane": lane, "n": n, "owner": owner}, now, lease_s,
+def _claim_within_budget_txn(
+    conn: Connection, candidates: str, params: dict[str, Any], now: datetime, lease_s: float, *, budget: int,
+    at_least_one: bool,
+) -> tuple[list[RowMapping], int]:
+    """Claim the longest prefix of ``candidates`` whose costs sum within ``budget`` — or, with
+    ``at_least_one``, at least the first candidate however large (a huge image is never starved) —
+    in the statement that also moves their stages and queued jobs to running.
+
+    ``candidates`` is a ``SELECT t.id, hinted, t.priority, t.available_at, <cost> AS cost … FOR
+    UPDATE OF t SKIP LOCKED`` over tasks ``t`` joined to their images ``i``; the prefix is taken
+    in (hinted first, priority, age, id) order. Candidates left out stay queued (locked until this
+    transaction ends). Returns the claimed rows (with their ``batch_cost``) and how many candidates
+    were left out.
+    """
+    rows = list(
+        conn.execute(
+            sql(
+                "WITH cand AS MATERIALIZED (" + candidates + "), ranked AS ("
+                " SELECT id, row_number() OVER w AS k, sum(cost) OVER w AS total FROM cand"
+                " WINDOW w AS (ORDER BY hinted DESC, priority DESC, available_at, id)"
+                "), pick AS ("
+                " SELECT id FROM ranked WHERE total <= :budget OR (CAST(:at_least_one AS boolean) AND k = 1)"
+                "), c AS ("
+                " UPDATE tasks t SET" + _CLAIM_SET +
+                f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
+                ")" + _CLAIMED_STAGES_AND_JOBS +
+                " SELECT c.*, i.storage_key, cand.cost AS batch_cost,"
+                " (SELECT count(*) FROM cand) - (SELECT count(*) FROM pick) AS left_out"
+                " FROM c JOIN images i ON i.id = c.image_id JOIN cand ON cand.id = c.id"
+            ),
+            {**params, "now": now, "exp": now + timedelta(seconds=lease_s), "budget": budget,
+             "at_least_one": at_least_one},
+        )
+        .mappings()
+        .all()
     )
+    return rows, (int(rows[0]["left_out"]) if rows else 0)
+
+
+def claim_batch_txn(
+    conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float, *, budget: int,
+    at_least_one: bool = True,
+) -> list[RowMapping]:
+    """Claim up to ``n`` due queued tasks of a batched lane at once (FOR UPDATE SKIP LOCKED) whose
+    costs (``BATCH_COST``) sum within ``budget``; the rest stay queued for their own hints."""
+    rows, _ = _claim_within_budget_txn(
+        conn,
+        f"SELECT t.id, false AS hinted, t.priority, t.available_at, {BATCH_COST[lane]} AS cost"
+        " FROM tasks t JOIN images i ON i.id = t.image_id"
+        " WHERE t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested"
+        " AND t.attempt_count < t.max_attempts"
+        " ORDER BY t.priority DESC, t.available_at LIMIT :n FOR UPDATE OF t SKIP LOCKED",
+        {"lane": lane, "n": n, "owner": owner}, now, lease_s, budget=budget, at_least_one=at_least_one,
+    )
+    return rows
 
 
 def claim_group_txn(
-    conn: Connection, task_id: uuid.UUID, lane: str, owner: str, now: datetime, lease_s: float
-) -> list[RowMapping]:
+    conn: Connection, task_id: uuid.UUID, lane: str, owner: str, now: datetime, lease_s: float, *, budget: int
+) -> tuple[list[RowMapping], int]:
     """What a hint of a batched lane claims first: the hinted task (claimable as in ``claim_txn``)
-    and every due member of its wake-up group (SKIP LOCKED: a row another claimer holds is left to
-    it). A group is claimed whole — it is at most its creator's batch size — so a claimer with a
-    smaller ``n`` leaves no member behind with its hint spent. Empty when neither the task nor any
-    member is claimable. Call ``lock_hinted_txn`` first, in the same transaction."""
-    return _claim_picked_txn(
+    and the due members of its wake-up group (SKIP LOCKED: a row another claimer holds is left to
+    it), as far as their costs fit ``budget`` — the hinted task, or the oldest member, always.
+    Returns the claimed rows and how many due members were left out for lack of budget: they stay
+    queued in the group, and a new hint naming ``task_id`` claims them (the hinted task itself is
+    running by then). A group is otherwise claimed whole — it is at most its creator's batch size
+    — so a claimer with a smaller ``n`` leaves no member behind with its hint spent. Empty when
+    neither the task nor any member is claimable. Call ``lock_hinted_txn`` first, in the same
+    transaction."""
+    return _claim_within_budget_txn(
         conn,
-        "SELECT id FROM tasks WHERE (id = :id OR (hint_group = :id AND status = 'queued'))"
-        f" AND {_CLAIMABLE} AND ((status = 'queued' AND available_at <= :now)"
-        "  OR (status = 'running' AND lease_expires_at < :now))"
-        " FOR UPDATE SKIP LOCKED",
-        {"id": task_id, "lane": lane, "owner": owner}, now, lease_s,
+        f"SELECT t.id, t.id = :id AS hinted, t.priority, t.available_at, {BATCH_COST[lane]} AS cost"
+        " FROM tasks t JOIN images i ON i.id = t.image_id"
+        " WHERE (t.id = :id OR (t.hint_group = :id AND t.status = 'queued')) AND t.lane = :lane"
+        " AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts"
+        " AND ((t.status = 'queued' AND t.available_at <= :now) OR (t.status = 'running' AND t.lease_expires_at < :now))"
+        " FOR UPDATE OF t SKIP LOCKED",
+        {"id": task_id, "lane": lane, "owner": owner}, now, lease_s, budget=budget, at_least_one=True,
     )
 
 

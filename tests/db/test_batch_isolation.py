@@ -1,0 +1,196 @@
+"""Per-item failure isolation and memory bounds in the batched lanes (visual, embedding).
+
+A batch may mix scopes. One item's failure — reported by the provider for that item, or a crash
+of the whole call while that item is in it — fails, charges and annotates that item alone; the
+others succeed on their first attempt with no error text. A batch holds at most the lane's
+budget of decoded pixels (visual) or document characters (embedding), and at least one task.
+
+The providers come from ``tests.support.poison`` through the registry's ``module:Class`` names.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.stages import registry
+from app.worker.providers import Providers
+from app.worker.run import handle_hint
+from tests.support import poison
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+SMALL = (48, 40)  # 1920 pixels
+POISONED = (poison.POISON_WIDTH, 40)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls():
+    poison.CALLS.clear()
+    registry.clear_cache()
+    yield
+    poison.CALLS.clear()
+    registry.clear_cache()
+
+
+def _rows(engine, sql, **params):
+    with engine.connect() as c:
+        return c.execute(text(sql), params).mappings().all()
+
+
+def _ingest(orch, pub, scope, seed, size=SMALL, **kwargs):
+    res = store_and_ingest(orch, scope, png_bytes(seed, size), **kwargs)
+    pub.publish(res.hints)
+    return res
+
+
+def _run(orch, providers, pub, lanes) -> list[int]:
+    """Handle every hint of ``lanes`` (and the hints they publish) until none is left; other
+    lanes' hints stay unrun. Returns how many tasks each handled hint claimed."""
+    claimed, held = [], []
+    while hints := pub.drain():
+        for h in hints:
+            if h.lane in lanes:
+                claimed.append(handle_hint(orch, h.lane, h.task_id, "w", providers, pub))
+            else:
+                held.append(h)
+    pub.publish(held)
+    return claimed
+
+
+def _visual_tasks(engine):
+    return {r["image_id"]: r for r in _rows(
+        engine, "SELECT t.image_id, t.scope_id, t.status, t.attempt_count, t.error, i.width"
+                " FROM tasks t JOIN images i ON i.id = t.image_id WHERE t.lane = 'visual'")}
+
+
+def _mixed_scope_batch_with_one_poisoned(engine, settings, provider: str):
+    settings = settings.replace(visual_provider=provider)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    for seed in (1, 2, 3):
+        _ingest(orch, pub, "tenant-a", seed)
+    _ingest(orch, pub, "tenant-a", 4, POISONED)
+    for seed in (5, 6, 7):
+        _ingest(orch, pub, "tenant-b", seed)
+    first = pub.drain()
+    assert [h.lane for h in first] == ["visual", "visual"]  # one wake-up group per scope
+    claimed = handle_hint(orch, "visual", first[0].task_id, "w", Providers(settings), pub)
+    assert claimed == 7  # tenant-a's group, topped up with tenant-b's: one batch of two scopes
+    return _visual_tasks(engine)
+
+
+def _assert_only_the_poisoned_task_was_charged(tasks):
+    bad = [t for t in tasks.values() if t["width"] == poison.POISON_WIDTH]
+    good = [t for t in tasks.values() if t["width"] != poison.POISON_WIDTH]
+    assert len(bad) == 1 and len(good) == 6
+    assert {(t["status"], t["attempt_count"]) for t in good} == {("succeeded", 1)}
+    assert [t["error"] for t in good] == [None] * 6
+    assert bad[0]["attempt_count"] == 1 and bad[0]["scope_id"] == "tenant-a"
+    return bad[0]
+
+
+def test_an_item_the_provider_fails_on_fails_alone(engine, settings):
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonItemVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "poisoned_image"
+    assert [len(sizes) for _, sizes, _ in poison.CALLS] == [7]  # still one provider call
+    jobs = _rows(engine, "SELECT i.width, j.status, j.error FROM processing_jobs j JOIN images i ON i.id = j.image_id")
+    assert {(j["width"], j["status"]) for j in jobs} == {(48, "running"), (poison.POISON_WIDTH, "failed")}
+    assert [j["error"] for j in jobs if j["width"] == 48] == [None] * 6
+
+
+def test_a_call_that_crashes_on_a_poisoned_item_is_bisected_and_charges_only_that_item(engine, settings):
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonBatchVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    # retryable (a crash), back in the queue; its error is its own call's, not the batch's
+    assert bad["status"] == "queued" and bad["error"]["code"] == "internal_error"
+    assert bad["error"]["message"] == "RuntimeError: model crashed on a call of 1 images"
+    failed_calls = [sizes for _, sizes, ok in poison.CALLS if not ok]
+    assert sorted(failed_calls[0]) == [1920] * 6 + [poison.POISON_WIDTH * 40]  # the whole batch first
+    assert failed_calls[-1] == [poison.POISON_WIDTH * 40]  # ... down to the poisoned image alone
+    assert sum(len(sizes) for _, sizes, ok in poison.CALLS if ok) == 6  # every other image embedded once
+    # nothing of the crash landed on another task, job or stage
+    assert _rows(engine, "SELECT count(*) AS n FROM job_stages WHERE error IS NOT NULL")[0]["n"] == 1
+    assert _rows(engine, "SELECT count(*) AS n FROM processing_jobs WHERE error IS NOT NULL")[0]["n"] == 0
+
+
+def test_a_text_batch_that_fails_on_one_document_fails_only_that_task(engine, settings):
+    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText", text_document_version="1")
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    for i, scope in enumerate(["tenant-a"] * 3 + ["tenant-b"] * 3):
+        _ingest(orch, pub, scope, 10 + i, display_name=f"meme {i}")
+    _ingest(orch, pub, "tenant-b", 20, display_name=f"{poison.POISON_WORD} meme")
+    _run(orch, providers, pub, {"visual", "agent"})
+    embedding_hints = pub.drain()
+    assert embedding_hints and {h.lane for h in embedding_hints} == {"embedding"}
+    assert handle_hint(orch, "embedding", embedding_hints[0].task_id, "w", providers, pub) == 7  # both scopes
+    pub.publish(embedding_hints[1:])
+    _run(orch, providers, pub, {"embedding"})  # the other hints find their tasks done: nothing to claim
+    tasks = _rows(engine, "SELECT i.display_name, t.scope_id, t.status, t.attempt_count, t.error FROM tasks t"
+                          " JOIN images i ON i.id = t.image_id WHERE t.lane = 'embedding'")
+    bad = [t for t in tasks if poison.POISON_WORD in t["display_name"]]
+    good = [t for t in tasks if poison.POISON_WORD not in t["display_name"]]
+    assert [(t["status"], t["attempt_count"], t["error"]) for t in good] == [("succeeded", 1, None)] * 6
+    assert [(t["status"], t["attempt_count"], t["error"]["code"]) for t in bad] == [("failed", 1, "poisoned_document")]
+    assert bad[0]["error"]["message"] == "the model rejected a call of 1 documents"
+    statuses = _rows(engine, "SELECT i.display_name, j.status FROM processing_jobs j JOIN images i ON i.id = j.image_id")
+    assert sorted(r["status"] for r in statuses) == ["failed"] + ["succeeded"] * 6
+
+
+def test_a_visual_batch_claims_only_what_fits_its_pixel_budget_and_leaves_the_rest_claimable(engine, settings):
+    small = SMALL[0] * SMALL[1]
+    settings = settings.replace(visual_provider="tests.support.poison:PoisonItemVisual",
+                                visual_batch_max_pixels=3 * small)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    for seed, size in [(1, SMALL), (2, SMALL), (3, (200, 150)), (4, SMALL), (5, SMALL), (6, SMALL)]:
+        _ingest(orch, pub, "local", seed, size)  # one wake-up group, in this order
+    claimed = _run(orch, Providers(settings), pub, {"visual"})
+    # the budget stops the first batch before the large image; the large image, bigger than the
+    # whole budget, still goes (alone); the last three fit exactly. Each left-out rest was re-hinted.
+    assert claimed == [2, 1, 3]
+    assert [sizes for _, sizes, _ in poison.CALLS] == [[small] * 2, [200 * 150], [small] * 3]
+    statuses = _rows(engine, "SELECT status, attempt_count FROM tasks WHERE lane = 'visual'")
+    assert {(r["status"], r["attempt_count"]) for r in statuses} == {("succeeded", 1)}
+
+
+def test_the_top_up_of_a_batch_takes_only_what_its_remaining_budget_allows(engine, settings):
+    small = SMALL[0] * SMALL[1]
+    settings = settings.replace(visual_provider="tests.support.poison:PoisonItemVisual",
+                                visual_batch_max_pixels=3 * small)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    for scope, seed in [("tenant-a", 1), ("tenant-a", 2), ("tenant-b", 3), ("tenant-b", 4)]:
+        _ingest(orch, pub, scope, seed)
+    assert _run(orch, Providers(settings), pub, {"visual"}) == [3, 1]  # a's group + one of b's; then b's rest
+    assert [len(sizes) for _, sizes, _ in poison.CALLS] == [3, 1]
+
+
+def test_a_text_batch_holds_at_most_its_character_budget(engine, settings):
+    settings = settings.replace(text_provider="tests.support.poison:PoisonBatchText", text_document_version="1")
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    for i in range(8):
+        _ingest(orch, pub, "tenant-a" if i % 2 else "tenant-b", 30 + i, display_name="x" * (50 * i))
+    _run(orch, providers, pub, {"visual", "agent"})
+    costs = {r["id"]: r["cost"] for r in _rows(
+        engine, "SELECT id, coalesce(length(display_name), 0) + length(context::text) AS cost FROM images")}
+    budget = max(costs.values()) * 2
+    bounded = Orchestrator(engine, settings.replace(embedding_batch_max_chars=budget))
+    claimed = _run(bounded, providers, pub, {"embedding"})
+    assert sum(claimed) == 8 and len([n for n in claimed if n]) > 1
+    cost_of_document = {r["document"]: costs[r["image_id"]] for r in _rows(
+        engine, "SELECT image_id, document FROM text_embeddings")}
+    calls = [sizes for lane, sizes, _ in poison.CALLS if lane == "embedding"]
+    assert sum(len(c) for c in calls) == 8
+    docs_by_call = _documents_per_call(engine, calls)
+    for docs in docs_by_call:
+        assert len(docs) == 1 or sum(cost_of_document[d] for d in docs) <= budget
+    statuses = _rows(engine, "SELECT status, attempt_count FROM tasks WHERE lane = 'embedding'")
+    assert {(r["status"], r["attempt_count"]) for r in statuses} == {("succeeded", 1)}
+
+
+def _documents_per_call(engine, calls: list[list[int]]) -> list[list[str]]:
+    """The documents of each recorded call, matched by length (every length here is distinct)."""
+    by_length = {len(r["document"]): r["document"] for r in _rows(engine, "SELECT document FROM text_embeddings")}
+    assert len(by_length) == 8
+    return [[by_length[n] for n in sizes] for sizes in calls]

@@ -1,0 +1,84 @@
+"""Providers that fail on one poisoned input, for the batch-isolation tests. Loaded by the
+registry's ``module:Class`` names (``MEMEFLOW_VISUAL_PROVIDER=tests.support.poison:…``), so an
+in-process orchestrator test and a Celery worker process load them the same way.
+
+An image is poisoned when it is ``POISON_WIDTH`` pixels wide; a document when it contains
+``POISON_WORD``. Every call is recorded in ``CALLS`` (this process) and, when
+``MEMEFLOW_TEST_CALL_LOG`` names a file, appended to it as one line (other processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from app.stages.errors import PermanentError
+from app.stages.images import DecodedImage
+from app.stages.text.deterministic import DeterministicTextProvider
+from app.stages.visual.deterministic import DeterministicVisualProvider
+
+POISON_WIDTH = 61
+POISON_WORD = "POISON"
+CALL_LOG_ENV = "MEMEFLOW_TEST_CALL_LOG"
+
+#: One entry per provider call in this process: (lane, [pixels or characters per item], ok).
+CALLS: list[tuple[str, list[int], bool]] = []
+_lock = threading.Lock()
+
+
+def _record(lane: str, sizes: list[int], ok: bool) -> None:
+    with _lock:
+        CALLS.append((lane, sizes, ok))
+    path = os.environ.get(CALL_LOG_ENV)
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps([lane, sizes, ok]) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def read_call_log(path) -> list[tuple[str, list[int], bool]]:
+    """The calls other processes appended to ``path``."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [tuple(json.loads(line)) for line in fh if line.strip()]
+
+
+def is_poisoned(image: DecodedImage) -> bool:
+    return image.width == POISON_WIDTH
+
+
+class PoisonItemVisual(DeterministicVisualProvider):
+    """Answers a poisoned image with an error in place of its vector; embeds the others."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [PermanentError(f"cannot embed this {im.width}x{im.height} image", code="poisoned_image")
+                if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
+class PoisonBatchVisual(DeterministicVisualProvider):
+    """The whole call crashes whenever a poisoned image is in it (as a model crashing on one bad
+    input would), naming how many images the crashed call held."""
+
+    def embed(self, images: list[DecodedImage]):
+        poisoned = any(is_poisoned(im) for im in images)
+        _record("visual", [im.width * im.height for im in images], not poisoned)
+        if poisoned:
+            raise RuntimeError(f"model crashed on a call of {len(images)} images")
+        return super().embed(images)
+
+
+class PoisonBatchText(DeterministicTextProvider):
+    """The whole call fails permanently whenever a poisoned document is in it."""
+
+    def embed(self, documents: list[str]):
+        poisoned = any(POISON_WORD in d for d in documents)
+        _record("embedding", [len(d) for d in documents], not poisoned)
+        if poisoned:
+            raise PermanentError(f"the model rejected a call of {len(documents)} documents", code="poisoned_document")
+        return super().embed(documents)
