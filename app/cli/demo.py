@@ -124,7 +124,7 @@ def _hit_line(hit: dict[str, Any]):
 
     image = hit.get("image", {})
     line = Text(f"{hit.get('score', 0):.3f}  {signals(hit):<14} ")
-    line.append(str(image.get("display_name") or image.get("id")))
+    line.append(printable(image.get("display_name") or image.get("id")))
     line.append("  ")
     line.append_text(highlighted(hit))
     return line
@@ -139,7 +139,7 @@ def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[s
         resp = requests.get(f"{api_url}/api/v1/search/text", params={"q": query, "limit": 3}, timeout=60)
         resp.raise_for_status()
         results[query] = resp.json().get("items", [])
-        console.print("[bold]text search[/bold]", Text(repr(query)), "(hybrid: meaning + words)")
+        console.print("[bold]text search[/bold]", Text(printable(repr(query))), "(hybrid: meaning + words)")
         for hit in results[query]:
             console.print("  ", _hit_line(hit))
     if near_duplicate_id:
