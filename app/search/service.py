@@ -8,6 +8,7 @@ are weighted per query (``route_weights``) or, with ``model=``, one model alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,16 @@ def embed_query(provider: Any, query: str, *, model: str | None = None) -> tuple
     return list(embed([query])[0]), None
 
 
+def cosine_scale(k: int, weights: dict[str, float] | None) -> float:
+    """Factor that turns the stored vector's cosine into the weighted mean of the per-model
+    cosines, Σ wᵢcᵢ / Σ wᵢ: the concatenated vector's cosine is Σ wᵢcᵢ / (√k · √Σwᵢ²) (see
+    app/stages/text/composite.py). So scores read the same whichever models a query used."""
+    if k < 2 or not weights:
+        return 1.0
+    total = sum(weights.values())
+    return math.sqrt(k) * math.sqrt(sum(w * w for w in weights.values())) / total if total > 0 else 1.0
+
+
 def search_text(
     engine: Engine, provider: Any, scope_id: str, query: str, *, limit: int = 20, mode: str = "hybrid",
     model: str | None = None, params: fusion.FusionParams | None = None,
@@ -78,9 +89,11 @@ def search_text(
     rows = Q.candidates(engine, scope_id, model=stored_model if vector is not None else None, dims=dims,
                         vector=vector, terms=terms, k=max(_CANDIDATES, limit))
     df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)
+    scale = cosine_scale(len(parts), weights)
     cands: dict[str, fusion.Candidate] = {}
     for row in rows:
-        c = fusion.Candidate(image_id=str(row["id"]), cosine=row["cosine"], matched_terms=list(row["matched_terms"]))
+        cosine = None if row["cosine"] is None else float(row["cosine"]) * scale
+        c = fusion.Candidate(image_id=str(row["id"]), cosine=cosine, matched_terms=list(row["matched_terms"]))
         c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n) if terms else 0.0
         cands[c.image_id] = c
     _assign_ranks(list(cands.values()), semantic=vector is not None, lexical_on=bool(terms))
