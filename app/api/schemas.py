@@ -25,10 +25,11 @@ from app.db.enums import (
     ReverseImagePolicy,
     StageStatus,
 )
+from app.orchestrator.batches import MAX_BATCH_IDS
 
 POLICIES = [p.value for p in ReverseImagePolicy]
 STAGES = [s.value for s in STAGE_ORDER]
-MAX_IMAGE_IDS = 10_000
+MAX_IMAGE_IDS = MAX_BATCH_IDS  # over it: 422 before any id is parsed into the orchestrator
 
 
 class DateTime(fields.DateTime):
