@@ -17,6 +17,7 @@ from flask import Flask, jsonify
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from app.api.schemas import INVALID_TEXT, has_unstorable_text
 from app.auth import Unauthorized
 from app.orchestrator.errors import OrchestratorError
 
@@ -69,17 +70,20 @@ def error_response(status: int, code: str, message: str, details: Mapping[str, A
 def validation_error(messages: Any) -> ApiError:
     """Turn marshmallow messages (possibly nested by location) into a 422 ApiError."""
     flat = _flatten(messages)
-    code = "validation_error"
+    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in flat.items()) or "invalid request"
+    return ApiError(422, _validation_code(flat), summary[:2000], {"fields": flat})
+
+
+def _validation_code(flat: dict[str, list[str]]) -> str:
+    """``invalid_text`` if any value is unstorable text, else a field's specific code, else the generic one."""
+    if any(INVALID_TEXT in m for ms in flat.values() for m in ms) or any(map(has_unstorable_text, flat)):
+        return "invalid_text"  # also an unknown field whose very name is unstorable
     for field in flat:
         leaf = field.split(".")
         for name, specific in FIELD_CODES.items():
             if name in leaf:
-                code = specific
-                break
-        if code != "validation_error":
-            break
-    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in flat.items()) or "invalid request"
-    return ApiError(422, code, summary[:2000], {"fields": flat})
+                return specific
+    return "validation_error"
 
 
 _LOCATIONS = {"json", "query", "querystring", "form", "files", "view_args", "json_or_form", "headers"}
