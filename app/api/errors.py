@@ -47,6 +47,19 @@ HTTP_CODES = {
 }
 
 
+def _body_read_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions the server's input stream raises on a badly framed body (gunicorn: bad chunking,
+    client gone mid-body). They surface inside a view that reads the body; they are 400, not 500."""
+    try:
+        from gunicorn.http.errors import NoMoreData, ParseException
+    except ImportError:  # pragma: no cover - served by another WSGI server
+        return ()
+    return (ParseException, NoMoreData)
+
+
+BODY_READ_ERRORS = _body_read_errors()
+
+
 class ApiError(Exception):
     """An error the API returns as-is: HTTP status, stable code, human message."""
 
@@ -155,5 +168,8 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception):
         if isinstance(exc, HTTPException):  # pragma: no cover - routed above
             return _http(exc)
+        if isinstance(exc, BODY_READ_ERRORS):  # the server could not read the body the client sent
+            log.warning("unreadable request body: %s", exc)
+            return error_response(400, "invalid_body", "the request body could not be read (bad framing)")
         log.exception("unhandled error in API request")
         return error_response(500, "internal_error", "internal server error")
