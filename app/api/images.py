@@ -158,7 +158,8 @@ class ImageContent(MethodView):
         return resp
 
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs({**_UPLOAD_ERRORS, 404: "not_found"}))
+    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs(
+        {**_UPLOAD_ERRORS, 404: "not_found", 409: "duplicate_image / generation_policy_conflict"}))
     def put(self, image_id: uuid.UUID):
         """Replace the image's bytes; the active job ends target_changed and a new one starts."""
         svc = services()

@@ -204,3 +204,22 @@ def test_search_query_edges(client):
     # raw bytes that are not UTF-8 in the query string: replaced, not a 5xx
     r = client.get("/api/v1/search/text?q=%ED%A0%80%FF")
     assert r.status_code in (200, 422), r.get_json()
+
+
+def test_replacing_content_with_another_images_bytes_is_409(client, engine, settings, store):
+    """Found by the fuzzer: the scope's unique (scope, sha256) made this a 500. Now 409
+    duplicate_image, the image, its job and the files unchanged."""
+    a = upload(client, png_bytes((1, 1, 1))).get_json()
+    b_bytes = png_bytes((2, 2, 2))
+    upload(client, b_bytes)
+    before = snapshot(engine, settings.storage_path)
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT sha256, revision FROM images WHERE id = :i"), {"i": a["image"]["id"]}).one()
+    r = client.put(f"/api/v1/images/{a['image']['id']}/content",
+                   data={"file": (io.BytesIO(b_bytes), "b.png")}, content_type="multipart/form-data")
+    assert (r.status_code, r.get_json()["error"]) == (409, "duplicate_image"), r.get_json()
+    assert snapshot(engine, settings.storage_path) == before
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT sha256, revision FROM images WHERE id = :i"),
+                            {"i": a["image"]["id"]}).one() == row
+    assert client.get(f"/api/v1/jobs/{a['job']['id']}").get_json()["status"] == a["job"]["status"]
