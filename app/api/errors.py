@@ -60,6 +60,14 @@ def _body_read_errors() -> tuple[type[BaseException], ...]:
 BODY_READ_ERRORS = _body_read_errors()
 
 
+def _raised_in_json_decoder(exc: BaseException) -> bool:
+    """True if the innermost Python frame of ``exc`` is the standard library's JSON decoder."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_globals.get("__name__", "").startswith("json")
+
+
 class ApiError(Exception):
     """An error the API returns as-is: HTTP status, stable code, human message."""
 
@@ -168,6 +176,9 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception):
         if isinstance(exc, HTTPException):  # pragma: no cover - routed above
             return _http(exc)
+        if isinstance(exc, RecursionError) and _raised_in_json_decoder(exc):
+            # json.loads (Flask's get_json and webargs alike) only catches ValueError
+            return error_response(400, "invalid_json", "the JSON body is nested too deeply")
         if isinstance(exc, BODY_READ_ERRORS):  # the server could not read the body the client sent
             log.warning("unreadable request body: %s", exc)
             return error_response(400, "invalid_body", "the request body could not be read (bad framing)")

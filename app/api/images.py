@@ -20,7 +20,7 @@ blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", descrip
 
 _UPLOAD_ERRORS = {
     400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
-    415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / validation_error",
+    415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / invalid_text / validation_error",
 }
 
 

@@ -223,3 +223,14 @@ def test_replacing_content_with_another_images_bytes_is_409(client, engine, sett
         assert conn.execute(text("SELECT sha256, revision FROM images WHERE id = :i"),
                             {"i": a["image"]["id"]}).one() == row
     assert client.get(f"/api/v1/jobs/{a['job']['id']}").get_json()["status"] == a["job"]["status"]
+
+
+def test_deeply_nested_json_is_400(client, unchanged):
+    """json.loads raises RecursionError (not ValueError) on deep nesting: a 400, not a 500."""
+    deep = ["[" * 100_000, '{"a":' * 100_000, "[" * 100_000 + "]" * 100_000]
+    some = uuid.uuid4()
+    for method, path in [("post", "/api/v1/batches"), ("post", "/api/v1/search/visual"),
+                         ("patch", f"/api/v1/images/{some}"), ("post", f"/api/v1/images/{some}/process")]:
+        for body in deep:
+            r = getattr(client, method)(path, data=body, content_type="application/json")
+            assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())
