@@ -61,6 +61,7 @@ def test_api_runs_gunicorn_on_the_wsgi_app(services):
     cmd = services["api"]["command"]
     assert cmd[0] == "gunicorn" and "app.api.wsgi:app" in cmd
     assert any(arg.startswith("--bind=0.0.0.0:5000") for arg in cmd)
+    assert "--worker-class=app.api.server.JsonErrorWorker" in cmd  # gunicorn's own errors are JSON too
     assert "/healthz" in " ".join(services["api"]["healthcheck"]["test"])
     assert any(p.endswith(":5000") for p in services["api"]["ports"])
 
