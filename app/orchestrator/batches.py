@@ -30,8 +30,8 @@ CANCEL_PAGE = 500
 SWEEP_BATCHES = 20
 MAX_BATCH_IDS = 10_000  # image_ids per POST /batches; all=true has no limit
 MISSING_SHOWN = 5
-# Jobs seeded inside the POST itself (work starts at once and the request stays fast: each job
-# costs its own statements); the sweep seeds the rest in pages of ``batch_page_size``.
+# Jobs POST /batches seeds inside the request (work starts at once and the request stays fast:
+# each job costs its own statements); the sweep seeds the rest in pages of ``batch_page_size``.
 REQUEST_PAGE = 16
 
 
@@ -50,9 +50,10 @@ def _uuid_list(values: Iterable) -> list[uuid.UUID]:
 
 def create_batch(
     orch: Orchestrator, scope_id: str, *, all: bool = False, image_ids: list | None = None,
-    reverse_image_policy: str = "forbid",
+    reverse_image_policy: str = "forbid", first_page_size: int | None = None,
 ) -> tuple[dict, list[Hint]]:
-    """Create a batch and seed a first page of ``REQUEST_PAGE``; the sweep seeds the rest.
+    """Create a batch and seed a first page (``first_page_size``, default ``batch_page_size``; the
+    API asks for ``REQUEST_PAGE`` to answer fast); the sweep seeds the rest.
 
     The snapshot is set-based whatever the list's length: ids deduplicated in one pass, their
     existence checked by one statement, the list stored once on the batch row. Returns (batch, hints)."""
@@ -75,7 +76,7 @@ def create_batch(
             total = store.count_images_until_txn(conn, scope_id, now)
         batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
                                        policy=reverse_image_policy, cursor=cursor, total=total, now=now)
-    _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=min(REQUEST_PAGE, orch.settings.batch_page_size))
+    _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
     return get_batch(orch, scope_id, batch["id"]), hints
 
 
