@@ -84,6 +84,9 @@ class Settings:
     agent_model: str = "gpt-4o-mini"
     agent_api_key: str | None = dataclasses.field(default=None, repr=False)
     agent_timeout_s: float = 60.0
+    agent_deadline_s: float = 120.0  # openai-compatible: the whole call (connect, headers, body), not per read
+    agent_max_tokens: int = 2048  # openai-compatible: max_tokens sent with every request
+    agent_max_response_bytes: int = 2 * 1024 * 1024  # openai-compatible: a longer (decoded) answer is cut and fails
     agent_lookup_url: str | None = None
     open_clip_checkpoint: str | None = None
     open_clip_model: str = "ViT-B-32"

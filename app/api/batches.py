@@ -10,6 +10,7 @@ from flask_smorest import Blueprint
 from app.api import schemas as S
 from app.api.context import protect, publish, scope_id, services
 from app.api.images import _error_docs
+from app.orchestrator.batches import REQUEST_PAGE
 
 blp = protect(Blueprint("batches", __name__, url_prefix="/api/v1/batches", description="Batches"))
 
@@ -30,6 +31,7 @@ class Batches(MethodView):
             all=args["all"],
             image_ids=args.get("image_ids") or [],
             reverse_image_policy=args["reverse_image_policy"],
+            first_page_size=min(REQUEST_PAGE, services().settings.batch_page_size),
         )
         publish(hints)
         return {"batch": batch}

@@ -17,6 +17,7 @@ from flask import Flask, jsonify
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from app.api.schemas import INVALID_TEXT, has_unstorable_text
 from app.auth import Unauthorized
 from app.orchestrator.errors import OrchestratorError
 
@@ -46,6 +47,27 @@ HTTP_CODES = {
 }
 
 
+def _body_read_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions the server's input stream raises on a badly framed body (gunicorn: bad chunking,
+    client gone mid-body). They surface inside a view that reads the body; they are 400, not 500."""
+    try:
+        from gunicorn.http.errors import NoMoreData, ParseException
+    except ImportError:  # pragma: no cover - served by another WSGI server
+        return ()
+    return (ParseException, NoMoreData)
+
+
+BODY_READ_ERRORS = _body_read_errors()
+
+
+def _raised_in_json_decoder(exc: BaseException) -> bool:
+    """True if the innermost Python frame of ``exc`` is the standard library's JSON decoder."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_globals.get("__name__", "").startswith("json")
+
+
 class ApiError(Exception):
     """An error the API returns as-is: HTTP status, stable code, human message."""
 
@@ -69,17 +91,20 @@ def error_response(status: int, code: str, message: str, details: Mapping[str, A
 def validation_error(messages: Any) -> ApiError:
     """Turn marshmallow messages (possibly nested by location) into a 422 ApiError."""
     flat = _flatten(messages)
-    code = "validation_error"
+    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in flat.items()) or "invalid request"
+    return ApiError(422, _validation_code(flat), summary[:2000], {"fields": flat})
+
+
+def _validation_code(flat: dict[str, list[str]]) -> str:
+    """``invalid_text`` if any value is unstorable text, else a field's specific code, else the generic one."""
+    if any(INVALID_TEXT in m for ms in flat.values() for m in ms) or any(map(has_unstorable_text, flat)):
+        return "invalid_text"  # also an unknown field whose very name is unstorable
     for field in flat:
         leaf = field.split(".")
         for name, specific in FIELD_CODES.items():
             if name in leaf:
-                code = specific
-                break
-        if code != "validation_error":
-            break
-    summary = "; ".join(f"{k}: {', '.join(v)}" for k, v in flat.items()) or "invalid request"
-    return ApiError(422, code, summary[:2000], {"fields": flat})
+                return specific
+    return "validation_error"
 
 
 _LOCATIONS = {"json", "query", "querystring", "form", "files", "view_args", "json_or_form", "headers"}
@@ -151,5 +176,11 @@ def register_error_handlers(app: Flask) -> None:
     def _unexpected(exc: Exception):
         if isinstance(exc, HTTPException):  # pragma: no cover - routed above
             return _http(exc)
+        if isinstance(exc, RecursionError) and _raised_in_json_decoder(exc):
+            # json.loads (Flask's get_json and webargs alike) only catches ValueError
+            return error_response(400, "invalid_json", "the JSON body is nested too deeply")
+        if isinstance(exc, BODY_READ_ERRORS):  # the server could not read the body the client sent
+            log.warning("unreadable request body: %s", exc)
+            return error_response(400, "invalid_body", "the request body could not be read (bad framing)")
         log.exception("unhandled error in API request")
         return error_response(500, "internal_error", "internal server error")

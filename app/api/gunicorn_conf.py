@@ -9,6 +9,7 @@
   and ``graceful_timeout`` bounds a restart. For a service on the open internet put a buffering
   reverse proxy in front anyway (docs/security.md has an nginx example): it absorbs slow uploads
   before they reach a thread.
+* gunicorn's own error responses are JSON like the app's (:mod:`app.api.server`);
 * an unauthenticated instance is never bound beyond loopback (:func:`app.netguard.check_bind`
   runs in ``on_starting``, before any socket is opened).
 
@@ -25,7 +26,7 @@ _settings = Settings.from_env()
 
 bind = [f"{_settings.api_host}:{_settings.api_port}"]
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-worker_class = "gthread"
+worker_class = "app.api.server.JsonErrorWorker"  # gthread whose own errors (parse, timeout abort) are JSON
 threads = 16
 worker_connections = 1000  # open connections per worker (idle keep-alive ones cost no thread)
 timeout = 60

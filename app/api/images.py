@@ -20,7 +20,7 @@ blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", descrip
 
 _UPLOAD_ERRORS = {
     400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
-    415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / validation_error",
+    415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / invalid_text / validation_error",
 }
 
 
@@ -158,7 +158,8 @@ class ImageContent(MethodView):
         return resp
 
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs({**_UPLOAD_ERRORS, 404: "not_found"}))
+    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs(
+        {**_UPLOAD_ERRORS, 404: "not_found", 409: "duplicate_image / generation_policy_conflict"}))
     def put(self, image_id: uuid.UUID):
         """Replace the image's bytes; the active job ends target_changed and a new one starts."""
         svc = services()

@@ -7,6 +7,8 @@ is generated from these same classes by flask-smorest.
 
 from __future__ import annotations
 
+import re
+
 from marshmallow import (
     RAISE,
     Schema,
@@ -25,10 +27,11 @@ from app.db.enums import (
     ReverseImagePolicy,
     StageStatus,
 )
+from app.orchestrator.batches import MAX_BATCH_IDS
 
 POLICIES = [p.value for p in ReverseImagePolicy]
 STAGES = [s.value for s in STAGE_ORDER]
-MAX_IMAGE_IDS = 10_000
+MAX_IMAGE_IDS = MAX_BATCH_IDS  # over it: 422 before any id is parsed into the orchestrator
 
 
 class DateTime(fields.DateTime):
@@ -38,6 +41,37 @@ class DateTime(fields.DateTime):
         if isinstance(value, str):
             return value
         return super()._serialize(value, attr, obj, **kwargs)
+
+
+# --- text that PostgreSQL can store -----------------------------------------------------------
+
+INVALID_TEXT = "must not contain NUL characters or unpaired surrogates"
+# U+0000 (PostgreSQL rejects it in text and jsonb) and UTF-16 surrogates, which a JSON "\ud800"
+# escape turns into a str that no UTF-8 encoder accepts.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def has_unstorable_text(value: str) -> bool:
+    """True if ``value`` holds a character PostgreSQL cannot store in text or jsonb."""
+    return _UNSTORABLE.search(value) is not None
+
+
+def storable_text(value: str) -> None:
+    """Validator: reject a string PostgreSQL cannot store (the API answers 422 ``invalid_text``)."""
+    if has_unstorable_text(value):
+        raise ValidationError(INVALID_TEXT)
+
+
+class Text(fields.String):
+    """A string field that only loads text PostgreSQL can store (see :func:`storable_text`).
+
+    Every request field whose value reaches a text or jsonb column, or a query, is a ``Text``.
+    """
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        out = super()._deserialize(value, attr, data, **kwargs)
+        storable_text(out)
+        return out
 
 
 class StrictSchema(Schema):
@@ -68,10 +102,10 @@ class ErrorInfoSchema(Schema):
 class ContextSchema(StrictSchema):
     """Editable context keys; anything else is rejected (422)."""
 
-    title = fields.String(validate=validate.Length(max=500))
-    description = fields.String(validate=validate.Length(max=10_000))
-    ocr_text = fields.String(validate=validate.Length(max=20_000))
-    tags = fields.List(fields.String(validate=validate.Length(min=1, max=100)), validate=validate.Length(max=100))
+    title = Text(validate=validate.Length(max=500))
+    description = Text(validate=validate.Length(max=10_000))
+    ocr_text = Text(validate=validate.Length(max=20_000))
+    tags = fields.List(Text(validate=validate.Length(min=1, max=100)), validate=validate.Length(max=100))
 
 
 # --- images ---------------------------------------------------------------------------------
@@ -101,13 +135,13 @@ class ImageSchema(Schema):
 class UploadFormSchema(StrictSchema):
     """Multipart form fields of ``POST /images`` (the file itself is the ``file`` part)."""
 
-    display_name = fields.String(validate=validate.Length(max=500))
+    display_name = Text(validate=validate.Length(max=500))
     reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
     process = fields.Boolean(load_default=True)
 
 
 class ImagePatchSchema(StrictSchema):
-    display_name = fields.String(allow_none=True, validate=validate.Length(max=500))
+    display_name = Text(allow_none=True, validate=validate.Length(max=500))
     context = fields.Nested(ContextSchema)
 
     @validates_schema
@@ -255,8 +289,18 @@ class BatchEnvelopeSchema(Schema):
 
 # --- search ---------------------------------------------------------------------------------
 
+MAX_QUERY_CHARS = 512  # a search query longer than this is a 422 (a query, not a document)
+
+
+def not_blank(value: str) -> None:
+    """Validator: reject a string that is empty or only whitespace."""
+    if not value.strip():
+        raise ValidationError("must not be empty or only whitespace")
+
+
 class TextSearchArgsSchema(Schema):
-    q = fields.String(required=True, validate=validate.Length(min=1, max=1000))
+    q = Text(required=True, validate=[validate.Length(min=1, max=MAX_QUERY_CHARS), not_blank],
+             metadata={"description": f"1 to {MAX_QUERY_CHARS} characters, not only whitespace"})
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
     mode = fields.String(load_default="hybrid", validate=validate.OneOf(["hybrid", "semantic", "lexical"]),
                          metadata={"description": "hybrid (default): semantic + lexical; or one signal alone"})

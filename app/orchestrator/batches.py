@@ -28,25 +28,35 @@ SEEDING, RUNNING, COMPLETED, CANCELLED = "seeding", "running", "completed", "can
 FINISHED = (COMPLETED, CANCELLED)
 CANCEL_PAGE = 500
 SWEEP_BATCHES = 20
+MAX_BATCH_IDS = 10_000  # image_ids per POST /batches; all=true has no limit
+MISSING_SHOWN = 5
+# Jobs POST /batches seeds inside the request (work starts at once and the request stays fast:
+# each job costs its own statements); the sweep seeds the rest in pages of ``batch_page_size``.
+REQUEST_PAGE = 16
 
 
 def _uuid_list(values: Iterable) -> list[uuid.UUID]:
-    out: list[uuid.UUID] = []
+    """The ids as UUIDs, duplicates dropped, first-seen order kept (linear: a dict is the set)."""
     try:
-        for v in values:
-            u = v if isinstance(v, uuid.UUID) else uuid.UUID(str(v))
-            if u not in out:
-                out.append(u)
+        parsed = (v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)) for v in values)
+        out = list(dict.fromkeys(parsed))
     except (ValueError, TypeError, AttributeError):
         raise InvalidRequest("image_ids must be a list of image ids", code="invalid_image_ids") from None
+    if len(out) > MAX_BATCH_IDS:
+        raise InvalidRequest(f"at most {MAX_BATCH_IDS} image ids per batch (use all=true for the whole library)",
+                             code="too_many_image_ids")
     return out
 
 
 def create_batch(
     orch: Orchestrator, scope_id: str, *, all: bool = False, image_ids: list | None = None,
-    reverse_image_policy: str = "forbid",
+    reverse_image_policy: str = "forbid", first_page_size: int | None = None,
 ) -> tuple[dict, list[Hint]]:
-    """Create a batch and seed its first page; the sweep seeds the rest. Returns (batch, hints)."""
+    """Create a batch and seed a first page (``first_page_size``, default ``batch_page_size``; the
+    API asks for ``REQUEST_PAGE`` to answer fast); the sweep seeds the rest.
+
+    The snapshot is set-based whatever the list's length: ids deduplicated in one pass, their
+    existence checked by one statement, the list stored once on the batch row. Returns (batch, hints)."""
     if reverse_image_policy not in ("forbid", "auto"):
         raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
     if bool(all) == bool(image_ids):
@@ -56,9 +66,9 @@ def create_batch(
     with orch.engine.begin() as conn:
         images.ensure_scope_txn(conn, scope_id)
         if ids is not None:
-            missing = [str(i) for i in ids if i not in store.existing_ids_txn(conn, scope_id, ids)]
+            missing = store.missing_ids_txn(conn, scope_id, ids, MISSING_SHOWN)
             if missing:  # another scope's id behaves exactly like a missing one
-                raise NotFound(f"image not found: {', '.join(missing[:5])}")
+                raise NotFound(f"image not found: {', '.join(map(str, missing))}")
             cursor: dict = {"offset": 0}
             total = len(ids)
         else:
@@ -66,16 +76,19 @@ def create_batch(
             total = store.count_images_until_txn(conn, scope_id, now)
         batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
                                        policy=reverse_image_policy, cursor=cursor, total=total, now=now)
-    _, hints = seed_batch(orch, batch["id"], max_pages=1)
+    _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
     return get_batch(orch, scope_id, batch["id"]), hints
 
 
-def seed_batch(orch: Orchestrator, batch_id: uuid.UUID | str, max_pages: int | None = None) -> tuple[int, list[Hint]]:
-    """Seed pages until done, paused by back-pressure, cancelled, or ``max_pages``. Returns (items, hints)."""
+def seed_batch(
+    orch: Orchestrator, batch_id: uuid.UUID | str, max_pages: int | None = None, page_size: int | None = None,
+) -> tuple[int, list[Hint]]:
+    """Seed pages (of ``page_size``, default ``batch_page_size``) until done, paused by back-pressure,
+    cancelled, or ``max_pages``. Returns (items, hints)."""
     batch_id = batch_id if isinstance(batch_id, uuid.UUID) else uuid.UUID(str(batch_id))
     seeded, hints, pages = 0, [], 0
     while max_pages is None or pages < max_pages:
-        n, page_hints, more = _seed_page(orch, batch_id)
+        n, page_hints, more = _seed_page(orch, batch_id, page_size or orch.settings.batch_page_size)
         seeded, pages = seeded + n, pages + 1
         hints += page_hints
         if not more:
@@ -83,10 +96,9 @@ def seed_batch(orch: Orchestrator, batch_id: uuid.UUID | str, max_pages: int | N
     return seeded, hints
 
 
-def _seed_page(orch: Orchestrator, batch_id: uuid.UUID) -> tuple[int, list[Hint], bool]:
+def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple[int, list[Hint], bool]:
     """One page in one transaction; ``more`` = another page may be seeded right away."""
-    s = orch.settings
-    page_size, threshold = s.batch_page_size, s.batch_backlog_threshold
+    threshold = orch.settings.batch_backlog_threshold
     with orch.engine.begin() as conn:
         batch = store.batch_txn(conn, batch_id, lock=True)  # one seeder per batch at a time
         if batch is None or batch["status"] != SEEDING:

@@ -31,6 +31,13 @@ class GenerationPolicyConflict(OrchestratorError):
     status = 409
 
 
+class DuplicateImage(OrchestratorError):
+    """Another image of the scope already has exactly these bytes."""
+
+    code = "duplicate_image"
+    status = 409
+
+
 class ContextGenerationInProgress(OrchestratorError):
     """The agent stage is queued or running for this image; edit the context when it is done."""
 

@@ -22,6 +22,8 @@ def agent_options(settings: Settings) -> dict[str, Any]:
         opts = {
             "base_url": settings.agent_base_url, "model": settings.agent_model, "api_key": settings.agent_api_key,
             "timeout_s": settings.agent_timeout_s, "lookup_url": settings.agent_lookup_url,
+            "deadline_s": settings.agent_deadline_s, "max_tokens": settings.agent_max_tokens,
+            "max_response_bytes": settings.agent_max_response_bytes,
         }
     return opts
 

@@ -139,3 +139,98 @@ def test_invalid_uuid_paths_are_404(client, unchanged):
     for path in ["/api/v1/images/123", "/api/v1/jobs/xyz", "/api/v1/tasks/1", "/api/v1/batches/../x"]:
         r = client.get(path)
         assert (r.status_code, r.get_json()["error"]) == (404, "not_found"), path
+
+
+UNSTORABLE = {"nul": "a\x00b", "lone high surrogate": "a\ud800b", "lone low surrogate": "\udfff", "only nul": "\x00"}
+
+
+@pytest.mark.parametrize("kind", list(UNSTORABLE))
+def test_unstorable_text_is_422_invalid_text_everywhere(client, engine, settings, kind):
+    """NUL and lone surrogates (PostgreSQL cannot store them) in every text input: 422 invalid_text,
+    nothing written; the same strings minus the bad character are accepted."""
+    bad = UNSTORABLE[kind]
+    r = upload(client, png_bytes((1, 2, 3)), process=False)
+    image_id = r.get_json()["image"]["id"]
+    before = snapshot(engine, settings.storage_path)
+    with engine.connect() as conn:
+        image_before = conn.execute(text("SELECT revision, display_name, context FROM images")).one()
+
+    if "surrogate" not in kind:  # a multipart field is UTF-8 on the wire: a surrogate cannot travel
+        r = upload(client, png_bytes((4, 5, 6)), display_name=bad)
+        assert (r.status_code, r.get_json()["error"]) == (422, "invalid_text"), r.get_json()
+    patches = [
+        {"display_name": bad},
+        {"context": {"title": bad}},
+        {"context": {"description": f"fine, then {bad}"}},
+        {"context": {"ocr_text": bad}},
+        {"context": {"tags": ["ok", bad]}},
+        {"context": {bad: "value"}},
+        {"display_name": "fine", "context": {"title": "fine", "tags": [bad]}},
+    ]
+    for body in patches:
+        r = client.patch(f"/api/v1/images/{image_id}", json=body)
+        assert (r.status_code, r.get_json()["error"]) == (422, "invalid_text"), (body, r.get_json())
+        assert r.is_json
+    if "surrogate" not in kind:  # a URL is UTF-8 too
+        r = client.get("/api/v1/search/text", query_string={"q": bad})
+        assert (r.status_code, r.get_json()["error"]) == (422, "invalid_text"), r.get_json()
+    r = client.post("/api/v1/batches", json={"image_ids": [bad]})
+    assert r.status_code == 422
+    r = client.post("/api/v1/batches", json={"all": True, "reverse_image_policy": bad})
+    assert r.status_code == 422
+
+    assert snapshot(engine, settings.storage_path) == before
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT revision, display_name, context FROM images")).one() == image_before
+    clean = bad.replace("\x00", "").replace("\ud800", "").replace("\udfff", "") or "x"
+    r = client.patch(f"/api/v1/images/{image_id}", json={"display_name": clean, "context": {"tags": [clean]}})
+    assert r.status_code == 200, r.get_json()
+
+
+def test_search_query_edges(client):
+    """Blank and over-long queries are 422; 1 character, emoji-only and mixed scripts are 200."""
+    from app.api.schemas import MAX_QUERY_CHARS
+
+    upload(client, png_bytes((9, 9, 9)))
+    for q in ["", " ", "\t\n ", "　", "x" * (MAX_QUERY_CHARS + 1)]:
+        r = client.get("/api/v1/search/text", query_string={"q": q})
+        assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (q, r.get_json())
+    for q in ["a", "猫", "😂", "😂🔥💯", "🤣" * 100, "deploy 周五 on Friday 😱", "x" * MAX_QUERY_CHARS, "% _ \\ ' \"",
+              "a & b | !c", "'; DROP TABLE images; --", "ʕ•ᴥ•ʔ", "١٢٣ مرحبا", "\u200b", "e\u0301"]:
+        for mode in ("hybrid", "semantic", "lexical"):
+            r = client.get("/api/v1/search/text", query_string={"q": q, "mode": mode})
+            assert r.status_code == 200, (q, mode, r.get_json())
+            assert isinstance(r.get_json()["items"], list)
+    # raw bytes that are not UTF-8 in the query string: replaced, not a 5xx
+    r = client.get("/api/v1/search/text?q=%ED%A0%80%FF")
+    assert r.status_code in (200, 422), r.get_json()
+
+
+def test_replacing_content_with_another_images_bytes_is_409(client, engine, settings, store):
+    """Found by the fuzzer: the scope's unique (scope, sha256) made this a 500. Now 409
+    duplicate_image, the image, its job and the files unchanged."""
+    a = upload(client, png_bytes((1, 1, 1))).get_json()
+    b_bytes = png_bytes((2, 2, 2))
+    upload(client, b_bytes)
+    before = snapshot(engine, settings.storage_path)
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT sha256, revision FROM images WHERE id = :i"), {"i": a["image"]["id"]}).one()
+    r = client.put(f"/api/v1/images/{a['image']['id']}/content",
+                   data={"file": (io.BytesIO(b_bytes), "b.png")}, content_type="multipart/form-data")
+    assert (r.status_code, r.get_json()["error"]) == (409, "duplicate_image"), r.get_json()
+    assert snapshot(engine, settings.storage_path) == before
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT sha256, revision FROM images WHERE id = :i"),
+                            {"i": a["image"]["id"]}).one() == row
+    assert client.get(f"/api/v1/jobs/{a['job']['id']}").get_json()["status"] == a["job"]["status"]
+
+
+def test_deeply_nested_json_is_400(client, unchanged):
+    """json.loads raises RecursionError (not ValueError) on deep nesting: a 400, not a 500."""
+    deep = ["[" * 100_000, '{"a":' * 100_000, "[" * 100_000 + "]" * 100_000]
+    some = uuid.uuid4()
+    for method, path in [("post", "/api/v1/batches"), ("post", "/api/v1/search/visual"),
+                         ("patch", f"/api/v1/images/{some}"), ("post", f"/api/v1/images/{some}/process")]:
+        for body in deep:
+            r = getattr(client, method)(path, data=body, content_type="application/json")
+            assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())

@@ -55,3 +55,64 @@ def test_batch_over_ids_cancel_and_validation(token_app, tokens):
                  {"all": True, "reverse_image_policy": "sometimes"}):
         r = c.post("/api/v1/batches", json=body, headers=A)
         assert r.status_code == 422, (body, r.get_json())
+
+
+def _statements(engine, fn):
+    """Run ``fn`` and count the SQL statements it sent through ``engine``."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, *args):
+        seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        result = fn()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return result, len(seen)
+
+
+def test_batch_of_many_ids_is_set_based_deduplicated_and_bounded(client, engine, orch):
+    """The snapshot costs the same statements for 20 ids or 4,000 (no query per id); duplicates
+    count once; over MAX_IMAGE_IDS is a 422 before anything is written."""
+    import uuid
+
+    from sqlalchemy import text
+
+    from app.api.schemas import MAX_IMAGE_IDS
+    from app.orchestrator.batches import REQUEST_PAGE
+
+    orch.ensure_scope("local")
+    fill = text(
+        "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key)"
+        " SELECT gen_random_uuid(), 'local', md5(:salt || g::text) || md5(:salt || g::text), '.png', 'image/png',"
+        " 1, 1, 1, 'k/' || :salt || g FROM generate_series(1, :n) g RETURNING id"
+    )
+    costs = {}
+    for n in (20, 4000):
+        with engine.begin() as conn:
+            ids = [str(i) for i in conn.execute(fill, {"n": n, "salt": f"s{n}-"}).scalars()]
+        body = {"image_ids": ids + ids[:10]}  # ten duplicates
+        r, costs[n] = _statements(engine, lambda body=body: client.post("/api/v1/batches", json=body))
+        assert r.status_code == 202, r.get_json()
+        assert r.get_json()["batch"]["total"] == n
+        with engine.connect() as conn:
+            seeded = conn.execute(text("SELECT count(*) FROM batch_items WHERE batch_id = :b"),
+                                  {"b": r.get_json()["batch"]["id"]}).scalar_one()
+        assert seeded == REQUEST_PAGE  # a first page in the request; the sweep seeds the rest
+    assert costs[4000] == costs[20], costs
+
+    with engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*) FROM batches")).scalar_one()
+    missing = [str(uuid.uuid4()) for _ in range(3000)]
+    r, cost = _statements(engine, lambda: client.post("/api/v1/batches", json={"image_ids": missing}))
+    assert (r.status_code, r.get_json()["error"]) == (404, "not_found")
+    assert cost < 10, cost
+    too_many = [str(uuid.uuid4()) for _ in range(MAX_IMAGE_IDS + 1)]
+    r = client.post("/api/v1/batches", json={"image_ids": too_many})
+    assert (r.status_code, r.get_json()["error"]) == (422, "validation_error")
+    assert str(MAX_IMAGE_IDS) in r.get_json()["message"]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM batches")).scalar_one() == before

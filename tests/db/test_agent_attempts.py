@@ -10,6 +10,7 @@ from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.errors import RetryableError
 from app.worker import executor
 from app.worker.run import run_task
+from tests.conftest import poll_until
 from tests.support.agents import BlindAgent, Clock, CountingAgent, CountingPolicy, providers_with, rows, step
 from tests.support.pipeline import png_bytes, store_and_ingest
 
@@ -149,3 +150,38 @@ def test_only_a_provably_unsent_paid_call_is_retried_automatically(engine, setti
         assert job["status"] == "unknown_execution" and job["error"]["code"] == "agent_unreachable"
         assert agent.calls["describe"] == 1
         assert rows(engine, "SELECT state FROM operation_grants") == [("unknown",)]
+
+
+@pytest.mark.parametrize("mode,status", [("badrequest", "failed"), ("servererror", "unknown_execution")])
+def test_provider_error_bodies_never_reach_the_tenant(engine, settings, mode, status):
+    """A provider's error body (masked key, internal host) and the endpoint's host name stay in the
+    log: the task, its attempt, the job and its stage store a stable code and a generic message."""
+    from app.worker.providers import Providers
+    from tests.support.pipeline import Workers
+    from tests.unit.stages.test_openai_compatible import PROVIDER_SECRET, FakeServer
+
+    fake = FakeServer()
+    fake.thread.start()
+    try:
+        settings = settings.replace(agent_provider="openai-compatible", agent_base_url=f"{fake.url}/{mode}/v1",
+                                    agent_model="test-vlm", agent_api_key="sk-live-123456", agent_timeout_s=5)
+        orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+        res = store_and_ingest(orch, "local", png_bytes(3))
+        pub.publish(res.hints)
+        with Workers(orch, pub, n=1, providers=Providers(settings)):
+            job = poll_until(lambda: (j := orch.get_job("local", res.job["id"]))["status"] == status and j,
+                             timeout=60, interval=0.05, what=f"job {status}")
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+    stored = rows(engine, """
+        SELECT t.error::text || a.error::text || js.error::text || j.error::text
+        FROM tasks t JOIN task_attempts a ON a.task_id = t.id
+        JOIN job_stages js ON js.task_id = t.id JOIN processing_jobs j ON j.id = t.job_id
+        WHERE t.stage = 'agent'""")
+    assert len(stored) == 1
+    host, port = fake.url.removeprefix("http://").split(":")
+    for leak in (PROVIDER_SECRET, "sk-", "internal.corp", host, port):
+        assert leak not in stored[0][0], (leak, stored[0][0])
+    assert job["error"]["code"].startswith("agent_") or job["error"]["code"] == "unknown_execution", job["error"]
+    assert host not in job["error"]["message"]

@@ -61,6 +61,7 @@ def test_api_runs_gunicorn_on_the_wsgi_app(services):
     cmd = services["api"]["command"]
     assert cmd[0] == "gunicorn" and "app.api.wsgi:app" in cmd
     assert any(arg.startswith("--bind=0.0.0.0:5000") for arg in cmd)
+    assert "--worker-class=app.api.server.JsonErrorWorker" in cmd  # gunicorn's own errors are JSON too
     assert "/healthz" in " ".join(services["api"]["healthcheck"]["test"])
     assert any(p.endswith(":5000") for p in services["api"]["ports"])
 
@@ -149,7 +150,11 @@ def test_api_gunicorn_resists_slow_clients_and_parses(services):
             cfg.set(name, value)
     assert parsed.args == ["app.api.wsgi:app"]
     assert "--config=python:app.api.gunicorn_conf" in args
-    assert cfg.worker_class_str == "gthread" and cfg.threads >= 8
+    from gunicorn.workers.gthread import ThreadWorker
+
+    # gthread, with gunicorn's own error responses in JSON (app/api/server.py)
+    assert cfg.worker_class_str == "app.api.server.JsonErrorWorker" and cfg.threads >= 8
+    assert issubclass(cfg.worker_class, ThreadWorker)
     assert cfg.timeout <= 120 and cfg.graceful_timeout <= 30 and 0 < cfg.keepalive <= 10
     assert cfg.limit_request_line <= 8190 and cfg.limit_request_fields <= 100
 

@@ -42,10 +42,18 @@ def count_images_until_txn(conn: Connection, scope_id: str, until: datetime) -> 
     ).scalar_one()
 
 
-def existing_ids_txn(conn: Connection, scope_id: str, ids: list[uuid.UUID]) -> set[uuid.UUID]:
-    return set(
-        conn.execute(sql("SELECT id FROM images WHERE scope_id = :s AND id = ANY(:ids)"),
-                     {"s": scope_id, "ids": ids}).scalars()
+def missing_ids_txn(conn: Connection, scope_id: str, ids: list[uuid.UUID], limit: int) -> list[uuid.UUID]:
+    """Up to ``limit`` of ``ids`` with no image in the scope: one statement over the whole list
+    (an anti-join of the unnested array against the images' primary key), whatever its length."""
+    return list(
+        conn.execute(
+            sql(
+                "SELECT r.id FROM unnest(CAST(:ids AS uuid[])) WITH ORDINALITY AS r(id, n)"
+                " WHERE NOT EXISTS (SELECT 1 FROM images i WHERE i.id = r.id AND i.scope_id = :s)"
+                " ORDER BY r.n LIMIT :limit"
+            ),
+            {"s": scope_id, "ids": ids, "limit": limit},
+        ).scalars()
     )
 
 

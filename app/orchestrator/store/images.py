@@ -8,7 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import IntegrityError
 
+from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
 from app.search.lexical import image_terms
@@ -128,6 +130,19 @@ def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str,
     """New bytes for an image: the context no longer describes them (status back to pending), and
     lexical search keeps only the display name — unless a human wrote the context (``edited``)."""
     name = conn.execute(sql("SELECT display_name FROM images WHERE id = :id"), {"id": image_id}).scalar()
+    try:
+        return _replace_content_row_txn(conn, image_id, values, now, name)
+    except IntegrityError as exc:
+        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == "uq_images_scope_id_sha256":
+            raise DuplicateImage(
+                "another image of this scope already has these bytes", image_id=str(image_id)
+            ) from None
+        raise
+
+
+def _replace_content_row_txn(
+    conn: Connection, image_id: uuid.UUID, values: dict[str, Any], now: datetime, name: str | None
+) -> RowMapping:
     return (
         conn.execute(
             sql(

@@ -8,6 +8,15 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 * other HTTP 4xx                   -> PermanentError(agent_request_rejected)
 * read timeout / lost after send   -> OutcomeUnknownError(agent_outcome_unknown)
 * 200 but not the JSON context     -> PermanentError(agent_bad_output)
+* answer body over the size cap     -> PermanentError(agent_response_too_large)
+* total deadline passed after send  -> OutcomeUnknownError(agent_deadline_exceeded)
+
+Hostile or broken providers are bounded: the request asks for at most ``max_tokens``; the answer
+is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, headers, body —
+has one ``deadline_s`` (each socket read waits at most what is left of it, so a slow drip cannot
+stretch it); the Markdown fence around the JSON is stripped in linear time. The messages these
+errors carry are stored on tasks and shown to tenants, so they are generic: status codes and our
+own limits only. Provider bodies, URLs and host names go to the log.
 """
 
 from __future__ import annotations
@@ -15,7 +24,10 @@ from __future__ import annotations
 import base64
 import io
 import json
-import re
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -24,13 +36,15 @@ from urllib3.exceptions import NewConnectionError
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.records import check_attempt_id
 from app.stages.base import AgentResult, LookupResult, check_reverse_image_policy
-from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError
+from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError, StageError
 from app.stages.images import DecodedImage
 
 VERSION = "openai-compatible-v1"
 _MAX_LEN = {"title": 200, "description": 4000, "ocr_text": 20000}
 _MAX_TAGS, _MAX_TAG_LEN = 30, 64
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_FENCE = "```"
+READ_CHUNK = 64 * 1024
+log = logging.getLogger(__name__)
 
 PROMPT = (
     "You describe images for a searchable meme library. Reply with one JSON object and nothing "
@@ -49,15 +63,24 @@ POLICY_PROMPTS = {
 }
 
 
+def unfence(text: str) -> str:
+    """The JSON inside one Markdown code fence around the whole answer (```json … ```), else
+    ``text`` itself. Linear time: prefix and suffix checks and one strip, no backtracking."""
+    text = text.strip()
+    if len(text) < 2 * len(_FENCE) or not (text.startswith(_FENCE) and text.endswith(_FENCE)):
+        return text
+    inner = text[len(_FENCE):-len(_FENCE)]
+    if inner[:4].lower() == "json":
+        inner = inner[4:]
+    return inner.strip()
+
+
 def parse_context(content: str) -> dict[str, Any]:
     """Validate the model's JSON into title/description/ocr_text/tags (extra keys dropped)."""
-    text = content.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1)
+    text = unfence(content)
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, ValueError) as exc:
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise PermanentError(f"agent answer is not JSON: {exc}", code="agent_bad_output") from exc
     if not isinstance(data, dict):
         raise PermanentError("agent answer is not a JSON object", code="agent_bad_output")
@@ -109,6 +132,22 @@ def _sent_nothing(exc: requests.ConnectionError) -> bool:
     return isinstance(reason, NewConnectionError)  # NameResolutionError is a subclass
 
 
+class _DeadlineExceeded(Exception):
+    """The call's total deadline passed while the answer was still arriving."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A provider's HTTP answer, read in full within the size cap and the deadline."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def text(self, limit: int = 500) -> str:
+        return self.body[:limit].decode("utf-8", "replace")
+
+
 class OpenAICompatibleAgent:
     """Calls ``{base_url}/chat/completions`` (image as data URL), parses the JSON."""
 
@@ -122,6 +161,9 @@ class OpenAICompatibleAgent:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 5.0,
+        deadline_s: float | None = None,
+        max_tokens: int = 1024,
+        max_response_bytes: int = 1024 * 1024,
         lookup_url: str | None = None,
         max_image_side: int = 1024,
         json_response_format: bool = False,
@@ -131,17 +173,27 @@ class OpenAICompatibleAgent:
             raise ValueError("openai-compatible agent needs base_url and model")
         if lookup_url and "{attempt_id}" not in lookup_url:
             raise ValueError("lookup_url must contain the placeholder {attempt_id}")
+        if int(max_tokens) < 1 or int(max_response_bytes) < 1:
+            raise ValueError("max_tokens and max_response_bytes must be positive")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key = api_key
         self.timeout = (float(connect_timeout_s), float(timeout_s))
+        # One budget for the whole call; by default the read timeout plus the connect timeout.
+        self.deadline_s = float(deadline_s) if deadline_s else float(connect_timeout_s) + float(timeout_s)
+        self.max_tokens = int(max_tokens)
+        self.max_response_bytes = int(max_response_bytes)
         self.lookup_url = lookup_url
         self.max_image_side = int(max_image_side)
         self.json_response_format = bool(json_response_format)
         self.session = requests.Session()
 
     def config(self) -> dict[str, Any]:
-        """What determines the answer: endpoint, model, prompt version, image preprocessing."""
+        """What determines the answer: endpoint, model, prompt version, image preprocessing.
+
+        ``max_tokens`` and the size/time limits are not in it: an answer they cut short fails
+        (``agent_bad_output``, ``agent_response_too_large``, ...) instead of becoming another answer.
+        """
         return {
             "provider": self.name,
             "model": self.model,
@@ -170,6 +222,7 @@ class OpenAICompatibleAgent:
         body: dict[str, Any] = {
             "model": self.model,
             "temperature": 0,
+            "max_tokens": self.max_tokens,
             "messages": [
                 {"role": "system", "content": PROMPT + " " + POLICY_PROMPTS[reverse_image_policy]},
                 {
@@ -185,6 +238,42 @@ class OpenAICompatibleAgent:
             body["response_format"] = {"type": "json_object"}
         return body
 
+    def _exchange(self, method: str, url: str, deadline: float, **kwargs: Any) -> _Answer:
+        """One HTTP exchange, streamed: the body is read in chunks, each socket read waiting at
+        most what is left before ``deadline``, and cut at ``max_response_bytes``."""
+        remaining = deadline - time.monotonic()
+        response = self.session.request(
+            method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
+            stream=True, **kwargs,
+        )
+        with response:
+            conn = getattr(response.raw, "connection", None)
+            sock = getattr(conn, "sock", None)
+            chunks, size = [], 0
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _DeadlineExceeded
+                if sock is not None:
+                    sock.settimeout(min(remaining, self.timeout[1]))
+                try:
+                    chunk = response.raw.read1(READ_CHUNK, decode_content=True)
+                except Exception:
+                    if deadline - time.monotonic() <= 0:
+                        raise _DeadlineExceeded from None
+                    raise
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    log.warning("agent answer from %s exceeds %d bytes; cut", url, self.max_response_bytes)
+                    raise PermanentError(
+                        f"the agent's answer exceeds the limit of {self.max_response_bytes} bytes",
+                        code="agent_response_too_large",
+                    )
+                chunks.append(chunk)
+            return _Answer(response.status_code, response.headers, b"".join(chunks))
+
     def describe(
         self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str
     ) -> AgentResult:
@@ -192,52 +281,66 @@ class OpenAICompatibleAgent:
         check_attempt_id(attempt_id)
         check_reverse_image_policy(reverse_image_policy)
         body = self.request_body(image, reverse_image_policy)
+        url = f"{self.base_url}/chat/completions"
+        deadline = time.monotonic() + self.deadline_s
         try:
-            response = self.session.post(
-                f"{self.base_url}/chat/completions",
-                json=body,
-                headers=self._headers(attempt_id),
-                timeout=self.timeout,
-            )
+            answer = self._exchange("POST", url, deadline, json=body, headers=self._headers(attempt_id))
+        except StageError:
+            raise
+        except _DeadlineExceeded:
+            log.warning("agent call to %s passed its deadline of %s s", url, self.deadline_s)
+            raise OutcomeUnknownError(
+                f"the agent call was sent but did not finish within {self.deadline_s:g} s; its outcome is unknown",
+                code="agent_deadline_exceeded",
+            ) from None
         except requests.ConnectionError as exc:  # includes ConnectTimeout
             if _sent_nothing(exc):
+                log.warning("agent unreachable at %s: %s", url, exc)
                 raise RetryableError(
-                    f"agent unreachable: {exc}", code="agent_unreachable", not_executed=True
-                ) from exc
-            raise OutcomeUnknownError(f"connection lost after sending: {exc}") from exc
+                    "the agent endpoint could not be reached; nothing was sent",
+                    code="agent_unreachable", not_executed=True,
+                ) from None
+            log.warning("agent connection to %s lost after sending: %s", url, exc)
+            raise OutcomeUnknownError("the connection to the agent was lost after sending; the outcome is unknown") \
+                from None
         except requests.Timeout as exc:  # read timeout: the request was sent
-            raise OutcomeUnknownError(f"no answer within {self.timeout[1]} s: {exc}") from exc
-        except requests.RequestException as exc:
-            raise OutcomeUnknownError(f"request failed: {exc}") from exc
-        return self._result(response, image)
+            log.warning("agent at %s gave no answer in time: %s", url, exc)
+            raise OutcomeUnknownError(
+                f"the agent sent no answer within {self.timeout[1]:g} s; the outcome is unknown"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - any other transport failure after the call may have gone out
+            log.warning("agent request to %s failed: %r", url, exc)
+            raise OutcomeUnknownError("the agent request failed after it may have been sent; the outcome is unknown") \
+                from None
+        return self._result(answer, image, url)
 
-    def _result(self, response: requests.Response, image: DecodedImage | None) -> AgentResult:
-        status = response.status_code
+    def _result(self, answer: _Answer, image: DecodedImage | None, url: str) -> AgentResult:
+        status = answer.status
+        if not 200 <= status < 300:
+            log.warning("agent at %s answered HTTP %d: %s", url, status, answer.text())
         if status == 429:
             raise RetryableError(
-                "agent rate limited (HTTP 429)",
+                "the agent provider rate-limited the call (HTTP 429)",
                 code="agent_rate_limited",
                 not_executed=True,
-                retry_after_s=_retry_after(response),
+                retry_after_s=_retry_after(answer.headers),
             )
         if status >= 500:
             raise RetryableError(
-                f"agent server error (HTTP {status})", code="agent_server_error", not_executed=False
+                f"the agent provider failed (HTTP {status})", code="agent_server_error", not_executed=False
             )
         if not 200 <= status < 300:
             raise PermanentError(
-                f"agent rejected the request (HTTP {status}): {response.text[:200]}",
-                code="agent_request_rejected",
+                f"the agent provider rejected the request (HTTP {status})", code="agent_request_rejected",
             )
         try:
-            payload = response.json()
-        except ValueError as exc:
-            raise PermanentError(
-                "agent response body is not JSON", code="agent_bad_output"
-            ) from exc
+            payload = json.loads(answer.body)
+        except (ValueError, RecursionError) as exc:
+            log.warning("agent at %s answered a body that is not JSON: %s", url, answer.text(200))
+            raise PermanentError("the agent's response body is not JSON", code="agent_bad_output") from exc
         context, model, completion_id = parse_completion(payload)
         context["facts"] = visual_facts(image) if image is not None else {}
-        request_id = response.headers.get("x-request-id") or completion_id
+        request_id = answer.headers.get("x-request-id") or completion_id
         return AgentResult(context=context, model=model or self.model, request_id=request_id)
 
     def lookup(self, attempt_id: str, *, image: DecodedImage | None = None) -> LookupResult:
@@ -249,26 +352,25 @@ class OpenAICompatibleAgent:
         check_attempt_id(attempt_id)
         if not self.lookup_url:
             return LookupResult(status="unknown")
+        url = self.lookup_url.format(attempt_id=attempt_id)
         try:
-            response = self.session.get(
-                self.lookup_url.format(attempt_id=attempt_id),
-                headers=self._headers(attempt_id),
-                timeout=self.timeout,
-            )
-        except requests.RequestException:
+            answer = self._exchange("GET", url, time.monotonic() + self.deadline_s, headers=self._headers(attempt_id))
+        except Exception as exc:  # noqa: BLE001 - no readable answer proves nothing either way
+            log.warning("agent lookup at %s failed: %r", url, exc)
             return LookupResult(status="unknown")
-        if response.status_code == 404:
+        if answer.status == 404:
             return LookupResult(status="not_received")
-        if response.status_code != 200:
+        if answer.status != 200:
+            log.warning("agent lookup at %s answered HTTP %d: %s", url, answer.status, answer.text())
             return LookupResult(status="unknown")
         try:
-            return LookupResult(status="complete", result=self._result(response, image))
+            return LookupResult(status="complete", result=self._result(answer, image, url))
         except PermanentError:
             return LookupResult(status="unknown")  # a 200 we cannot read proves nothing
 
 
-def _retry_after(response: requests.Response) -> float | None:
-    value = response.headers.get("Retry-After")
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
     try:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from PIL import Image
 
-from app.stages.agent.openai_compatible import OpenAICompatibleAgent
+from app.stages.agent.openai_compatible import OpenAICompatibleAgent, parse_context, unfence
 from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError
 
 from .helpers import decoded
@@ -22,6 +24,12 @@ GOOD_CONTEXT = {
     "ocr_text": "MONDAY AGAIN",
     "tags": ["Cat", "monday", "cat"],
 }
+
+
+# What a provider might put in an error body: a masked key and an internal host name. It must
+# reach the log only, never a task's error (which tenants see).
+PROVIDER_SECRET = "Incorrect API key provided: sk-ab***yz; upstream llm-gw-7.internal.corp:8443 failed"
+GZIP_BOMB = gzip.compress(b" " * (16 * 1024 * 1024), compresslevel=9)
 
 
 def completion(content: str) -> dict:
@@ -38,6 +46,7 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self.huge_bytes_sent = 0
         self.release = threading.Event()
         fake = self
 
@@ -55,6 +64,31 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
+            def _drip(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(10**6))
+                self.end_headers()
+                try:
+                    for _ in range(400):  # 20 s at most: far past any deadline the tests set
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        if fake.release.wait(0.05):
+                            return
+                except OSError:
+                    pass  # the client gave up: the point of the test
+
+            def _endless(self, chunk: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                try:
+                    for _ in range(16 * 1024):  # 1 GiB at most
+                        self.wfile.write(chunk)
+                        fake.huge_bytes_sent += len(chunk)
+                except OSError:
+                    pass
+
             def do_POST(self):
                 length = int(self.headers["Content-Length"])
                 body = json.loads(self.rfile.read(length))
@@ -71,9 +105,17 @@ class FakeServer:
                 elif mode == "ratelimited":
                     self._send(429, {"error": "slow down"}, {"Retry-After": "7"})
                 elif mode == "servererror":
-                    self._send(500, {"error": "boom"})
+                    self._send(500, {"error": PROVIDER_SECRET})
                 elif mode == "badrequest":
-                    self._send(400, {"error": "bad image"})
+                    self._send(400, {"error": {"message": PROVIDER_SECRET}})
+                elif mode == "notjson":
+                    self._send(200, f"<html>{PROVIDER_SECRET}</html>".encode())
+                elif mode == "drip":  # a valid start, then one byte every 50 ms: no single read waits long
+                    self._drip()
+                elif mode == "huge":  # an endless answer, in 64 KiB writes, until the client hangs up
+                    self._endless(b" " * 65536)
+                elif mode == "gzipbomb":  # 16 MiB of spaces in ~16 KiB of gzip
+                    self._send(200, GZIP_BOMB, {"Content-Encoding": "gzip"})
                 elif mode == "slow":
                     fake.release.wait(10)  # released at teardown; the client gives up first
                     self._send(200, completion(json.dumps(GOOD_CONTEXT)))
@@ -221,3 +263,83 @@ def test_lookup_complete_not_received_and_unknown(server, image):
 def test_lookup_url_must_have_placeholder(server):
     with pytest.raises(ValueError):
         server.agent("good", lookup_url=f"{server.url}/lookup")
+
+
+def test_max_tokens_is_sent(server, image):
+    _describe(server.agent("good", max_tokens=321), image)
+    assert server.requests[-1]["body"]["max_tokens"] == 321
+    _describe(server.agent("good"), image)
+    assert server.requests[-1]["body"]["max_tokens"] == 1024
+
+
+def test_slow_drip_hits_the_total_deadline(server, image):
+    """Each byte arrives well within the read timeout; only a total deadline stops the call."""
+    agent = server.agent("drip", timeout_s=5, deadline_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknownError) as info:
+        _describe(agent, image)
+    elapsed = time.monotonic() - started
+    assert info.value.code == "agent_deadline_exceeded"
+    assert elapsed < 1.0 + 4.0, elapsed  # generous: the drip alone would run 20 s
+
+
+@pytest.mark.parametrize("mode", ["huge", "gzipbomb"])
+def test_huge_answer_is_cut_at_the_size_cap(server, image, mode):
+    agent = server.agent(mode, max_response_bytes=256 * 1024)
+    with pytest.raises(PermanentError) as info:
+        _describe(agent, image)
+    assert info.value.code == "agent_response_too_large"
+    assert "262144" in info.value.message
+
+
+def test_fence_parse_is_linear_on_pathological_answers():
+    """The old ``^```(?:json)?\\s*(.*?)\\s*```$`` regex took 7 s on 2,000 spaces (O(n^3)); these are
+    500x longer. A generous bound, not a tight timing: linear parsing takes milliseconds."""
+    n = 1_000_000
+    payload = json.dumps(GOOD_CONTEXT)
+    cases = [
+        "```" + " " * n + "x",  # opening fence, spaces, no closing fence
+        "```json" + " " * n + payload + " " * n + "`",
+        "```" + "\n" * n + "``",
+        "```" + " \t" * n + "```" + " " * n + "```",
+        "`" * n,
+    ]
+    started = time.monotonic()
+    for text in cases:
+        with pytest.raises(PermanentError):
+            parse_context(text)
+    assert time.monotonic() - started < 5.0
+    assert unfence("```json\n" + payload + "\n```") == payload
+    assert unfence("```JSON " + payload + "```") == payload
+    assert unfence("```\n" + payload + "\n```") == payload
+    assert unfence("  " + payload + "\n") == payload
+    assert unfence("```") == "```"
+    assert parse_context("```json\n" + " " * n + payload + " " * n + "\n```")["title"] == "Sleepy cat"
+
+
+@pytest.mark.parametrize("mode,options", [
+    ("badrequest", {}), ("servererror", {}), ("ratelimited", {}), ("notjson", {}), ("malformed", {}),
+    ("slow", {"timeout_s": 0.3}), ("drip", {"deadline_s": 0.5}), ("huge", {"max_response_bytes": 1000}),
+])
+def test_error_messages_carry_no_provider_body_or_host(server, image, mode, options, caplog):
+    """The message is what the orchestrator stores on the task and shows the tenant."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level("WARNING", logger="app.stages.agent.openai_compatible"):
+        with pytest.raises((PermanentError, RetryableError, OutcomeUnknownError)) as info:
+            _describe(server.agent(mode, api_key="sk-live-123456", **options), image)
+    message = info.value.message
+    assert info.value.code.startswith("agent_")
+    for leak in (PROVIDER_SECRET, "sk-", "internal.corp", host, port, "/v1", mode):
+        assert leak not in message, (leak, message)
+    if mode in ("badrequest", "servererror", "notjson"):
+        assert "llm-gw-7.internal.corp" in caplog.text  # the operator still sees it
+
+
+def test_unreachable_message_carries_no_host(image):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    agent = OpenAICompatibleAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2)
+    with pytest.raises(RetryableError) as info:
+        _describe(agent, image)
+    assert "127.0.0.1" not in info.value.message and str(port) not in info.value.message
