@@ -304,7 +304,7 @@ class TextSearchArgsSchema(Schema):
     limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
     mode = fields.String(load_default="hybrid", validate=validate.OneOf(["hybrid", "semantic", "lexical"]),
                          metadata={"description": "hybrid (default): semantic + lexical; or one signal alone"})
-    model = fields.String(load_default=None, validate=validate.Length(min=1, max=200),
+    model = Text(load_default=None, validate=validate.Length(min=1, max=200),
                           metadata={"description": "semantic signal from this one model of the configured "
                                                    "text provider (see `models` in the response)"})
 
