@@ -68,7 +68,7 @@ _EN: tuple[tuple[str, str, str], ...] = (
     ("When the teacher says / pick a partner", "pick a partner", "group work in class and I have no friends"),
     ("Dad jokes / loading", "dad jokes", "father about to tell a corny pun"),
     ("Grandma: / you look hungry", "you look hungry", "grandmother keeps feeding me too much"),
-    ("Writing code at 2 am / naming variables x and xx", "naming variables", "terrible identifier names when programming late at night"),
+    ("Writing code at 2 am / naming variables x and xx", "naming variables", "awful identifier names when coding late at night"),
     ("Stack Overflow / copy paste engineer", "copy paste engineer", "developer who copies answers from a forum"),
     ("Zoom call: / you're on mute", "on mute", "colleague talking with their microphone switched off"),
     ("Tabs vs spaces / the eternal war", "tabs vs spaces", "programmers arguing forever about indentation"),
