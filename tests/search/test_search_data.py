@@ -28,3 +28,16 @@ def test_same_bytes_every_run(tmp_path) -> None:
     assert digest(a.images.values()) == digest(b.images.values())
     assert digest(a.twins.values()) == digest(b.twins.values()) and len(a.twins) == 1
     assert a.manifest.read_bytes() == b.manifest.read_bytes()
+
+
+def test_the_gate_check_fails_a_broken_search() -> None:
+    from bench.search_quality import evaluate, gate_failures
+
+    chosen = search_data.memes(subset=True)
+    image_ids = {m.id: f"img-{m.id}" for m in chosen}
+    by_text = {q: image_ids[m.id] for m in chosen for q in (m.exact, m.paraphrase)}
+    right = evaluate(lambda q: [by_text[q]], chosen, image_ids).table()
+    wrong = evaluate(lambda q: sorted(set(image_ids.values()) - {by_text[q]})[:10], chosen, image_ids).table()
+    thresholds = {cell: 0.5 for cell in right}
+    assert gate_failures(right, thresholds) == []
+    assert len(gate_failures(wrong, thresholds)) == len(thresholds)
