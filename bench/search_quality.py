@@ -18,7 +18,7 @@ language × query type for:
 plus look-alike twins (r@1 of ``POST /search/visual`` with the twin's bytes), OCR word accuracy
 against the known captions (with the worst outputs) and ``/search/text`` latency per mode.
 
-    python bench/search_quality.py [--subset] [--keep-var] [--json out.json] [--timeout 1800]
+    python bench/search_quality.py [--subset] [--keep-var] [--json out.json] [--timeout 1800] [--scale N]
 """
 
 from __future__ import annotations
@@ -136,29 +136,36 @@ def bm25_search(docs: dict[str, str]) -> Search:
     return search
 
 
-def cosine_search(provider: Any, docs: dict[str, str]) -> Search:
-    """Cosine ranking of ``docs`` embedded by ``provider`` (``embed_query`` for queries if it has one)."""
+def cosine_search(provider: Any, docs: dict[str, str], queries: Sequence[str] = ()) -> Search:
+    """Cosine ranking of ``docs`` embedded by ``provider`` (``embed_query`` for queries if it has one);
+    ``queries`` known in advance are embedded in one batch."""
     import numpy as np
 
+    def unit(rows: Any) -> Any:
+        m = np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
+        return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+
     ids = list(docs)
-    matrix = np.asarray(provider.embed([docs[i] for i in ids]), dtype=np.float32)
-    matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
-    embed_query = getattr(provider, "embed_query", None)
+    matrix = unit(provider.embed([docs[i] for i in ids]))
+    embed_query = getattr(provider, "embed_query", None) or provider.embed
+    distinct = list(dict.fromkeys(queries))
+    cache = dict(zip(distinct, unit(embed_query(distinct)), strict=True)) if distinct else {}
 
     def search(query: str) -> list[str]:
-        vec = np.asarray((embed_query or provider.embed)([query])[0], dtype=np.float32)
-        scores = matrix @ (vec / max(float(np.linalg.norm(vec)), 1e-12))
+        vec = cache[query] if query in cache else unit(embed_query([query]))[0]
+        scores = matrix @ vec
         return [ids[k] for k in np.argsort(-scores, kind="stable")[:LIMIT]]
 
     return search
 
 
-def text_providers() -> dict[str, Any]:
-    """The text providers available here (MiniLM always; multilingual-e5-small when registered)."""
+def text_providers(extra: Sequence[str] = ()) -> dict[str, Any]:
+    """The text providers available here (MiniLM always; multilingual-e5-small when registered;
+    any ``extra`` registry names, e.g. ``package.module:Class``)."""
     from app.stages.registry import get_text_provider
 
     out: dict[str, Any] = {}
-    for name in ("all-MiniLM-L6-v2", "multilingual-e5-small"):
+    for name in dict.fromkeys(("all-MiniLM-L6-v2", "multilingual-e5-small", *extra)):
         try:
             out[name] = get_text_provider(name)
         except (ValueError, ImportError) as exc:
@@ -315,6 +322,79 @@ def stored_texts(engine, image_ids: list[str]) -> tuple[dict[str, str], dict[str
     return {r[0]: r[1] for r in docs}, {r[0]: r[1] for r in ocr}
 
 
+# ---------------------------------------------------------------------------- --scale
+_SCALE_WORDS = ("when", "me", "monday", "cat", "dog", "code", "work", "boss", "pizza", "coffee", "weekend",
+                "friday", "bug", "deploy", "school", "money", "the", "my", "again", "today")
+_SCALE_ZH = ("我", "今天", "上班", "老板", "猫", "狗", "加班", "周末", "红包", "奶茶", "考试", "工资")
+
+
+def insert_synthetic(engine, scope_key: str, n: int, seed: int = 7) -> int:
+    """Bulk-insert ``n`` synthetic images into the scope with ready contexts (OCR text drawn from
+    common meme words, so lexical matching has work to do) and, for every text model the scope
+    already has, a current text embedding with a random unit vector. Returns rows inserted.
+
+    Only ``images`` and ``text_embeddings`` are written: a lexical index kept in another table
+    must be filled the way it is kept (the lead's design), or its latency here is not at scale.
+    """
+    import random
+
+    from sqlalchemy import text
+
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        if i % 3 == 2:
+            texts.append("".join(rng.choice(_SCALE_ZH) for _ in range(rng.randint(3, 8))))
+        else:
+            texts.append(" ".join(rng.choice(_SCALE_WORDS) for _ in range(rng.randint(3, 9))))
+    with engine.begin() as conn:
+        scope_id = conn.execute(text("SELECT scope_id FROM images LIMIT 1")).scalar_one()
+        models = conn.execute(text(
+            "SELECT DISTINCT model, dims, document_version FROM text_embeddings WHERE scope_id = :s"),
+            {"s": scope_id}).all()
+        conn.execute(text("""
+            INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,
+                                storage_key, display_name, context, context_status, metadata_hash)
+            SELECT gen_random_uuid(), :s, md5('syn-a' || g.i) || md5('syn-b' || g.i), '.png', 'image/png', 1000,
+                   480, 360, 'synthetic/' || g.i || '.png', 'synthetic-' || g.i || '.png',
+                   jsonb_build_object('ocr_text', t.txt, 'title', NULL), 'ready', md5('syn-m' || g.i) || md5('x' || g.i)
+              FROM unnest(CAST(:texts AS text[])) WITH ORDINALITY AS t(txt, i)
+              JOIN LATERAL (SELECT t.i AS i) g ON true"""), {"s": scope_id, "texts": texts})
+        for model, dims, version in models:
+            conn.execute(text(f"""
+                INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,
+                                             document_version, document, embedding, status)
+                SELECT i.scope_id, i.id, i.sha256, i.metadata_hash, :m, :d, :v, i.context->>'ocr_text',
+                       (SELECT CAST(array_agg(random() - 0.5) AS vector({int(dims)}))
+                          FROM generate_series(1, :d) WHERE i.id IS NOT NULL), 'ready'
+                  FROM images i WHERE i.scope_id = :s AND i.storage_key LIKE 'synthetic/%'"""),
+                {"s": scope_id, "m": model, "d": int(dims), "v": version})
+        conn.execute(text("ANALYZE images; ANALYZE text_embeddings"))
+    del scope_key
+    return n
+
+
+def scale_latency(api: Api, engine, chosen: list[Meme], variants: list[dict[str, str]], n: int) -> dict:
+    """p50/p99 of /search/text per variant over every query, after ``n`` synthetic images."""
+    t0 = time.monotonic()
+    insert_synthetic(engine, "local", n)
+    print(f"\ninserted {n} synthetic images with text rows in {time.monotonic() - t0:.0f}s")
+    api.latency.clear()
+    for params in variants:
+        for _ in range(4):
+            api.text("warm up", **params)
+    api.latency.clear()
+    queries = [getattr(m, qt) for m in chosen for qt in QUERY_TYPES]
+    for params in variants:
+        for q in queries:
+            api.text(q, **params)
+    out = {label: {"n": len(v), "p50": pct(v, 0.5) * 1000, "p99": pct(v, 0.99) * 1000}
+           for label, v in api.latency.items()}
+    print(f"/search/text latency at {n} extra images: " + "; ".join(
+        f"{k}: p50 {v['p50']:.0f} ms p99 {v['p99']:.0f} ms (n={v['n']})" for k, v in out.items()))
+    return out
+
+
 # ---------------------------------------------------------------------------- printing
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
@@ -346,7 +426,14 @@ def machine() -> dict[str, str]:
                 break
     return {"nproc": str(os.cpu_count()), "cpu": cpu, "python": platform.python_version(),
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": " ".join([Path(sys.argv[0]).name if sys.argv else "", *sys.argv[1:]]).strip()}
+            "command": " ".join(["python", _script_path(), *sys.argv[1:]])}
+
+
+def _script_path() -> str:
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else Path(__file__).resolve()
+    with contextlib.suppress(ValueError):
+        return str(script.relative_to(ROOT))
+    return str(script)
 
 
 # ---------------------------------------------------------------------------- main
@@ -360,6 +447,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"command: {info['command']}")
     chosen = memes(subset=args.subset)
     tmp = Path(tempfile.mkdtemp(prefix="memeflow-searchq-"))
+    os.environ["MEMEFLOW_VAR_DIR"] = str(tmp / "var")  # nothing in this process resolves ./var
     result: dict[str, Any] = {"machine": info, "memes": len(chosen)}
     t_start = time.monotonic()
     try:
@@ -382,9 +470,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"pipeline: {len(image_ids)} images in {pipeline_s:.0f}s; latest jobs {jobs}")
                 result.update(pipeline_s=pipeline_s, jobs=jobs)
                 docs, ocr = stored_texts(engine, list(image_ids.values()))
+                result.update(measure(api, chosen, image_ids, written.twins, docs, ocr, args.model))
+                if args.scale:
+                    variants, _ = served_modes(api, "monday")
+                    result["scale_latency_ms"] = scale_latency(api, engine, chosen, variants, args.scale)
+                    result["scale_n"] = args.scale
             finally:
                 engine.dispose()
-            result.update(measure(api, chosen, image_ids, written.twins, docs, ocr))
     finally:
         if args.keep_var:
             print(f"kept {tmp}")
@@ -396,7 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure(api: Api, chosen: list[Meme], image_ids: dict[str, str], twins: dict[str, Path],
-            docs: dict[str, str], ocr: dict[str, str]) -> dict[str, Any]:
+            docs: dict[str, str], ocr: dict[str, str], extra_models: Sequence[str] = ()) -> dict[str, Any]:
     """Every measurement once the pipeline is done; prints the tables, returns them."""
     out: dict[str, Any] = {}
     rows: dict[str, dict[str, dict[str, float]]] = {}
@@ -416,10 +508,11 @@ def measure(api: Api, chosen: list[Meme], image_ids: dict[str, str], twins: dict
     all_ids = list(image_ids.values())
     doc_texts = {i: docs.get(i, "") for i in all_ids}
     ocr_texts = {i: ocr.get(i, "") for i in all_ids}
-    for name, provider in text_providers().items():
+    for name, provider in text_providers(extra_models).items():
         for what, texts in (("stored doc", doc_texts), ("ocr text", ocr_texts)):
             label = f"{name} over {what} (bench-side)"
-            ev = evaluate(cosine_search(provider, texts), chosen, image_ids)
+            queries = [getattr(m, qt) for m in chosen for qt in QUERY_TYPES]
+            ev = evaluate(cosine_search(provider, texts, queries), chosen, image_ids)
             rows[label], misses[label] = ev.table(), ev.misses
     ev = evaluate(bm25_search(ocr_texts), chosen, image_ids)
     rows["bm25 over ocr text (bench-side)"], misses["bm25"] = ev.table(), ev.misses
@@ -468,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-var", action="store_true", help="keep the temporary data and var directory")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds for the pipeline to finish")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME",
+                        help="another text provider (registry name) to rank the stored texts with, bench-side")
+    parser.add_argument("--scale", type=int, default=0, metavar="N",
+                        help="afterwards insert N synthetic images with text rows (SQL) and time /search/text again")
     args = parser.parse_args(argv)
     result = run(args)
     if args.json:
