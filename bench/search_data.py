@@ -204,9 +204,9 @@ _ZH: tuple[tuple[str, str, str], ...] = (
 
 STYLES: tuple[str, ...] = ("plain", "impact", "color", "small", "topbottom", "subject")
 
-# ids of the memes that get a look-alike twin (10 per language)
-TWIN_IDS: tuple[str, ...] = tuple(f"en-{i:03d}" for i in range(3, 104, 10)[:10]) + tuple(
-    f"zh-{i:03d}" for i in range(2, 64, 6)[:10]
+# ids of the memes that get a look-alike twin: 10 per language, every style, 4 in the gate subset
+TWIN_IDS: tuple[str, ...] = tuple(f"en-{i:03d}" for i in (3, 14, 25, 40, 47, 58, 69, 80, 91, 102)) + tuple(
+    f"zh-{i:03d}" for i in (2, 9, 16, 23, 30, 33, 37, 44, 51, 58)
 )
 
 

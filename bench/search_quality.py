@@ -537,6 +537,12 @@ def measure(api: Api, chosen: list[Meme], image_ids: dict[str, str], twins: dict
                                  for lang in LANGS}
     print("\nOCR accuracy (1 - WER for en words, 1 - CER for zh characters): "
           + ", ".join(f"{k} {v:.3f} ({out['ocr_exact_captions'][k]} perfect)" for k, v in out["ocr_accuracy"].items()))
+    by_style: dict[str, list[float]] = {}
+    for a, m, _ in accs:
+        by_style.setdefault(f"{m.lang}/{m.style}", []).append(a)
+    out["ocr_accuracy_by_style"] = {k: statistics.fmean(v) for k, v in sorted(by_style.items())}
+    print("by style: " + ", ".join(f"{k} {v:.2f}" for k, v in out["ocr_accuracy_by_style"].items()))
+    out["ocr_all"] = {m.id: t for _, m, t in accs}
     worst = sorted(accs, key=lambda t: (t[0], t[1].id))[:12]
     out["ocr_worst"] = [{"id": m.id, "style": m.style, "acc": a, "caption": m.caption, "ocr": t} for a, m, t in worst]
     print("worst OCR outputs:")
