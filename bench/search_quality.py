@@ -328,13 +328,13 @@ _SCALE_WORDS = ("when", "me", "monday", "cat", "dog", "code", "work", "boss", "p
 _SCALE_ZH = ("我", "今天", "上班", "老板", "猫", "狗", "加班", "周末", "红包", "奶茶", "考试", "工资")
 
 
-def insert_synthetic(engine, scope_key: str, n: int, seed: int = 7) -> int:
+def insert_synthetic(engine, n: int, seed: int = 7) -> int:
     """Bulk-insert ``n`` synthetic images into the scope with ready contexts (OCR text drawn from
     common meme words, so lexical matching has work to do) and, for every text model the scope
     already has, a current text embedding with a random unit vector. Returns rows inserted.
 
-    Only ``images`` and ``text_embeddings`` are written: a lexical index kept in another table
-    must be filled the way it is kept (the lead's design), or its latency here is not at scale.
+    The lexical terms (``images.search_tsv``) are written as the store writes them when this
+    code base has them (``app.search.lexical.image_terms``).
     """
     import random
 
@@ -347,19 +347,25 @@ def insert_synthetic(engine, scope_key: str, n: int, seed: int = 7) -> int:
             texts.append("".join(rng.choice(_SCALE_ZH) for _ in range(rng.randint(3, 8))))
         else:
             texts.append(" ".join(rng.choice(_SCALE_WORDS) for _ in range(rng.randint(3, 9))))
+    try:
+        from app.search.lexical import image_terms
+    except ImportError:  # a code base without the lexical index
+        image_terms = None
+    terms = [image_terms(f"synthetic-{i + 1}.png", {"ocr_text": t}) if image_terms else "" for i, t in enumerate(texts)]
+    tsv_col, tsv_val = (", search_tsv", ", to_tsvector('simple', t.terms)") if image_terms else ("", "")
     with engine.begin() as conn:
         scope_id = conn.execute(text("SELECT scope_id FROM images LIMIT 1")).scalar_one()
         models = conn.execute(text(
             "SELECT DISTINCT model, dims, document_version FROM text_embeddings WHERE scope_id = :s"),
             {"s": scope_id}).all()
-        conn.execute(text("""
+        conn.execute(text(f"""
             INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,
-                                storage_key, display_name, context, context_status, metadata_hash)
-            SELECT gen_random_uuid(), :s, md5('syn-a' || g.i) || md5('syn-b' || g.i), '.png', 'image/png', 1000,
-                   480, 360, 'synthetic/' || g.i || '.png', 'synthetic-' || g.i || '.png',
-                   jsonb_build_object('ocr_text', t.txt, 'title', NULL), 'ready', md5('syn-m' || g.i) || md5('x' || g.i)
-              FROM unnest(CAST(:texts AS text[])) WITH ORDINALITY AS t(txt, i)
-              JOIN LATERAL (SELECT t.i AS i) g ON true"""), {"s": scope_id, "texts": texts})
+                                storage_key, display_name, context, context_status, metadata_hash{tsv_col})
+            SELECT gen_random_uuid(), :s, md5('syn-a' || t.i) || md5('syn-b' || t.i), '.png', 'image/png', 1000,
+                   480, 360, 'synthetic/' || t.i || '.png', 'synthetic-' || t.i || '.png',
+                   jsonb_build_object('ocr_text', t.txt), 'ready', md5('syn-m' || t.i) || md5('x' || t.i){tsv_val}
+              FROM unnest(CAST(:texts AS text[]), CAST(:terms AS text[])) WITH ORDINALITY AS t(txt, terms, i)"""),
+            {"s": scope_id, "texts": texts, "terms": terms})
         for model, dims, version in models:
             conn.execute(text(f"""
                 INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,
@@ -370,14 +376,13 @@ def insert_synthetic(engine, scope_key: str, n: int, seed: int = 7) -> int:
                   FROM images i WHERE i.scope_id = :s AND i.storage_key LIKE 'synthetic/%'"""),
                 {"s": scope_id, "m": model, "d": int(dims), "v": version})
         conn.execute(text("ANALYZE images; ANALYZE text_embeddings"))
-    del scope_key
     return n
 
 
 def scale_latency(api: Api, engine, chosen: list[Meme], variants: list[dict[str, str]], n: int) -> dict:
     """p50/p99 of /search/text per variant over every query, after ``n`` synthetic images."""
     t0 = time.monotonic()
-    insert_synthetic(engine, "local", n)
+    insert_synthetic(engine, n)
     print(f"\ninserted {n} synthetic images with text rows in {time.monotonic() - t0:.0f}s")
     api.latency.clear()
     for params in variants:
