@@ -5,7 +5,7 @@ the real default providers; then every meme's ``exact`` and ``paraphrase`` query
 ``GET /api/v1/search/text`` of the real Flask app, and r@1 per language × query type must reach
 the thresholds below. The look-alike twins in the subset must find their original first.
 
-Thresholds are provisional (measured on the vector-only MiniLM search, less one query per cell);
+Thresholds are provisional (the served default measured on the subset, less one query per cell);
 the lead sets the final ones from the final benchmark (docs/search.md).
 """
 
@@ -29,12 +29,14 @@ from tests.integration.conftest import CeleryCluster, redis_url_with_db
 pytestmark = pytest.mark.slow
 
 SCOPE = "quality-gate"
-# r@1 each cell must reach on the subset (12 queries per cell)
+# r@1 each cell must reach on the subset (12 queries per cell). Provisional: main at 5e25b71
+# (hybrid, multilingual-e5-small+all-MiniLM-L6-v2) measured 12, 11, 12 and 7 of 12; one query of
+# slack per cell. The vector-only MiniLM search before it measured 11, 10, 9 and 1.
 MIN_R1: dict[str, float] = {
-    "en/exact": 10 / 12,
-    "en/paraphrase": 9 / 12,
-    "zh/exact": 8 / 12,
-    "zh/paraphrase": 0 / 12,
+    "en/exact": 11 / 12,
+    "en/paraphrase": 10 / 12,
+    "zh/exact": 11 / 12,
+    "zh/paraphrase": 6 / 12,
 }
 MIN_TWINS_R1 = 1.0
 
