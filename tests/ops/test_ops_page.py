@@ -157,6 +157,8 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
 
     class Settings:
         agent_lane_limit = 2
+        sweep_interval_s = 15.0
+        worker_registry_interval_s = 10.0
 
     svc = type("Services", (), {"engine": engine, "scope_resolver": Resolver(), "orchestrator": Orchestrator(),
                                 "publisher": Publisher(), "settings": Settings()})()
