@@ -52,8 +52,8 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int, settings=None)
                                                 "slots_in_use": lane.slots_in_use} for lane in lanes}}
     if liveness:
         data["liveness"] = liveness.as_dict()
-        for name, lane in liveness.lanes.items():
-            data["lanes"].setdefault(name, {})["workers"] = lane.workers
+        for name, row in data["lanes"].items():
+            row["workers"] = liveness.lanes[name].workers
     return jobs_table, lanes_table, data
 
 
