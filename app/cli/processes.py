@@ -4,8 +4,9 @@ Each command runs one building block in the foreground, as docker-compose runs o
 :class:`Stack` starts them all as child processes for ``memeflow up`` (and ``memeflow demo``):
 embedded services unless URLs are given, migrations, then API + one worker per lane + beat +
 Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
-``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up, supervises them, and stops everything
-cleanly (terminate, wait, kill stragglers, then the embedded services it started).
+``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up,
+supervises them, and stops everything cleanly (terminate, wait, kill stragglers, then the
+embedded services it started).
 """
 
 from __future__ import annotations

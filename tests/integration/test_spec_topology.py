@@ -98,3 +98,36 @@ def test_lane_workers_and_beat_alone_recover_a_killed_workers_task_and_show_thei
     assert "workers" in out.stdout and "last sweep:" in out.stdout, out.stdout
     lines = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") > 6}
     assert lines["visual"].rstrip(" │").endswith("1") and lines["maintenance"].rstrip(" │").endswith("2"), out.stdout
+
+
+def test_a_sweep_never_waits_inside_a_busy_worker(cluster, engine, publisher, tmp_path):
+    """Prefetch 1 with late acks: a worker busy in a long provider call has reserved no sweep
+    message, so the sweep goes to the next free worker instead of waiting behind the batch. The
+    busy worker runs the prefork pool, whose main process keeps consuming while its child works
+    (a solo worker cannot consume while busy at all): it must still reserve nothing."""
+    import celeryconfig
+    from app.worker.celery_app import celery_app_for
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    cluster.settings = cluster.settings.replace(**COUNTING)
+    cluster.extra_env["MEMEFLOW_TEST_GATE_DIR"] = str(gate)
+    from app.orchestrator import Orchestrator
+
+    orch = Orchestrator(engine, cluster.settings)
+    busy = cluster.worker("visual", name="busy-visual", pool="prefork")
+    result = ingest(orch, cluster.settings, 11)
+    publisher.publish(result.hints)
+    poll_until(lambda: (gate / "entered-visual").exists(), timeout=30, what="visual parked inside the provider")
+    client = celery_app_for(cluster.broker_url, "memeflow-test-sweeps")
+    try:
+        for _ in range(3):  # more than the busy worker could ever hold
+            client.send_task(celeryconfig.SWEEP_TASK, queue=celeryconfig.MAINTENANCE,
+                             routing_key=celeryconfig.MAINTENANCE)
+        idle = cluster.worker("embedding", name="idle-embedding")
+        poll_until(lambda: idle.log().count("reconcile sweep ") >= 3, timeout=60, interval=0.1,
+                   what="the idle worker ran all three sweeps")
+    finally:
+        (gate / "release-visual").write_text("go")
+        client.close()
+    assert "reconcile sweep" not in busy.log()
