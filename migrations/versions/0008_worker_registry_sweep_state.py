@@ -1,7 +1,7 @@
 """worker registry and the last completed sweep (liveness you can see)
 
 Revision ID: 0008
-Revises: 0007
+Revises: 0011
 Create Date: 2026-12-01
 
 ``worker_registry``: one row per live worker process (Celery node name, host, pid, the queues it
@@ -16,7 +16,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0008'
-down_revision = '0007'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
