@@ -6,6 +6,10 @@ worker's message is redelivered, and the DB claim makes redelivery harmless), an
 timeouts on the publishing side so an upload never waits on a dead Redis.
 
 Every interval comes from :class:`app.config.Settings` (``MEMEFLOW_*``), so tests run fast.
+
+The ``maintenance`` queue (sweeps, batch seeding) is consumed by every worker, whatever ``-Q``
+says (``app.worker.tasks`` adds it at start; ``memeflow worker --no-maintenance`` opts out), so a
+deployment of lane workers and beat alone runs every sweep.
 """
 
 from __future__ import annotations

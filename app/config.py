@@ -46,6 +46,7 @@ class Settings:
     flower_basic_auth: str | None = dataclasses.field(default=None, repr=False)  # secrets stay out of logs
     metrics_port: int = 0  # workers: serve Prometheus metrics on this port (0 = off)
     metrics_host: str = "0.0.0.0"
+    metrics_token: str | None = None  # API /metrics: require `Authorization: Bearer <token>` when set
     auth: str = "none"
     session_ttl_s: float = 12 * 3600.0  # a browser sign-in (token mode) lasts this long at most
     trusted_proxy_hops: int = 0  # reverse proxies whose X-Forwarded-Proto/For are believed (HSTS, Secure cookies)
@@ -60,6 +61,7 @@ class Settings:
     lease_s: float = 60.0
     heartbeat_s: float = 20.0
     sweep_interval_s: float = 15.0
+    worker_registry_interval_s: float = 10.0  # a worker's liveness upsert period; live = seen within 3x
     rehint_grace_s: float = 30.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0

@@ -1,9 +1,14 @@
 """Prometheus metrics (``memeflow_`` prefix). Counters are process-local; the API serves its own
 at ``/metrics`` and each worker process serves its own on ``MEMEFLOW_METRICS_PORT`` (one port per
 process: set it per container, or leave it 0 to disable). DB-truth gauges (queue depth, oldest
-queued age) are refreshed from PostgreSQL by the sweep and by ``/metrics``."""
+queued age) are computed by the sweep and kept with its completion time in ``sweep_state``; the API's
+``/metrics`` serves that snapshot plus the worker registry's per-lane counts (no count over the tasks
+table per scrape)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -27,6 +32,34 @@ OLDEST_QUEUED_AGE = Gauge(
     "memeflow_oldest_queued_age_seconds", "Age of the oldest due queued task per lane", ["lane"],
     multiprocess_mode="max",
 )
+
+SWEEP_LAST_SUCCESS = Gauge(
+    "memeflow_sweep_last_success_timestamp", "Unix time of the last completed reconcile sweep (0: none yet)",
+    multiprocess_mode="max",
+)
+LANE_WORKERS = Gauge(
+    "memeflow_lane_workers", "Live worker processes consuming each lane's queue (worker registry)", ["lane"],
+    multiprocess_mode="max",
+)
+
+
+def set_lane_gauges(gauges: Mapping[str, Mapping[str, Any]]) -> None:
+    """Queue depth, running tasks and oldest queued age per lane from a sweep's snapshot."""
+    for lane, g in gauges.items():
+        QUEUE_DEPTH.labels(lane).set(g.get("queued", 0))
+        RUNNING_TASKS.labels(lane).set(g.get("running", 0))
+        OLDEST_QUEUED_AGE.labels(lane).set(float(g.get("oldest_age") or 0))
+
+
+def set_liveness(liveness: Any) -> None:
+    """The sweep's snapshot, its completion time and the live workers per lane (an ``app.orchestrator.
+    liveness.Liveness``)."""
+    set_lane_gauges(liveness.lane_gauges)
+    at = liveness.sweep_last_success_at
+    SWEEP_LAST_SUCCESS.set(at.timestamp() if at is not None else 0)
+    for name, lane in liveness.lanes.items():
+        LANE_WORKERS.labels(name).set(lane.workers)
+
 
 _served_port: int | None = None
 

@@ -1,21 +1,30 @@
-"""Root operational endpoints: ``/healthz``, ``/readyz``, ``/metrics``."""
+"""Root operational endpoints: ``/healthz``, ``/readyz``, ``/metrics``.
+
+``/readyz`` and ``/metrics`` are cheap enough to be polled by any number of probes and scrapers:
+they reuse the API's database pool and one Redis connection pool per process, read the code's
+migration head once, and never count the tasks table (the sweep's snapshot and the worker
+registry are a few small reads). ``/readyz`` shows no version strings (database, broker or
+migration revisions): ``memeflow db current`` shows them to an operator.
+"""
 
 from __future__ import annotations
 
+import functools
+import hmac
 import logging
+import threading
 from typing import Any
 
-from flask import Response
+from flask import Response, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from app import metrics
 from app.api import schemas as S
 from app.api.context import services
-from app.api.queries import queue_gauges
-from app.db.engine import migration_status
-from app.db.enums import Lane
-from app.metrics import OLDEST_QUEUED_AGE, QUEUE_DEPTH, RUNNING_TASKS
+from app.api.errors import ApiError
+from app.orchestrator.liveness import Liveness, read_liveness_txn
 
 log = logging.getLogger("memeflow.api")
 blp = Blueprint("health", __name__, url_prefix="", description="Liveness, readiness and metrics")
@@ -29,15 +38,46 @@ class Healthz(MethodView):
         return {"status": "ok"}
 
 
-def _check_database() -> tuple[dict[str, Any], dict[str, Any]]:
+@functools.lru_cache(maxsize=1)
+def _code_head() -> str:
+    """The migration head of the running code (read from the migration scripts once per process)."""
+    from alembic.script import ScriptDirectory
+
+    from app.db.engine import alembic_config
+
+    return ScriptDirectory.from_config(alembic_config("postgresql://")).get_current_head() or ""
+
+
+def _check_database() -> tuple[dict[str, Any], dict[str, Any], Liveness | None]:
+    """(database check, migrations check, liveness) over one pooled connection."""
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with services().engine.connect() as conn:
-            current, head = migration_status(conn)
+            current = MigrationContext.configure(conn).get_current_revision()
+            at_head = current == _code_head()
+            liveness = read_liveness_txn(conn, services().settings) if at_head else None
     except Exception as exc:  # noqa: BLE001 - a failed check is reported, never raised
         log.warning("readyz: database check failed: %s", exc)
-        err = {"ok": False, "error": type(exc).__name__}
-        return err, {"ok": False, "error": "database unreachable"}
-    return {"ok": True}, {"ok": current == head, "current": current, "head": head}
+        return {"ok": False, "error": type(exc).__name__}, {"ok": False, "error": "database unreachable"}, None
+    migrations = {"ok": at_head} if at_head else {"ok": False, "error": "the database is not at the code's migration head"}
+    return {"ok": True}, migrations, liveness
+
+
+_redis_clients: dict[str, Any] = {}
+_redis_lock = threading.Lock()
+
+
+def _redis_client(url: str) -> Any:
+    """One client (and connection pool) per broker URL and process, reused by every probe."""
+    with _redis_lock:
+        client = _redis_clients.get(url)
+        if client is None:
+            import redis
+
+            client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5, max_connections=4)
+            _redis_clients[url] = client
+        return client
 
 
 def _check_broker() -> dict[str, Any]:
@@ -45,13 +85,7 @@ def _check_broker() -> dict[str, Any]:
     if not url:
         return {"ok": False, "error": "no broker configured"}
     try:
-        import redis
-
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-        try:
-            client.ping()
-        finally:
-            client.close()
+        _redis_client(url).ping()
     except Exception as exc:  # noqa: BLE001 - a failed check is reported, never raised
         return {"ok": False, "error": type(exc).__name__}
     return {"ok": True}
@@ -62,31 +96,54 @@ class Readyz(MethodView):
     @blp.response(200, S.ReadySchema)
     @blp.alt_response(503, schema=S.ReadySchema, description="a dependency is not ready")
     def get(self):
-        """Readiness: database reachable, migrations at head, broker reachable."""
-        database, migrations = _check_database()
-        checks = {"database": database, "migrations": migrations, "broker": _check_broker()}
-        ok = all(c["ok"] for c in checks.values())
-        return {"status": "ready" if ok else "not_ready", "checks": checks}, (200 if ok else 503)
+        """Readiness: database reachable, migrations at head, broker reachable (else 503).
+
+        ``degraded`` (still 200: the API itself serves) when the last reconcile sweep is older than
+        3x its interval or a lane has queued work and no live worker; ``reasons`` says which."""
+        database, migrations, liveness = _check_database()
+        checks: dict[str, Any] = {"database": database, "migrations": migrations, "broker": _check_broker()}
+        reasons: list[dict[str, str]] = []
+        if liveness is not None:
+            metrics.set_liveness(liveness)
+            live = liveness.as_dict()
+            checks["sweep"] = {"ok": not liveness.sweep_stale, **live["sweep"]}
+            checks["workers"] = {"ok": not any(lane.unserved for lane in liveness.lanes.values()),
+                                 "lanes": live["lanes"]}
+            reasons = liveness.reasons
+        if not all(checks[name]["ok"] for name in ("database", "migrations", "broker")):
+            return {"status": "not_ready", "checks": checks, "reasons": reasons}, 503
+        return {"status": "degraded" if reasons else "ready", "checks": checks, "reasons": reasons}, 200
 
 
-def refresh_queue_gauges() -> None:
-    """Set the DB-truth queue gauges from one grouped query (skipped if the DB is down)."""
+def refresh_liveness_gauges() -> None:
+    """Set the sweep's gauge snapshot, its time and the live workers per lane (skipped if the DB is down)."""
     try:
-        rows = {r.lane: r for r in queue_gauges(services().engine)}
-    except Exception as exc:  # noqa: BLE001 - a failed check is reported, never raised
-        log.warning("metrics: queue gauges not refreshed: %s", exc)
+        with services().engine.connect() as conn:
+            liveness = read_liveness_txn(conn, services().settings)
+    except Exception as exc:  # noqa: BLE001 - a failed scrape read is logged, never raised
+        log.warning("metrics: liveness gauges not refreshed: %s", exc)
         return
-    for lane in Lane:
-        r = rows.get(lane.value)
-        QUEUE_DEPTH.labels(lane.value).set(r.queued if r else 0)
-        RUNNING_TASKS.labels(lane.value).set(r.running if r else 0)
-        OLDEST_QUEUED_AGE.labels(lane.value).set(float(r.oldest_age) if r else 0.0)
+    metrics.set_liveness(liveness)
+
+
+def _require_metrics_token() -> None:
+    """With ``MEMEFLOW_METRICS_TOKEN`` set, only ``Authorization: Bearer <that token>`` may scrape."""
+    expected = services().settings.metrics_token
+    if not expected:
+        return
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        raise ApiError(401, "unauthorized", "a valid metrics bearer token is required")
 
 
 @blp.route("/metrics")
 class Metrics(MethodView):
-    @blp.doc(responses={"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @blp.doc(responses={
+        "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        "401": {"description": "MEMEFLOW_METRICS_TOKEN is set and the bearer token is missing or wrong"},
+    })
     def get(self):
-        """Prometheus metrics of this process plus DB-truth queue gauges."""
-        refresh_queue_gauges()
+        """Prometheus metrics of this process plus the DB-truth gauges of the last sweep."""
+        _require_metrics_token()
+        refresh_liveness_gauges()
         return Response(generate_latest(), content_type=CONTENT_TYPE_LATEST)

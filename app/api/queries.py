@@ -17,16 +17,3 @@ def image_file(engine: Engine, scope_id: str, image_id: uuid.UUID) -> Any | None
         ).first()
 
 
-def queue_gauges(engine: Engine) -> list[Any]:
-    """Per lane: queued count, running count, age in seconds of the oldest due queued task."""
-    with engine.connect() as conn:
-        return conn.execute(
-            text(
-                "SELECT lane, "
-                "count(*) FILTER (WHERE status = 'queued') AS queued, "
-                "count(*) FILTER (WHERE status = 'running') AS running, "
-                "coalesce(extract(epoch FROM now() - min(available_at) "
-                "  FILTER (WHERE status = 'queued' AND available_at <= now())), 0) AS oldest_age "
-                "FROM tasks WHERE status IN ('queued', 'running') GROUP BY lane"
-            )
-        ).all()

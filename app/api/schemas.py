@@ -385,5 +385,6 @@ class HealthSchema(Schema):
 
 
 class ReadySchema(Schema):
-    status = fields.String(required=True)
+    status = fields.String(required=True)  # ready | degraded (still 200) | not_ready (503)
     checks = fields.Dict(keys=fields.String(), values=fields.Dict())
+    reasons = fields.List(fields.Dict())  # why degraded: [{code, message}]

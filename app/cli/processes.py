@@ -2,9 +2,11 @@
 
 Each command runs one building block in the foreground, as docker-compose runs one per container.
 :class:`Stack` starts them all as child processes for ``memeflow up`` (and ``memeflow demo``):
-embedded services unless URLs are given, migrations, then API + one worker per lane + a
-maintenance worker + beat + Flower; it checks each is up, supervises them, and stops everything
-cleanly (terminate, wait, kill stragglers, then the embedded services it started).
+embedded services unless URLs are given, migrations, then API + one worker per lane + beat +
+Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
+``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up,
+supervises them, and stops everything cleanly (terminate, wait, kill stragglers, then the
+embedded services it started).
 """
 
 from __future__ import annotations
@@ -165,10 +167,13 @@ class Stack:
 
     ``Stack(settings).start()`` returns once every part is up (raises :class:`StackError`
     otherwise, after stopping what it started); ``supervise()`` blocks until a stop signal;
-    ``stop()`` is idempotent. ``components`` selects parts (default: all).
+    ``stop()`` is idempotent. ``components`` selects parts (default: :attr:`DEFAULT`; add
+    ``maintenance`` for a dedicated maintenance worker).
     """
 
     ALL = ("api", "visual", "agent", "embedding", "maintenance", "beat", "flower")
+    #: What ``memeflow up`` runs: no dedicated maintenance worker (the lane workers serve its queue).
+    DEFAULT = ("api", "visual", "agent", "embedding", "beat", "flower")
 
     def __init__(
         self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str = "solo",
@@ -176,7 +181,7 @@ class Stack:
         echo=click.echo,
     ) -> None:
         self.settings = settings
-        self.components = tuple(components or self.ALL)
+        self.components = tuple(components or self.DEFAULT)
         unknown = set(self.components) - set(self.ALL)
         if unknown:
             raise ValueError(f"unknown components: {sorted(unknown)}")
@@ -410,16 +415,25 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 @click.command()
 @click.option("--lane", "lanes", multiple=True, required=True, type=click.Choice(WORKER_QUEUES),
               help="Queue(s) to consume; repeat for several. `maintenance` runs sweeps and batch seeding.")
+@click.option("--maintenance/--no-maintenance", "serve_maintenance", default=True, show_default=True,
+              help="Also consume the `maintenance` queue (sweeps, batch seeding). Turn off only when a "
+                   "dedicated `--lane maintenance` worker runs.")
 @click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]))
 @click.option("-c", "--concurrency", type=int, default=1, show_default=True)
 @click.option("-n", "--node", default=None, help="Celery node name (default <lanes>-<pid>@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
 @friendly_errors
-def worker(lanes: tuple[str, ...], pool: str, concurrency: int, node: str | None, loglevel: str) -> None:
-    """Run a Celery worker for one lane (or several); loads only those lanes' models."""
+def worker(
+    lanes: tuple[str, ...], serve_maintenance: bool, pool: str, concurrency: int, node: str | None, loglevel: str,
+) -> None:
+    """Run a Celery worker for one lane (or several); loads only those lanes' models.
+
+    It also serves the `maintenance` queue unless --no-maintenance, so lane workers + beat alone
+    run every sweep."""
     s = cli_settings()
     env = _urls_env(s)
     env["MEMEFLOW_WORKER_LANES"] = ",".join(lanes)
+    env["MEMEFLOW_WORKER_MAINTENANCE"] = "1" if serve_maintenance else "0"
     _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel), env)
 
 

@@ -16,14 +16,17 @@ from app.runtime import embedded_services
 @click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]),
               help="Celery pool of each lane worker.")
 @click.option("-c", "--concurrency", type=int, default=1, show_default=True, help="Processes per lane worker.")
+@click.option("--maintenance-worker", is_flag=True,
+              help="Also run a dedicated maintenance worker (the lane workers serve its queue anyway).")
 @friendly_errors
-def up(no_flower: bool, pool: str, concurrency: int) -> None:
+def up(no_flower: bool, pool: str, concurrency: int, maintenance_worker: bool) -> None:
     """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
-    API, one worker per lane, a maintenance worker, beat and Flower."""
+    API, one worker per lane (each also runs the sweeps), beat and Flower."""
     from app.cli.processes import Stack, StackError
 
     settings = cli_settings()
-    components = tuple(c for c in Stack.ALL if not (no_flower and c == "flower"))
+    wanted = Stack.DEFAULT + (("maintenance",) if maintenance_worker else ())
+    components = tuple(c for c in Stack.ALL if c in wanted and not (no_flower and c == "flower"))
     stack = Stack(settings, components=components, worker_pool=pool, worker_concurrency=concurrency)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

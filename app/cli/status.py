@@ -15,15 +15,18 @@ from app.cli.safe_text import cell, printable
 TERMINAL_STAGE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled", "skipped")
 
 
-def overview_tables(engine, scope_id: str, agent_lane_limit: int) -> tuple[Any, Any, dict]:
-    """(jobs-by-status table, lanes table, the same data as a dict) from the /ops read queries."""
+def overview_tables(engine, scope_id: str, agent_lane_limit: int, settings=None) -> tuple[Any, Any, dict]:
+    """(jobs-by-status table, lanes table, the same data as a dict) from the /ops read queries;
+    with ``settings`` the lanes table also shows live workers and the last sweep's age."""
     from rich.table import Table
 
     from app.ops import queries as Q
+    from app.orchestrator.liveness import read_liveness_txn
 
     with engine.connect() as conn:
         jobs = Q.jobs_by_status(conn, scope_id)
         lanes = Q.lane_stats(conn, scope_id, {"agent": agent_lane_limit or None})
+        liveness = read_liveness_txn(conn, settings) if settings is not None else None
     jobs_table = Table(title=cell(f"jobs by status (scope {printable(scope_id)})"))
     jobs_table.add_column("status")
     jobs_table.add_column("jobs", justify="right")
@@ -31,16 +34,37 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int) -> tuple[Any, 
         if n:
             jobs_table.add_row(status, str(n))
     jobs_table.add_row("[bold]total[/bold]", f"[bold]{sum(jobs.values())}[/bold]")
-    lanes_table = Table(title="lanes")
-    for col in ("lane", "queued", "due", "running", "slots in use", "oldest queued"):
+    lanes_table = Table(title="lanes", caption=_sweep_caption(liveness))
+    columns = ("lane", "queued", "due", "running", "slots in use", "oldest queued") + (("workers",) if liveness else ())
+    for col in columns:
         lanes_table.add_column(col, justify="left" if col == "lane" else "right")
     for lane in lanes:
         slots = f"{lane.slots_in_use}/{lane.slot_limit}" if lane.slot_limit else str(lane.slots_in_use)
         age = f"{lane.oldest_queued_age_s:.1f}s" if lane.oldest_queued_age_s is not None else "-"
-        lanes_table.add_row(lane.lane, str(lane.queued), str(lane.due), str(lane.running), slots, age)
+        cells = [lane.lane, str(lane.queued), str(lane.due), str(lane.running), slots, age]
+        if liveness:
+            live = liveness.lanes[lane.lane]
+            cells.append(f"[bold red]{live.workers} (unserved)[/bold red]" if live.unserved else str(live.workers))
+        lanes_table.add_row(*cells)
+    if liveness:
+        lanes_table.add_row("maintenance", "", "", "", "", "", str(liveness.lanes["maintenance"].workers))
     data = {"jobs": jobs, "lanes": {lane.lane: {"queued": lane.queued, "due": lane.due, "running": lane.running,
                                                 "slots_in_use": lane.slots_in_use} for lane in lanes}}
+    if liveness:
+        data["liveness"] = liveness.as_dict()
+        for name, row in data["lanes"].items():
+            row["workers"] = liveness.lanes[name].workers
     return jobs_table, lanes_table, data
+
+
+def _sweep_caption(liveness) -> str | None:
+    """The last sweep's age and any degraded reasons, under the lanes table."""
+    if liveness is None:
+        return None
+    age = liveness.sweep_age_s
+    line = "last sweep: never" if age is None else f"last sweep: {age:.1f}s ago (every {liveness.sweep_interval_s:g}s)"
+    problems = "; ".join(r["message"] for r in liveness.reasons)
+    return f"{line}; degraded: {problems}" if problems else line
 
 
 def job_table(job: dict) -> Any:
@@ -88,7 +112,8 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
             if job_id is not None:
                 job = ctx.orch.get_job(scope_id, job_id)  # NotFound → exit 1 via friendly_errors
                 return job_table(job), job
-            jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_lane_limit)
+            jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_lane_limit,
+                                                            ctx.settings)
             return Group(jobs_table, lanes_table), data
 
         renderable, data = render()

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Double,
     ForeignKeyConstraint,
     Index,
     Integer,
@@ -472,3 +473,27 @@ class OpsCounter(Base):
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+
+
+class WorkerRegistration(Base):
+    """One live worker process (migration 0008): upserted on its registry heartbeat, pruned by the
+    sweep after the TTL. ``node`` is the Celery node name (unique in a cluster)."""
+
+    __tablename__ = "worker_registry"
+    node: Mapped[str] = mapped_column(String(255), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    lanes: Mapped[list[str]] = mapped_column(ARRAY(String(32)), nullable=False)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class SweepState(Base):
+    """The last completed reconcile sweep (single row): when, how long, and its lane gauges."""
+
+    __tablename__ = "sweep_state"
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    last_success_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    duration_s: Mapped[float] = mapped_column(Double, nullable=False)
+    lane_gauges: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)

@@ -1,6 +1,6 @@
-"""Read-only SQL behind the /ops page. Every query is filtered by scope, except the two that are
-system-wide by nature (lane slot capacity and the ops_counters event buckets), which expose
-counts only. Nothing here writes."""
+"""Read-only SQL behind the /ops page. Every query is filtered by scope, except those that are
+system-wide by nature (lane slot capacity, the ops_counters event buckets, and the liveness read
+from :mod:`app.orchestrator.liveness`), which expose counts and flags only. Nothing here writes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
+from app.config import Settings
 from app.db.enums import STAGE_ORDER, JobStatus, Lane, StageStatus
+from app.orchestrator.liveness import Liveness, read_liveness_txn
 
 NEEDS_HUMAN = (JobStatus.UNKNOWN_EXECUTION, JobStatus.BLOCKED, JobStatus.FAILED)
 TERMINAL_JOB_STATUSES = tuple(s.value for s in JobStatus if s not in (JobStatus.QUEUED, JobStatus.RUNNING))
@@ -28,6 +30,8 @@ class LaneRow:
     slots_in_use: int = 0
     slot_limit: int | None = None
     oldest_queued_age_s: float | None = None
+    workers: int = 0  # live workers consuming this lane's queue (all scopes share them)
+    unserved: bool = False  # queued work (any scope) and no live worker: nothing will ever claim it
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Overview:
     needs_human: list[dict[str, Any]]
     batches: list[BatchRow]
     recent_jobs: list[dict[str, Any]]
+    liveness: Liveness | None = None
 
     @property
     def total_jobs(self) -> int:
@@ -162,22 +167,35 @@ def recent_jobs(conn: Connection, scope_id: str, limit: int = 15) -> list[dict[s
          WHERE j.scope_id = :s ORDER BY j.updated_at DESC, j.id LIMIT :limit""", s=scope_id, limit=limit)
 
 
-def overview(engine: Engine, scope_id: str, slot_limits: dict[str, int | None]) -> Overview:
-    """Everything the /ops page shows, read in one REPEATABLE READ snapshot so numbers agree."""
+def overview(
+    engine: Engine, scope_id: str, slot_limits: dict[str, int | None], settings: Settings | None = None,
+) -> Overview:
+    """Everything the /ops page shows, read in one REPEATABLE READ snapshot so numbers agree.
+
+    With ``settings``, also the deployment's liveness (live workers per lane, the last sweep's age);
+    those are system-wide by nature and expose counts and flags only."""
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             now = conn.execute(text("SELECT now()")).scalar_one()
+            liveness = read_liveness_txn(conn, settings) if settings is not None else None
+            lanes = lane_stats(conn, scope_id, slot_limits)
+            if liveness is not None:
+                for row in lanes:
+                    lane = liveness.lanes.get(row.lane)
+                    if lane is not None:
+                        row.workers, row.unserved = lane.workers, lane.unserved
             return Overview(
                 scope_id=scope_id,
                 now=now,
                 jobs_by_status=jobs_by_status(conn, scope_id),
                 funnel=stage_funnel(conn, scope_id),
-                lanes=lane_stats(conn, scope_id, slot_limits),
+                lanes=lanes,
                 events_last_hour=events_last_hour(conn),
                 needs_human=needs_human(conn, scope_id),
                 batches=batches(conn, scope_id),
                 recent_jobs=recent_jobs(conn, scope_id),
+                liveness=liveness,
             )
 
 

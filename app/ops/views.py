@@ -48,6 +48,7 @@ class OpsConfig:
     retry_job: RetryFn
     slot_limits: Callable[[], dict[str, int | None]]
     content_url: Callable[[uuid.UUID], str]
+    settings: Callable[[], Any]  # sweep interval and worker TTL for the liveness panel
 
 
 def _services() -> Any:
@@ -80,13 +81,17 @@ def _default_retry(scope_id: str, job_id: uuid.UUID) -> Any:
     return result
 
 
-def _default_slot_limits() -> dict[str, int | None]:
+def _default_settings() -> Any:
     settings = getattr(current_app.extensions.get("memeflow"), "settings", None)
     if settings is None:
         from app.config import get_settings
 
         settings = get_settings()
-    return {"agent": settings.agent_lane_limit or None}
+    return settings
+
+
+def _default_slot_limits() -> dict[str, int | None]:
+    return {"agent": _default_settings().agent_lane_limit or None}
 
 
 def register_ops(
@@ -97,6 +102,7 @@ def register_ops(
     retry_job: RetryFn | None = None,
     slot_limits: dict[str, int | None] | None = None,
     content_url: Callable[[uuid.UUID], str] | None = None,
+    settings: Any = None,
 ) -> None:
     """Mount /ops on ``app``.
 
@@ -113,6 +119,7 @@ def register_ops(
         retry_job=retry_job or _default_retry,
         slot_limits=(lambda: slot_limits) if slot_limits is not None else _default_slot_limits,
         content_url=content_url or (lambda image_id: url_for("ops.image_content", image_id=image_id)),
+        settings=(lambda: settings) if settings is not None else _default_settings,
     )
     app.jinja_env.filters.setdefault("pretty_json", _pretty_json)
     app.jinja_env.filters.setdefault("age", _age)
@@ -168,7 +175,7 @@ def _resolve_scope() -> Any:
 @ops_bp.get("/")
 def index() -> Any:
     cfg = _cfg()
-    data = queries.overview(cfg.engine(), g.ops_scope, cfg.slot_limits())
+    data = queries.overview(cfg.engine(), g.ops_scope, cfg.slot_limits(), cfg.settings())
     return render_template(
         "ops/index.html", o=data, stages=list(data.funnel), flash=request.args.get("msg"),
         flash_error=request.args.get("err"),

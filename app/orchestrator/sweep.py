@@ -1,7 +1,8 @@
 """Reconcile sweep (SPEC §4.9): bounded, index-driven steps under a Postgres advisory lock.
 
 It never executes a stage: it re-hints, makes expired leases claimable, ends tasks whose
-executions died too often, advances stuck jobs and refreshes gauges. Safe with two beats.
+executions died too often, advances stuck jobs, prunes dead workers' registrations and records its
+completion with the lane gauges (``sweep_state``). Safe with two beats.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from app.db.enums import Lane
 from app.orchestrator.advance import advance_job_txn
 from app.orchestrator.execution import fail_task
 from app.orchestrator.hints import Hint
+from app.orchestrator.liveness import worker_ttl_s
 from app.orchestrator.store import attempts, counters
 from app.orchestrator.store import sweep as q
+from app.orchestrator.store import workers as workers_q
 from app.orchestrator.types import Claim, SweepReport
 from app.stages.errors import OutcomeUnknownError, PermanentError
 
@@ -36,7 +39,7 @@ def sweep(orch: Orchestrator) -> SweepReport:
             return report
         lock_conn.commit()
         try:
-            _run_steps(orch, report)
+            _run_steps(orch, report, started)
         finally:
             q.unlock(lock_conn)
             lock_conn.commit()
@@ -44,7 +47,7 @@ def sweep(orch: Orchestrator) -> SweepReport:
     return report
 
 
-def _run_steps(orch: Orchestrator, report: SweepReport) -> None:
+def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     s = orch.settings
     limit, grace = s.sweep_batch_limit, s.rehint_grace_s
     # 1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)
@@ -95,17 +98,14 @@ def _run_steps(orch: Orchestrator, report: SweepReport) -> None:
     seeded, hints = orch.continue_batches()
     report.counts["batches_seeded"] = seeded
     report.hints += hints
-    # 6. DB-truth gauges
-    with orch.engine.connect() as conn:
-        gauges = q.lane_gauges_txn(conn, orch.now())
-    seen = set()
-    for g in gauges:
-        seen.add(g["lane"])
-        metrics.QUEUE_DEPTH.labels(g["lane"]).set(g["queued"])
-        metrics.RUNNING_TASKS.labels(g["lane"]).set(g["running"])
-        metrics.OLDEST_QUEUED_AGE.labels(g["lane"]).set(float(g["oldest_age"] or 0))
-    for lane in Lane:
-        if lane.value not in seen:
-            metrics.QUEUE_DEPTH.labels(lane.value).set(0)
-            metrics.RUNNING_TASKS.labels(lane.value).set(0)
-            metrics.OLDEST_QUEUED_AGE.labels(lane.value).set(0)
+    # 6. worker registrations whose process died without a clean shutdown
+    with orch.engine.begin() as conn:
+        report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
+    # 7. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
+    with orch.engine.begin() as conn:
+        gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
+        for g in q.lane_gauges_txn(conn, orch.now()):
+            gauges[g["lane"]] = {"queued": int(g["queued"]), "running": int(g["running"]),
+                                 "oldest_age": float(g["oldest_age"] or 0)}
+        q.record_sweep_txn(conn, None, time.monotonic() - started, gauges)
+    metrics.set_lane_gauges(gauges)

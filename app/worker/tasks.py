@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 #: Comma-separated lanes whose providers a worker loads at start (set by ``memeflow worker``).
 PRELOAD_ENV = "MEMEFLOW_WORKER_LANES"
+#: ``0`` = this worker does not also consume the ``maintenance`` queue (``memeflow worker
+#: --no-maintenance``, for deployments that run a dedicated ``--lane maintenance`` worker).
+MAINTENANCE_ENV = "MEMEFLOW_WORKER_MAINTENANCE"
 
 
 def _parse_id(raw: object) -> uuid.UUID | None:
@@ -89,6 +92,36 @@ def seed_batch(batch_id: str) -> None:
     rt = get_runtime()
     _seeded, hints = rt.orch.continue_batches()
     rt.publisher.publish(hints)
+
+
+@signals.celeryd_after_setup.connect
+def _serve_maintenance(sender=None, instance=None, **_: object) -> None:
+    # Every worker also consumes `maintenance` (the sweeps beat schedules, batch seeding), so a
+    # deployment of lane workers + beat alone recovers everything: no process to forget. The
+    # sweep's advisory lock makes concurrent sweeps on several workers safe; prefetch 1 with late
+    # acks means a busy worker reserves no sweep message, so the first free worker runs it.
+    if os.environ.get(MAINTENANCE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    queues = instance.app.amqp.queues
+    queues.select_add(queues[celeryconfig.MAINTENANCE])
+
+
+@signals.worker_ready.connect
+def _register_worker(sender=None, **_: object) -> None:
+    # The registry heartbeat thread lives in the worker's main process (not a pool child).
+    from app.config import get_settings
+    from app.worker.registry import start_registration
+
+    app = getattr(sender, "app", celery_app)
+    lanes = sorted(app.amqp.queues.consume_from or app.amqp.queues)
+    start_registration(get_settings(), getattr(sender, "hostname", None) or f"worker-{os.getpid()}", lanes)
+
+
+@signals.worker_shutdown.connect
+def _deregister_worker(**_: object) -> None:
+    from app.worker.registry import stop_registration
+
+    stop_registration()
 
 
 @signals.worker_process_init.connect

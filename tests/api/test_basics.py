@@ -39,8 +39,9 @@ def test_readyz_broker_down_is_503(settings, engine, orch, publisher, store):
     assert upload(c, png_bytes()).status_code == 201
 
 
-def test_metrics_queue_gauges_are_db_truth(client):
+def test_metrics_queue_gauges_are_db_truth(client, orch):
     upload(client, png_bytes())
+    orch.sweep()  # the sweep computes the DB-truth gauges; /metrics serves its snapshot
     text = client.get("/metrics").get_data(as_text=True)
     assert 'memeflow_queue_depth{lane="visual"} 1.0' in text
     assert 'memeflow_queue_depth{lane="agent"} 0.0' in text

@@ -1,8 +1,9 @@
 """The chaos test of SPEC §9 "Reliability", against real processes.
 
 A dedicated embedded PostgreSQL + Redis (never the session's: this test restarts them), real
-``celery worker`` processes (2 visual, 2 agent, 1 embedding, 1 maintenance) and ``celery beat``
-with fast intervals. While ~200 uploads flow through, the test SIGKILLs random workers (and beat)
+``celery worker`` processes in the SPEC §7 topology — 2 visual, 2 agent, 1 embedding and
+``celery beat``, no dedicated maintenance worker (the lane workers run the sweeps) — with fast
+intervals. While ~200 uploads flow through, the test SIGKILLs random workers (and beat)
 and restarts them, every publisher drops and duplicates hints, Redis is stopped and started, and
 PostgreSQL is restarted. Then, polling with a deadline, it proves:
 
@@ -48,7 +49,7 @@ N_IMAGES = 200
 WAVES = 5  # uploads arrive in waves across the chaos, the last one after the PostgreSQL restart
 WORKERS = {  # slot -> lanes; each slot always has one (possibly freshly restarted) process
     "visual-0": ("visual",), "visual-1": ("visual",), "agent-0": ("agent",), "agent-1": ("agent",),
-    "embedding-0": ("embedding",), "maintenance-0": ("maintenance",),
+    "embedding-0": ("embedding",),  # SPEC §7 building blocks only: the lane workers run the sweeps
 }
 FAULTY = {"MEMEFLOW_WORKER_PUBLISHER": "tests.integration.fakes:faulty_celery_publisher"}
 PROVIDERS = {
@@ -242,6 +243,11 @@ def test_chaos_kills_restarts_and_lost_hints_lose_nothing_and_repeat_no_paid_cal
     figures["rehints"] = _scalar(engine, "SELECT coalesce(sum(count), 0) FROM ops_counters WHERE name = 'rehint'")
     figures["hints_dropped"] = len(recorded(call_log, "hint-dropped"))
     figures["recovery_lookups"] = len(recorded(call_log, "lookup"))
+
+    # ---- the sweeps ran in the lane workers (no process consumes only `maintenance`)
+    assert not any(lanes == ("maintenance",) for lanes in WORKERS.values())
+    assert _scalar(engine, "SELECT count(*) FROM sweep_state") == 1, "no sweep ever completed"
+    figures["lane_worker_sweeps"] = sum(p.log().count("reconcile sweep ran") for p in cluster.procs)
 
     # ---- every job terminal; nothing lost
     assert len(job_ids) == N_IMAGES

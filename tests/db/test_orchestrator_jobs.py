@@ -92,13 +92,19 @@ def test_dropping_every_second_hint_sweeps_finish_everything(engine, settings):
     pub = RecordingPublisher()
 
     class DropEverySecond:
-        n = 0
+        """Delivers hints 1, 3, 5 … and drops 2, 4, 6 … (how many there are depends on how uploads
+        and completions fall into wake-up groups, so only the invariant is asserted below)."""
+
+        def __init__(self) -> None:
+            self.seen = self.dropped = 0
 
         def publish(self, hints):
             for h in hints:
-                self.n += 1
-                if self.n % 2:
+                self.seen += 1
+                if self.seen % 2:
                     pub.publish([h])
+                else:
+                    self.dropped += 1
 
     lossy = DropEverySecond()
     n = 30
@@ -110,7 +116,10 @@ def test_dropping_every_second_hint_sweeps_finish_everything(engine, settings):
                 pub.publish(orch.sweep().hints)
             return _q(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == n
         poll_until(done, timeout=90, interval=0.1, what="all jobs after sweeps")
-    assert lossy.n > n  # hints really were dropped along the way
+    # At least one hint was lost whatever the grouping: the first upload's visual hint is delivered,
+    # and the first visual completion must wake the agent lane with a second hint (no agent task
+    # existed before it) — that one is dropped.
+    assert lossy.dropped >= 1
     assert calls.by_stage == {"visual": n, "agent": n, "text": n}
 
 

@@ -185,3 +185,15 @@ def test_dockerfile_installs_package_and_runs_unprivileged():
     assert re.search(r"pip install .*-e '\.\[ml\]'", text)
     assert "USER memeflow" in text
     assert "fonts-wqy-microhei" in text
+
+
+def test_default_services_are_the_spec_building_blocks_and_lane_workers_serve_maintenance(services):
+    """`docker compose up` without profiles starts no dedicated maintenance worker (SPEC §10): the
+    lane workers consume its queue by default, so nothing may turn that off."""
+    default = {name for name, svc in services.items() if not svc.get("profiles")}
+    assert "worker-maintenance" not in default
+    assert services["worker-maintenance"]["profiles"] == ["maintenance"]
+    for lane in LANES:
+        command = services[f"worker-{lane}"]["command"]
+        env = services[f"worker-{lane}"]["environment"]
+        assert "--no-maintenance" not in command and env.get("MEMEFLOW_WORKER_MAINTENANCE", "1") != "0"

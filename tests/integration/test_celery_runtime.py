@@ -229,7 +229,8 @@ def test_two_beats_never_overlap_sweeps_and_nothing_runs_twice(cluster, engine, 
     counting(cluster)
     orch = make_orch(engine, cluster.settings)
     faulty_env = {"MEMEFLOW_WORKER_PUBLISHER": "tests.integration.fakes:faulty_celery_publisher"}
-    start_lanes(cluster, **faulty_env)
+    # the dedicated-maintenance topology: lane workers opt out (--no-maintenance), two sweepers
+    start_lanes(cluster, MEMEFLOW_WORKER_MAINTENANCE="0", **faulty_env)
     sweepers = [cluster.worker("maintenance", name=f"maint{i}", wait=False) for i in range(2)]
     for proc in sweepers:
         cluster.wait_ready(proc)

@@ -30,15 +30,15 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
     pids = []
     try:
         pids = [c.proc.pid for c in stack.children]
-        assert {c.name for c in stack.children} == set(Stack.ALL)
+        assert {c.name for c in stack.children} == set(Stack.DEFAULT)  # SPEC §7: no maintenance worker
         flower = f"http://127.0.0.1:{settings.flower_port}/workers?json=1"
 
         def online():
             data = requests.get(flower, timeout=5).json()["data"]
             return sorted(w["hostname"].split("@")[0] for w in data if w.get("status"))
 
-        assert poll_until(lambda: online() == ["agent", "embedding", "maintenance", "visual"] and online(),
-                          timeout=30, interval=0.5, what="Flower shows the four workers online")
+        assert poll_until(lambda: online() == ["agent", "embedding", "visual"] and online(),
+                          timeout=30, interval=0.5, what="Flower shows the three lane workers online")
         buf = io.BytesIO()
         Image.new("RGB", (20, 20), (1, 2, 3)).save(buf, format="PNG")
         api = f"http://127.0.0.1:{settings.api_port}/api/v1"

@@ -14,7 +14,7 @@ def page_job_counts(html: str) -> dict[str, int]:
 
 
 def page_lane(html: str, lane: str) -> dict[str, str]:
-    row = re.search(rf'<tr data-lane="{lane}">(.*?)</tr>', html, re.DOTALL)
+    row = re.search(rf'<tr data-lane="{lane}"[^>]*>(.*?)</tr>', html, re.DOTALL)
     assert row, f"lane {lane} missing from the page"
     return {k: v.strip() for k, v in re.findall(r'data-k="(\w+)">([^<]*)<', row.group(1))}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import ClassVar
 
@@ -157,6 +158,8 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
 
     class Settings:
         agent_lane_limit = 2
+        sweep_interval_s = 15.0
+        worker_registry_interval_s = 10.0
 
     svc = type("Services", (), {"engine": engine, "scope_resolver": Resolver(), "orchestrator": Orchestrator(),
                                 "publisher": Publisher(), "settings": Settings()})()
@@ -193,3 +196,44 @@ def test_page_reads_never_write(ops_app, engine, seeded, path):
     before = snapshot()
     ops_app.test_client().get(path)
     assert snapshot() == before
+
+
+def test_liveness_shows_workers_per_lane_and_flags_unserved_lanes_and_a_stale_sweep(engine, seeded, settings):
+    from datetime import UTC, datetime, timedelta
+
+    from app.orchestrator.liveness import WorkerIdentity, register_worker
+    from app.orchestrator.store import sweep as sweep_q
+    from app.orchestrator.store import workers as workers_q
+
+    app = Flask("ops-liveness")
+    register_ops(app, engine=engine, scope_for_request=lambda: SCOPE, retry_job=lambda *a: None,
+                 slot_limits={"agent": 4}, settings=settings.replace(sweep_interval_s=60.0))
+    client = app.test_client()
+
+    html = client.get("/ops").get_data(as_text=True)  # no worker, no sweep ever
+    assert 'data-reason="sweep_stale"' in html and "no reconcile sweep has completed yet" in html
+    assert 'id="sweep" data-stale="true"' in html
+    with engine.connect() as conn:
+        queued = set(conn.execute(text("SELECT DISTINCT lane FROM tasks WHERE status = 'queued'")).scalars())
+    assert queued and queued < {"visual", "agent", "embedding"}  # the seed has lanes with and without work
+    for lane in ("visual", "agent", "embedding"):
+        flagged = re.search(rf'<tr data-lane="{lane}" class="unserved" data-unserved="true"', html) is not None
+        assert flagged == (lane in queued), lane
+        assert page_lane(html, lane)["workers"].startswith("0")
+    assert html.count('data-reason="lane_unserved"') == len(queued)
+
+    now = datetime.now(UTC)
+    for node, lane in (("v@h", "visual"), ("v2@h", "visual"), ("a@h", "agent"), ("e@h", "embedding")):
+        register_worker(engine, WorkerIdentity(node=node, lanes=(lane, "maintenance"), started_at=now, host="h", pid=1))
+    with engine.begin() as conn:  # a sweep 200 s ago: more than 3x the 60 s interval
+        sweep_q.record_sweep_txn(conn, workers_q.db_now(conn) - timedelta(seconds=200), 0.01, {})
+    html = client.get("/ops").get_data(as_text=True)
+    assert 'data-reason="lane_unserved"' not in html and 'class="unserved"' not in html
+    assert [page_lane(html, lane)["workers"] for lane in ("visual", "agent", "embedding")] == ["2", "1", "1"]
+    assert re.search(r'id="maintenance-workers"><div class="v" data-k="workers">4<', html)
+    assert 'data-reason="sweep_stale"' in html and "more than 3x the 60s interval" in html
+
+    with engine.begin() as conn:
+        sweep_q.record_sweep_txn(conn, None, 0.01, {})
+    html = client.get("/ops").get_data(as_text=True)
+    assert "data-reason=" not in html and 'id="sweep" data-stale="false"' in html

@@ -1,0 +1,92 @@
+"""The worker registry (``worker_registry``): which worker processes are alive and what they serve.
+
+Each worker process upserts its row on every registry heartbeat; a row whose ``last_seen`` is older
+than the TTL no longer counts as live and the sweep prunes it. Times default to the database's
+clock (``now()``), so workers on hosts with skewed clocks still agree; tests pass ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.store._sql import sql
+
+_NOW = "coalesce(CAST(:now AS timestamptz), now())"
+
+
+def db_now(conn: Connection) -> datetime:
+    """The database's clock (the one every registry time is written with)."""
+    return conn.execute(sql("SELECT now()")).scalar_one()
+
+
+def upsert_worker_txn(
+    conn: Connection, *, node: str, host: str, pid: int, lanes: Iterable[str], started_at: datetime,
+    now: datetime | None = None,
+) -> None:
+    """Record that ``node`` is alive now, serving ``lanes`` (a restarted node replaces its row)."""
+    conn.execute(
+        sql(
+            "INSERT INTO worker_registry (node, host, pid, lanes, started_at, last_seen)"
+            f" VALUES (:node, :host, :pid, :lanes, :started_at, {_NOW})"
+            " ON CONFLICT (node) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, lanes = EXCLUDED.lanes,"
+            " started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen"
+        ),
+        {"node": node, "host": host, "pid": pid, "lanes": sorted(set(lanes)), "started_at": started_at, "now": now},
+    )
+
+
+def remove_worker_txn(conn: Connection, *, node: str, pid: int) -> bool:
+    """Forget ``node`` on a clean shutdown; a newer process that took the node name keeps its row."""
+    deleted = conn.execute(
+        sql("DELETE FROM worker_registry WHERE node = :node AND pid = :pid"), {"node": node, "pid": pid}
+    )
+    return deleted.rowcount > 0
+
+
+def prune_workers_txn(conn: Connection, ttl_s: float, now: datetime | None = None) -> int:
+    """Delete rows not seen within ``ttl_s`` (their process died without a clean shutdown)."""
+    return conn.execute(
+        sql(f"DELETE FROM worker_registry WHERE last_seen < {_NOW} - make_interval(secs => :ttl)"),
+        {"now": now, "ttl": ttl_s},
+    ).rowcount
+
+
+def live_workers_per_lane(conn: Connection, ttl_s: float, now: datetime | None = None) -> dict[str, int]:
+    """lane (queue) -> how many workers seen within ``ttl_s`` consume it (lanes without one are absent)."""
+    rows = conn.execute(
+        sql(
+            "SELECT lane, count(*) AS n FROM worker_registry, unnest(lanes) AS lane"
+            f" WHERE last_seen >= {_NOW} - make_interval(secs => :ttl) GROUP BY lane"
+        ),
+        {"now": now, "ttl": ttl_s},
+    )
+    return {r.lane: int(r.n) for r in rows}
+
+
+def live_workers(conn: Connection, ttl_s: float, now: datetime | None = None) -> list[RowMapping]:
+    """The live workers (node, host, pid, lanes, started_at, last_seen, seen_ago_s), by node."""
+    return list(
+        conn.execute(
+            sql(
+                f"SELECT node, host, pid, lanes, started_at, last_seen,"
+                f" extract(epoch FROM {_NOW} - last_seen) AS seen_ago_s FROM worker_registry"
+                f" WHERE last_seen >= {_NOW} - make_interval(secs => :ttl) ORDER BY node"
+            ),
+            {"now": now, "ttl": ttl_s},
+        ).mappings()
+    )
+
+
+def lanes_with_queued_work(conn: Connection, lanes: Iterable[str]) -> set[str]:
+    """Which of ``lanes`` hold at least one queued task (one probe of ``ix_tasks_queued_due`` each)."""
+    rows = conn.execute(
+        sql(
+            "SELECT l FROM unnest(CAST(:lanes AS text[])) AS l"
+            " WHERE EXISTS (SELECT 1 FROM tasks t WHERE t.status = 'queued' AND t.lane = l)"
+        ),
+        {"lanes": list(lanes)},
+    )
+    return {r.l for r in rows}
