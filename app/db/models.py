@@ -476,7 +476,7 @@ class OpsCounter(Base):
 
 
 class WorkerRegistration(Base):
-    """One live worker process (migration 0008): upserted on its registry heartbeat, pruned by the
+    """One live worker process (migration 0012): upserted on its registry heartbeat, pruned by the
     sweep after the TTL. ``node`` is the Celery node name (unique in a cluster)."""
 
     __tablename__ = "worker_registry"

@@ -1,6 +1,6 @@
 """worker registry and the last completed sweep (liveness you can see)
 
-Revision ID: 0008
+Revision ID: 0012
 Revises: 0011
 Create Date: 2026-12-01
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0008'
+revision = '0012'
 down_revision = '0011'
 branch_labels = None
 depends_on = None
