@@ -1,43 +1,32 @@
-"""``local-ocr`` agent: reads image text with RapidOCR (ONNX, offline), builds context."""
+"""``local-ocr`` agent: reads image text offline (PP-OCR through RapidOCR), builds a context."""
 
 from __future__ import annotations
 
-import threading
-from importlib import metadata
+from dataclasses import fields
 from typing import Any
 
-from app.stages.agent.facts import describe_facts, visual_facts
+from app.stages.agent.facts import visual_facts
+from app.stages.agent.ocr_engine import OcrSettings, run_ocr
 from app.stages.agent.records import ResultRecords, check_attempt_id
 from app.stages.agent.text_tags import TextBox, group_lines, line_text, salient_words
 from app.stages.base import AgentResult, LookupResult, check_reverse_image_policy
 from app.stages.errors import PermanentError
 from app.stages.images import DecodedImage
 
-VERSION = "local-ocr-v1"
-_ENGINE = None
-_ENGINE_LOCK = threading.Lock()
-
-
-def ocr_engine():
-    """The process-wide RapidOCR engine, created on first use (loading takes ~1 s)."""
-    global _ENGINE
-    with _ENGINE_LOCK:
-        if _ENGINE is None:
-            from rapidocr_onnxruntime import RapidOCR
-
-            _ENGINE = RapidOCR()
-        return _ENGINE
-
-
-def _rapidocr_version() -> str:
-    try:
-        return metadata.version("rapidocr-onnxruntime")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+VERSION = "local-ocr-v2"
+_OCR_FIELDS = frozenset(f.name for f in fields(OcrSettings))
 
 
 class LocalOcrAgent:
     """Default agent: OCR text, the most prominent line as title, salient words as tags, facts.
+
+    The context carries meaning only: ``ocr_text``, ``title`` and ``tags``. ``description`` is
+    left empty: OCR knows nothing about the image beyond its text, which ``ocr_text`` already
+    holds, and a sentence of visual facts (size, colours) diluted the document search embeds.
+    Those facts stay under ``facts``.
+
+    OCR options (see :class:`~app.stages.agent.ocr_engine.OcrSettings`) may be passed as
+    keyword arguments: ``det_model``, ``rec_model``, ``det_limit_type``, ...
 
     Writes each result to ``results_dir/<attempt_id>.json`` before returning it, so ``lookup``
     can answer for attempts finished by a worker that died before committing.
@@ -45,19 +34,23 @@ class LocalOcrAgent:
 
     name = "local-ocr"
 
-    def __init__(self, *, results_dir: str, min_score: float = 0.5, max_tags: int = 10, **_: Any):
+    def __init__(
+        self, *, results_dir: str, min_score: float = 0.5, max_tags: int = 10, **options: Any
+    ):
         if not results_dir:
             raise ValueError("local-ocr agent needs results_dir (where attempt results are kept)")
         self.records = ResultRecords(results_dir)
         self.min_score = float(min_score)
         self.max_tags = int(max_tags)
+        self.ocr = OcrSettings(**{k: v for k, v in options.items() if k in _OCR_FIELDS})
 
     def config(self) -> dict[str, Any]:
-        """Identity of the OCR pipeline and of how its output becomes a context."""
+        """Identity of the OCR model and settings and of how their output becomes a context."""
         return {
             "provider": self.name,
-            "model": f"rapidocr-onnxruntime-{_rapidocr_version()}:ppocrv4-det-rec",
+            "model": self.ocr.name,
             "version": VERSION,
+            "ocr": self.ocr.identity(),
             "min_score": self.min_score,
             "max_tags": self.max_tags,
         }
@@ -65,17 +58,21 @@ class LocalOcrAgent:
     def read_text(self, image: DecodedImage) -> list[TextBox]:
         """Recognised fragments scoring at least ``min_score``."""
         try:
-            raw, _timings = ocr_engine()(image.image)
+            raw = run_ocr(self.ocr, image.image)
         except Exception as exc:  # the engine failing on valid pixels will not improve on retry
             raise PermanentError(f"OCR failed: {exc}", code="agent_ocr_failed") from exc
         boxes = []
-        for points, text, score in raw or []:
-            if float(score) < self.min_score or not str(text).strip():
+        for points, text, score in raw:
+            if score < self.min_score or not text.strip():
                 continue
-            xs = [float(p[0]) for p in points]
-            ys = [float(p[1]) for p in points]
-            boxes.append(TextBox(str(text), min(xs), min(ys), max(xs), max(ys), float(score)))
+            xs = [p[0] for p in points]
+            ys = [p[1] for p in points]
+            boxes.append(TextBox(text, min(xs), min(ys), max(xs), max(ys), score))
         return boxes
+
+    def read_lines(self, image: DecodedImage) -> list[list[TextBox]]:
+        """The recognised fragments grouped into visual lines, in reading order."""
+        return group_lines(self.read_text(image))
 
     def describe(
         self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str
@@ -83,21 +80,17 @@ class LocalOcrAgent:
         """OCR the image and record the result durably before returning it."""
         check_attempt_id(attempt_id)
         check_reverse_image_policy(reverse_image_policy)  # local OCR never searches the web
-        lines = group_lines(self.read_text(image))
-        facts = visual_facts(image)
+        lines = self.read_lines(image)
+        texts = [line_text(line) for line in lines]
         title = ""
         if lines:
             title = line_text(max(lines, key=lambda line: max(b.height for b in line)))
-        ocr_text = "\n".join(line_text(line) for line in lines)
-        description = describe_facts(facts)
-        if ocr_text:
-            description += f" Text: {ocr_text.replace(chr(10), ' / ')}"
         context = {
             "title": title,
-            "description": description,
-            "ocr_text": ocr_text,
+            "description": "",
+            "ocr_text": "\n".join(texts),
             "tags": salient_words(lines, self.max_tags),
-            "facts": facts,
+            "facts": visual_facts(image),
         }
         result = AgentResult(context=context, model=self.config()["model"], request_id=attempt_id)
         self.records.write(attempt_id, result)
@@ -109,3 +102,4 @@ class LocalOcrAgent:
         if result is None:
             return LookupResult(status="not_received")
         return LookupResult(status="complete", result=result)
+

