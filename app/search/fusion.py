@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 # Defaults chosen on bench/search_quality.py (docs/search.md): see FusionParams.
-LEXICAL_GATE = 0.5
-LEXICAL_WEIGHT = 0.15
+LEXICAL_GATE = 0.3
+LEXICAL_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)
