@@ -169,6 +169,13 @@ class Orchestrator:
     cancel_batch = batches.cancel_batch
     seed_batch = batches.seed_batch
 
+    def open_attempt_ids(self, attempt_ids: list[str]) -> set[str]:
+        """Those of ``attempt_ids`` still in flight (their agent result records are still needed)."""
+        from app.orchestrator.store.attempts import open_attempt_ids_txn
+
+        with self.engine.connect() as conn:
+            return open_attempt_ids_txn(conn, attempt_ids)
+
     # ------------------------------------------------------------------ tenant limits (issue 17)
     take_request = limits.take_request
     set_scope_limits = limits.set_scope_limits
