@@ -202,7 +202,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     while heads:
         still = []
         for batch_id in heads:
-            n, page_hints, more = _seed_page(orch, batch_id)
+            n, page_hints, more = _seed_page(orch, batch_id, orch.settings.batch_page_size)
             seeded, hints = seeded + n, hints + page_hints
             if more:
                 still.append(batch_id)

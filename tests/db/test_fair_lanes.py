@@ -60,7 +60,7 @@ def _claims_until(orch: Orchestrator, hints: list[uuid.UUID], lane: str, target:
     claimed, tasks claimed in all)."""
     n, found, total = lane_batch_size(orch.settings, lane), None, 0
     for i, hint in enumerate(hints, start=1):
-        claimed = orch.claim_with_batch(hint, lane, n, f"w{i}")
+        claimed = orch.claim_with_batch(hint, lane, n, f"w{i}").claims
         total += len(claimed)
         if found is None and any(c.task_id == target for c in claimed):
             found = i
@@ -119,7 +119,7 @@ def test_the_fair_fill_round_robins_over_the_least_recently_served_scopes(engine
     others = {f"tenant-{i}": _backlog(engine, orch, f"tenant-{i}", "visual", 1, 530 + i)[0] for i in range(4)}
     n, served_at = lane_batch_size(orch.settings, "visual"), {}
     for i, hint in enumerate(hints, start=1):
-        for claim in orch.claim_with_batch(hint, "visual", n, f"w{i}"):
+        for claim in orch.claim_with_batch(hint, "visual", n, f"w{i}").claims:
             if claim.task_id in others.values():
                 served_at[claim.task_id] = i
     assert sorted(served_at.values()) == [1, 2, 3, 4]
