@@ -1,7 +1,7 @@
 """tenant limits and fairness: per-scope quotas and rate windows, fair batched claims and seeding
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-01
 
 - ``scope_limits``: per-scope overrides of the global ``MEMEFLOW_*`` limits (NULL = the global
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0013'
-down_revision = '0011'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
