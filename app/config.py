@@ -78,6 +78,11 @@ class Settings:
     sweep_lookback_s: float = 3600.0
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000
+    # tenant limits (0 = unlimited); per-scope overrides: ``memeflow scopes limits``
+    scope_max_bytes: int = 0
+    scope_max_images: int = 0
+    uploads_per_minute: int = 0
+    processing_per_minute: int = 0
     visual_provider: str = "perceptual-v1"
     agent_provider: str = "local-ocr"
     text_provider: str = "multilingual-e5-small+all-MiniLM-L6-v2"
@@ -140,6 +145,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_CURSOR_SECRET must be at least 16 characters (unset: a generated key)")
         if self.visual_batch_max_pixels < 1 or self.embedding_batch_max_chars < 1:
             raise SettingsError("MEMEFLOW_VISUAL_BATCH_MAX_PIXELS and MEMEFLOW_EMBEDDING_BATCH_MAX_CHARS must be >= 1")
+        if min(self.scope_max_bytes, self.scope_max_images, self.uploads_per_minute, self.processing_per_minute) < 0:
+            raise SettingsError("tenant limits must be >= 0 (0 = unlimited)")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
 

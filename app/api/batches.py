@@ -8,7 +8,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, publish, scope_id, services
+from app.api.context import limit_rate, protect, publish, scope_id, services
 from app.api.images import _error_docs
 from app.orchestrator.batches import REQUEST_PAGE
 
@@ -26,6 +26,7 @@ class Batches(MethodView):
     @blp.doc(responses=_error_docs({404: "not_found", 422: "validation_error"}))
     def post(self, args):
         """Snapshot the target set (all images or the given ids) and process it in explicit mode."""
+        limit_rate("processing")
         batch, hints = _orch_call("create_batch")(
             scope_id(),
             all=args["all"],

@@ -55,6 +55,22 @@ def protect(blp: Blueprint) -> Blueprint:
     return blp
 
 
+def limit_rate(kind: str) -> None:
+    """Count this request against the scope's ``kind`` per-minute limit ("uploads" or
+    "processing"); 429 ``rate_limited`` with ``Retry-After`` when over. The window is per API token
+    in token mode (the bearer the resolver just accepted, by its sha256) and per scope otherwise
+    (also for ``memeflow ingest``'s in-process app, which has no bearer)."""
+    svc = services()
+    scope = scope_id()
+    key = f"scope:{scope}"
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    if svc.settings.auth == "token" and token.strip():  # (no bearer: the operator's in-process app)
+        from app.auth import hash_token
+
+        key = f"token:{hash_token(token.strip())}"
+    svc.orchestrator.take_request(kind, scope, key)
+
+
 def publish(hints: Iterable[Any]) -> None:
     """Publish hints after the orchestrator's commit; a failure is logged, never surfaced."""
     hints = list(hints or [])

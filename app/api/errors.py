@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.api.schemas import INVALID_TEXT, has_unstorable_text
 from app.auth import Unauthorized
-from app.orchestrator.errors import OrchestratorError
+from app.orchestrator.errors import OrchestratorError, QuotaExceeded, RateLimited
 
 log = logging.getLogger("memeflow.api")
 
@@ -170,6 +170,11 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(OrchestratorError)
     def _domain(exc: OrchestratorError):
+        if isinstance(exc, RateLimited | QuotaExceeded):  # their details are the client's to act on
+            resp = error_response(exc.status, exc.code, exc.message, exc.details)
+            if isinstance(exc, RateLimited):
+                resp.headers["Retry-After"] = str(exc.details["retry_after"])
+            return resp
         return error_response(exc.status, exc.code, exc.message or exc.code)
 
     @app.errorhandler(Exception)

@@ -10,7 +10,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, publish, scope_id, services
+from app.api.context import limit_rate, protect, publish, scope_id, services
 from app.api.errors import ApiError
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
@@ -76,6 +76,7 @@ class Images(MethodView):
     @blp.doc(requestBody=_multipart_body(True), responses=_error_docs(_UPLOAD_ERRORS))
     def post(self):
         """Upload an image (multipart ``file``); creates its job unless ``process=false``."""
+        limit_rate("uploads")
         svc = services()
         args, upload = parse_multipart(S.UploadFormSchema(), svc.settings)
         assert upload is not None
@@ -162,6 +163,7 @@ class ImageContent(MethodView):
         {**_UPLOAD_ERRORS, 404: "not_found", 409: "duplicate_image / generation_policy_conflict"}))
     def put(self, image_id: uuid.UUID):
         """Replace the image's bytes; the active job ends target_changed and a new one starts."""
+        limit_rate("uploads")
         svc = services()
         _, upload = parse_multipart(S.StrictSchema(), svc.settings)
         assert upload is not None
@@ -192,6 +194,7 @@ class ImageProcess(MethodView):
     @blp.doc(responses=_error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage"}))
     def post(self, args, image_id: uuid.UUID):
         """Explicitly (re)process an image; ``force_stages`` re-runs the listed stages."""
+        limit_rate("processing")
         svc = services()
         force = tuple(dict.fromkeys(args["force_stages"]))
         result = svc.orchestrator.request_processing(

@@ -8,7 +8,7 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, publish, scope_id, services
+from app.api.context import limit_rate, protect, publish, scope_id, services
 from app.api.images import _error_docs
 
 blp = protect(Blueprint("jobs", __name__, url_prefix="/api/v1/jobs", description="Processing jobs"))
@@ -45,6 +45,7 @@ class JobRetry(MethodView):
     @blp.doc(responses=_error_docs({404: "not_found", 409: "job_not_retryable"}))
     def post(self, job_id: uuid.UUID):
         """A new revision that resumes at the first failed, blocked, unknown or stale stage."""
+        limit_rate("processing")
         result = services().orchestrator.retry_job(scope_id(), job_id)
         publish(result.hints)
         return {"job": result.job}

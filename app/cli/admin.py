@@ -1,4 +1,4 @@
-"""``memeflow scopes create|list`` and ``memeflow tokens create|revoke|list``."""
+"""``memeflow scopes create|list|limits`` and ``memeflow tokens create|revoke|list``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,43 @@ def scopes_list() -> None:
     for r in rows:
         click.echo(f"{printable(r['id'])}\t{r['images']} images\tnamespace {r['storage_namespace']}"
                    f"\tcreated {r['created_at']:%Y-%m-%d %H:%M}")
+
+
+def _limit(value: str | None) -> int | None:
+    return None if value is None or value == "default" else int(value)
+
+
+_LIMIT_HELP = "0 = unlimited, 'default' = back to the global MEMEFLOW_* setting"
+
+
+@scopes.command("limits")
+@click.argument("scope_id")
+@click.option("--max-bytes", default=None, help=f"stored bytes of the scope ({_LIMIT_HELP})")
+@click.option("--max-images", default=None, help=f"images of the scope ({_LIMIT_HELP})")
+@click.option("--uploads-per-minute", default=None, help=f"uploads per minute, per token ({_LIMIT_HELP})")
+@click.option("--processing-per-minute", default=None,
+              help=f"processing requests (process, retry, batches) per minute, per token ({_LIMIT_HELP})")
+@friendly_errors
+def scopes_limits(scope_id: str, **options: str | None) -> None:
+    """Show or set SCOPE_ID's limits (overrides of the global settings) and its usage."""
+    from app.cli.common import connected
+
+    values = {}
+    for name, raw in options.items():
+        if raw is None:
+            continue
+        try:
+            values[name] = _limit(raw)
+        except ValueError:
+            raise click.BadParameter(f"{raw!r} is not a number or 'default'", param_hint=f"--{name.replace('_', '-')}") from None
+    with connected() as c:
+        report = c.orch.set_scope_limits(scope_id, values)
+    effective = report["effective"]
+    click.echo(f"{scope_id!r}: {report['image_count']} images, {report['stored_bytes']} bytes stored")
+    for name in ("max_bytes", "max_images", "uploads_per_minute", "processing_per_minute"):
+        value = getattr(effective, name)
+        source = "scope" if report["overrides"].get(name) is not None else "global"
+        click.echo(f"  {name.replace('_', '-')}: {value or 'unlimited'} ({source})")
 
 
 @click.group()

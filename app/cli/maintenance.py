@@ -1,4 +1,5 @@
-"""``memeflow sweep`` (the reconcile sweep, once) and ``memeflow gc`` (unreferenced storage files)."""
+"""``memeflow sweep`` (the reconcile sweep, once) and ``memeflow gc`` (unreferenced storage files,
+and agent result records no attempt in flight needs)."""
 
 from __future__ import annotations
 
@@ -90,12 +91,18 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
               help="keep files younger than this many seconds (counted from their latest upload)")
 @friendly_errors
 def gc(dry_run: bool, min_age_s: float) -> None:
-    """Remove storage files no image references, and temp files left by crashed writes."""
+    """Remove storage files no image references, temp files left by crashed writes, and local agent
+    result records whose attempt is no longer in flight."""
+    from app.stages.agent import records
+
     with connected() as ctx:
         storage = ctx.settings.storage_path
         report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run)
+        pruned = records.prune(ctx.settings.agent_results_path, ctx.orch.open_attempt_ids, min_age_s=min_age_s,
+                               dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc {storage}: {verb} {len(report.orphans)} unreferenced files and {len(report.temp_files)} "
                f"temp files ({report.bytes} bytes); kept {report.kept_young} younger than {min_age_s:g}s")
     for path in (*report.orphans, *report.temp_files):
         click.echo(f"  {path}")
+    click.echo(f"gc {ctx.settings.agent_results_path}: {verb} {len(pruned)} agent result records")

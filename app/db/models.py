@@ -81,6 +81,47 @@ class Scope(Base):
     )
 
 
+class ScopeLimit(Base):
+    """Per-scope overrides of the global limits (migration 0013): NULL = the global setting, 0 = unlimited."""
+
+    __tablename__ = "scope_limits"
+    scope_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    max_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_images: Mapped[int | None] = mapped_column(Integer)
+    uploads_per_minute: Mapped[int | None] = mapped_column(Integer)
+    processing_per_minute: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = _now()
+    __table_args__ = (
+        ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
+        CheckConstraint(
+            "coalesce(max_bytes, 0) >= 0 AND coalesce(max_images, 0) >= 0"
+            " AND coalesce(uploads_per_minute, 0) >= 0 AND coalesce(processing_per_minute, 0) >= 0",
+            name="limits_valid",
+        ),
+    )
+
+
+class ScopeUsage(Base):
+    """A scope's image count and stored bytes, maintained by the ``images_scope_usage`` trigger
+    (migration 0013) on every insert, delete and size change of ``images``."""
+
+    __tablename__ = "scope_usage"
+    scope_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    image_count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    __table_args__ = (ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),)
+
+
+class RateWindow(Base):
+    """A fixed one-minute rate window: requests of ``kind`` counted for ``key`` (token or scope)."""
+
+    __tablename__ = "rate_windows"
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    count: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
 class ApiToken(Base):
     __tablename__ = "api_tokens"
     id: Mapped[uuid.UUID] = _uuid_pk()
@@ -172,6 +213,8 @@ class Batch(Base):
         status_check("status", E.BatchStatus),
         status_check("reverse_image_policy", E.ReverseImagePolicy),
         Index("ix_batches_active", "updated_at", postgresql_where=text("status IN ('seeding', 'running')")),
+        # batch seeding round-robins over scopes: each scope's least recently touched seeding batch
+        Index("ix_batches_seeding", "scope_id", "updated_at", postgresql_where=text("status = 'seeding'")),
     )
 
 
@@ -304,6 +347,11 @@ class Task(Base):
         # batched claims: due queued tasks of a lane in (priority, age) order
         Index(
             "ix_tasks_queued_due", "lane", text("priority DESC"), "available_at",
+            postgresql_where=text("status = 'queued'"),
+        ),
+        # batched lanes' fair claim (waiting scopes, each scope's best due tasks); per-scope backlog
+        Index(
+            "ix_tasks_lane_scope_due", "lane", "scope_id", text("priority DESC"), "available_at",
             postgresql_where=text("status = 'queued'"),
         ),
         # due for re-hint

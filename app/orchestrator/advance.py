@@ -30,7 +30,7 @@ from app.db.enums import (
 from app.orchestrator import fingerprints as fp
 from app.orchestrator.errors import GenerationPolicyConflict
 from app.orchestrator.hints import Hint
-from app.orchestrator.lanes import lane_batch_size
+from app.orchestrator.lanes import wake_group_size
 from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
 from app.orchestrator.policy import Denial
 from app.orchestrator.store import artifacts, images, jobs, tasks
@@ -242,7 +242,7 @@ def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
         by_key.setdefault((row["lane"], row["scope_id"], row["resource_key"]), []).append(row)
     groups = []
     for (lane, _, _), members in by_key.items():
-        size = lane_batch_size(orch.settings, lane)
+        size = wake_group_size(orch.settings, lane)
         for i in range(0, len(members), size):
             group = members[i : i + size]
             group[0]["hint_members"] = len(group) - 1
@@ -266,7 +266,7 @@ def _join_open_groups_txn(
     own = []
     for group in groups:
         first = group[0]
-        size = lane_batch_size(orch.settings, first["lane"])
+        size = wake_group_size(orch.settings, first["lane"])
         leader = None
         if first["lane"] in _JOINABLE_LANES and len(group) < size:
             leader = tasks.join_open_group_txn(conn, first["scope_id"], first["lane"], first["resource_key"],

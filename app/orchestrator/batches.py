@@ -2,9 +2,9 @@
 
 A batch snapshots its target set (all images of the scope created up to the batch, or a list of
 ids) and seeds it page by page: each page is one transaction that creates or reuses every image's
-job in ``explicit`` mode and records a ``batch_items`` row. Seeding pauses while the queued
-backlog is above ``batch_backlog_threshold`` (so at most threshold + one page is ever queued) and
-the sweep continues it. Progress is exact: terminal item jobs / total.
+job in ``explicit`` mode and records a ``batch_items`` row. Seeding pauses while the scope's
+queued backlog is above ``batch_backlog_threshold`` (so at most threshold + one page per scope is
+ever queued) and the sweep continues it, round-robin over scopes. Progress is exact: terminal item jobs / total.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
         batch = store.batch_txn(conn, batch_id, lock=True)  # one seeder per batch at a time
         if batch is None or batch["status"] != SEEDING:
             return 0, [], False
-        if store.queued_backlog_txn(conn, threshold + 1) > threshold:
+        if store.queued_backlog_txn(conn, batch["scope_id"], threshold + 1) > threshold:
             return 0, [], False  # back-pressure: the sweep continues later
         now = orch.now()
         cursor = dict(batch["seed_cursor"] or {})
@@ -193,14 +193,23 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
 
 
 def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
-    """Sweep step: seed batches still seeding; complete running ones whose item jobs are all terminal."""
+    """Sweep step: seed batches still seeding, round-robin over scopes (one page of each scope's
+    head batch per round, until every head is done or paused by its scope's back-pressure); then
+    complete running batches whose item jobs are all terminal."""
     with orch.engine.connect() as conn:
-        open_batches = store.open_batches_txn(conn, SWEEP_BATCHES)
+        heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
     seeded, hints = 0, []
-    for b in open_batches:
-        if b["status"] == SEEDING:
-            n, h = seed_batch(orch, b["id"])
-            seeded, hints = seeded + n, hints + h
+    while heads:
+        still = []
+        for batch_id in heads:
+            n, page_hints, more = _seed_page(orch, batch_id, orch.settings.batch_page_size)
+            seeded, hints = seeded + n, hints + page_hints
+            if more:
+                still.append(batch_id)
+        heads = still
+    with orch.engine.connect() as conn:
+        running = store.running_batches_txn(conn, SWEEP_BATCHES)
+    for b in running:
         with orch.engine.begin() as conn:
             batch = store.batch_txn(conn, b["id"], lock=True)
             if batch is not None and batch["status"] == RUNNING and not store.has_active_item_jobs_txn(conn, b["id"]):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.db.enums import ACTIVE_JOB_STATUSES, STAGE_ORDER, ContextStatus, JobMode, JobStatus
 from app.orchestrator import fingerprints as fp
+from app.orchestrator import limits
 from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
 from app.orchestrator.errors import (
     ContextGenerationInProgress,
@@ -88,6 +89,7 @@ def _insert_or_lock_image_txn(orch: Orchestrator, conn, scope_id: str, sha256: s
     while True:
         row = images.insert_image_txn(conn, scope_id, values, orch.now())
         if row is not None:
+            limits.check_quota_txn(orch, conn, scope_id)  # over: the caller's transaction rolls back
             return row, True
         existing = images.image_by_sha_txn(conn, scope_id, sha256)
         if existing is not None:
@@ -211,6 +213,7 @@ def replace_content(
                                  "storage_key": storage_key},
                 orch.now(),
             )
+            limits.check_quota_txn(orch, conn, scope_id)  # bigger bytes may cross the storage quota
             job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
             job_id = job["id"]
     except BaseException:

@@ -64,3 +64,17 @@ class InvalidRequest(OrchestratorError):
 
     code = "invalid_request"
     status = 422
+
+
+class QuotaExceeded(OrchestratorError):
+    """The scope's storage or image quota is reached; nothing was stored."""
+
+    code = "quota_exceeded"
+    status = 403
+
+
+class RateLimited(OrchestratorError):
+    """Too many requests in this minute; ``details['retry_after']`` seconds until the window ends."""
+
+    code = "rate_limited"
+    status = 429

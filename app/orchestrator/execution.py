@@ -118,9 +118,11 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
         now = orch.now()  # after the wait: a member that joined meanwhile is due by now
         rows, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget)
         used = sum(r["batch_cost"] for r in rows)
-        if rows and not left_out and len(rows) < n and used < budget:
-            rows += tasks.claim_batch_txn(conn, lane, n - len(rows), owner, now, orch.settings.lease_s,
-                                          budget=budget - used, at_least_one=False)
+        if rows:  # fill fairly; the group's scope counts as served even when nothing is left to fill
+            room = n - len(rows) if not left_out and used < budget else 0
+            rows += tasks.claim_batch_txn(conn, lane, max(0, room), owner, now, orch.settings.lease_s,
+                                          budget=max(0, budget - used), at_least_one=False,
+                                          served=sorted({r["scope_id"] for r in rows}))
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:

@@ -89,6 +89,20 @@ def lane_batch_budget(settings, lane: str) -> int:
             Lane.EMBEDDING.value: settings.embedding_batch_max_chars}[str(lane)]
 
 
+def wake_group_size(settings, lane: str) -> int:
+    """How many tasks one wake-up group (one hint) of ``lane`` may hold.
+
+    The batched lanes keep ``n // 8`` (at least one) of each claim's ``n`` for the fair fill
+    (``tasks.claim_batch_txn``): a hint claims its whole group and fills the rest round-robin over
+    the least recently served scopes, so another scope's waiting task is never more than
+    ceil(waiting scopes / reserve) claims away, however many of one scope's hints are ahead of it
+    in the broker. A batch size of 1 leaves no room: such a lane is served in hint order."""
+    n = lane_batch_size(settings, lane)
+    if str(lane) in (Lane.VISUAL.value, Lane.EMBEDDING.value) and n > 1:
+        return n - max(1, n // 8)
+    return n
+
+
 def claim_group_txn(
     orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
 ) -> list[RowMapping]:

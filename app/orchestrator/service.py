@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, execution, grants, lanes
+from app.orchestrator import batches, changes, execution, grants, lanes, limits
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -168,6 +168,17 @@ class Orchestrator:
     get_batch = batches.get_batch
     cancel_batch = batches.cancel_batch
     seed_batch = batches.seed_batch
+
+    def open_attempt_ids(self, attempt_ids: list[str]) -> set[str]:
+        """Those of ``attempt_ids`` still in flight (their agent result records are still needed)."""
+        from app.orchestrator.store.attempts import open_attempt_ids_txn
+
+        with self.engine.connect() as conn:
+            return open_attempt_ids_txn(conn, attempt_ids)
+
+    # ------------------------------------------------------------------ tenant limits (issue 17)
+    take_request = limits.take_request
+    set_scope_limits = limits.set_scope_limits
 
     # ------------------------------------------------------------------ hooks (policy, lanes, batches)
     def job_priority(self, job: RowMapping) -> int:

@@ -14,6 +14,7 @@ from app.orchestrator.hints import HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
+from app.stages.agent import records
 from app.stages.errors import StageError
 from app.worker import executor
 from app.worker.providers import Providers
@@ -108,8 +109,22 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     else:
         hints = orch.complete_task(claim, result)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
+        _discard_records(orch, [claim])
     publisher.publish(hints)
     return outcome
+
+
+def _discard_records(orch: Orchestrator, claims: list[Claim]) -> None:
+    """After completing agent claims: remove the local result records of the attempts whose
+    completion committed (a fenced-out one stays in flight, and its record with it)."""
+    claims = [c for c in claims if c.lane == Lane.AGENT and c.attempt_id]
+    if not claims:
+        return
+    still_open = orch.open_attempt_ids([c.attempt_id for c in claims])
+    for claim in claims:
+        if claim.attempt_id not in still_open:
+            records.discard(orch.settings.agent_results_path, records.namespace_of(claim.storage_key),
+                            [claim.attempt_id])
 
 
 def run_task(
@@ -153,6 +168,7 @@ def run_agent_batch(
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []
+    _discard_records(orch, [c for c, _ in done])
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
@@ -165,6 +181,9 @@ def run_agent_batch(
 def _outcome(orch: Orchestrator, claim: Claim, providers: Providers) -> object:
     """The claim's artifact, its StageError, or None (an interrupted paid call that cannot be proven)."""
     try:
+        if claim.lane == Lane.AGENT:  # its result record lives under the scope's namespace
+            with records.in_namespace(records.namespace_of(claim.storage_key)):
+                return _compute(orch, claim, providers)
         return _compute(orch, claim, providers)
     except StageError as exc:
         return exc

@@ -283,11 +283,12 @@ def test_a_hint_whose_task_was_taken_still_wakes_its_queued_group(engine, settin
 def test_wake_groups_split_by_lane_scope_and_resource_key_and_batch_size(settings):
     from app.orchestrator.advance import _wake_groups
 
-    settings = dataclasses.replace(settings, agent_batch_size=2, agent_lane_limit=8, embedding_batch_size=3)
+    settings = dataclasses.replace(settings, agent_batch_size=2, agent_lane_limit=8, embedding_batch_size=4)
     orch = Orchestrator(None, settings)
     rows = [{"id": i, "lane": lane, "scope_id": scope, "resource_key": "", "hint_group": None}
             for i, (lane, scope) in enumerate([("agent", "a")] * 5 + [("agent", "b")] + [("embedding", "a")] * 4)]
     groups = _wake_groups(orch, rows)
+    # a batched lane's group leaves room in its claim for the fair fill (lanes.wake_group_size): 4 - 1
     assert [[r["id"] for r in g] for g in groups] == [[0, 1], [2, 3], [4], [5], [6, 7, 8], [9]]
     assert [r["hint_group"] for r in rows] == [None, 0, None, 2, None, None, None, 6, 6, None]
 

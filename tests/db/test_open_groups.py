@@ -27,20 +27,22 @@ def _scalar(engine, sql, **params):
 
 
 def test_a_burst_of_uploads_publishes_one_hint_per_batch(engine, settings):
-    orch = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=4))
+    # groups of 4: a batch of 5 less the one slot each claim keeps for the fair fill
+    orch = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=5))
     results = [store_and_ingest(orch, "local", png_bytes(s)) for s in range(10, 19)]
     hints = [h for r in results for h in r.hints]
     tasks = [visual_task(r).task_id for r in results]
-    # groups of the lane's batch size (4): the first upload of each is named by the one hint
+    # groups of 4: the first upload of each is named by the one hint
     assert [h.task_id for h in hints] == [tasks[0], tasks[4], tasks[8]]
     groups = _rows(engine, "SELECT coalesce(hint_group, id), count(*) FROM tasks GROUP BY 1 ORDER BY min(created_at)")
     assert [(g, n) for g, n in groups] == [(tasks[0], 4), (tasks[4], 4), (tasks[8], 1)]
     assert dict(_rows(engine, "SELECT id, hint_members FROM tasks WHERE hint_group IS NULL")) == {
         tasks[0]: 3, tasks[4]: 3, tasks[8]: 0}
-    # each hint claims its whole group; nothing is left queued
+    # nothing is left queued
     pub = RecordingPublisher()
     claimed = [handle_hint(orch, "visual", h.task_id, "w1", Providers(orch.settings), pub) for h in hints]
-    assert claimed == [4, 4, 1]
+    # each hint claims its whole group and fills the rest of its batch fairly (here: the next upload)
+    assert claimed == [5, 4, 0]
     assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'visual' AND status <> 'succeeded'") == 0
 
 
@@ -60,7 +62,7 @@ def test_an_upload_after_its_group_was_claimed_hints_for_itself(engine, settings
 def test_a_group_is_claimed_whole_by_a_worker_with_a_smaller_batch(engine, settings):
     """The API process made groups of 4; a worker configured for batches of 2 still takes all 4
     (a member left behind would have lost its hint)."""
-    api = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=4))
+    api = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=5))  # groups of 4
     results = [store_and_ingest(api, "local", png_bytes(s)) for s in range(30, 34)]
     (hint,) = [h for r in results for h in r.hints]
     worker = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=2))

@@ -82,3 +82,15 @@ def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> None
                                   "rid": r["request_id"]} for r in rows]),
              "ids": [r["attempt_id"] for r in rows], "now": now},
         )
+
+
+def open_attempt_ids_txn(conn: Connection, attempt_ids: list[str]) -> set[str]:
+    """Those of ``attempt_ids`` still in flight (prepared or external_started): an execution may
+    yet adopt them, so their local result records must stay."""
+    return set(
+        conn.execute(
+            sql("SELECT attempt_id FROM task_attempts WHERE attempt_id = ANY(:ids)"
+                " AND state IN ('prepared', 'external_started')"),
+            {"ids": list(attempt_ids)},
+        ).scalars()
+    )

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.enums import Lane
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
 
@@ -74,10 +75,16 @@ def image_page_txn(
     )
 
 
-def queued_backlog_txn(conn: Connection, cap: int) -> int:
-    """Queued tasks, counted up to ``cap`` (a bounded scan of the partial 'queued' index)."""
+def queued_backlog_txn(conn: Connection, scope_id: str, cap: int) -> int:
+    """The scope's queued tasks, counted up to ``cap`` (a bounded scan of ix_tasks_lane_scope_due,
+    one range per lane): back-pressure is per scope, so one scope's backlog never pauses another's
+    batches."""
     return conn.execute(
-        sql("SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT :cap) q"), {"cap": cap}
+        sql(
+            "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE lane = ANY(:lanes) AND scope_id = :s"
+            " AND status = 'queued' LIMIT :cap) q"
+        ),
+        {"lanes": [lane.value for lane in Lane], "s": scope_id, "cap": cap},
     ).scalar_one()
 
 
@@ -134,12 +141,25 @@ def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list
     )
 
 
-def open_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
-    """Batches still seeding or running, least recently touched first (ix_batches_active)."""
+def running_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
+    """Running batches (seeded, not yet complete), least recently touched first (ix_batches_active)."""
+    return list(
+        conn.execute(
+            sql("SELECT id, status FROM batches WHERE status = 'running' ORDER BY updated_at LIMIT :n"),
+            {"n": limit},
+        ).mappings()
+    )
+
+
+def seeding_heads_txn(conn: Connection, limit: int) -> list[RowMapping]:
+    """Each scope's least recently touched seeding batch (ix_batches_seeding), least recently
+    touched first: seeding round-robins over scopes, so one scope's paused batches (back-pressure
+    leaves them untouched, hence first in their scope) never take another scope's turn."""
     return list(
         conn.execute(
             sql(
-                "SELECT id, status FROM batches WHERE status IN ('seeding', 'running') ORDER BY updated_at LIMIT :n"
+                "SELECT id, scope_id FROM (SELECT DISTINCT ON (scope_id) id, scope_id, updated_at FROM batches"
+                " WHERE status = 'seeding' ORDER BY scope_id, updated_at) h ORDER BY updated_at LIMIT :n"
             ),
             {"n": limit},
         ).mappings()

@@ -138,7 +138,7 @@ def _claim_picked_txn(conn: Connection, pick: str, params: dict[str, Any], now: 
 
 def _claim_within_budget_txn(
     conn: Connection, candidates: str, params: dict[str, Any], now: datetime, lease_s: float, *, budget: int,
-    at_least_one: bool,
+    at_least_one: bool, order: str = "hinted DESC, priority DESC, available_at, id", also: str = "",
 ) -> tuple[list[RowMapping], int]:
     """Claim the longest prefix of ``candidates`` whose costs sum within ``budget`` — or, with
     ``at_least_one``, at least the first candidate however large (a huge image is never starved) —
@@ -146,19 +146,20 @@ def _claim_within_budget_txn(
 
     ``candidates`` is a ``SELECT t.id, hinted, t.priority, t.available_at, <cost> AS cost … FOR
     UPDATE OF t SKIP LOCKED`` over tasks ``t`` joined to their images ``i``; the prefix is taken
-    in (hinted first, priority, age, id) order. Candidates left out stay queued (locked until this
-    transaction ends). Returns the claimed rows (with their ``batch_cost``) and how many candidates
-    were left out.
+    in (hinted first, priority, age, id) order, or ``order`` (over the candidates' columns).
+    Candidates left out stay queued (locked until this transaction ends). ``also``: further
+    ``, name AS (…)`` writes of the same statement, which may read ``cand`` and ``pick``. Returns
+    the claimed rows (with their ``batch_cost``) and how many candidates were left out.
     """
     rows = list(
         conn.execute(
             sql(
                 "WITH cand AS MATERIALIZED (" + candidates + "), ranked AS ("
                 " SELECT id, row_number() OVER w AS k, sum(cost) OVER w AS total FROM cand"
-                " WINDOW w AS (ORDER BY hinted DESC, priority DESC, available_at, id)"
+                f" WINDOW w AS (ORDER BY {order})"
                 "), pick AS ("
                 " SELECT id FROM ranked WHERE total <= :budget OR (CAST(:at_least_one AS boolean) AND k = 1)"
-                "), c AS ("
+                ")" + also + ", c AS ("
                 " UPDATE tasks t SET" + _CLAIM_SET +
                 f" FROM pick WHERE t.id = pick.id RETURNING t.{_CLAIM_RETURNING.replace(', ', ', t.')}"
                 ")" + _CLAIMED_STAGES_AND_JOBS +
@@ -175,20 +176,66 @@ def _claim_within_budget_txn(
     return rows, (int(rows[0]["left_out"]) if rows else 0)
 
 
+# Batched lanes' fairness: the scopes with due queued tasks in a lane (a loose index scan over
+# ix_tasks_lane_scope_due, so its cost follows the number of waiting scopes, not the backlog),
+# the :n least recently served of them (lane_fairness at resource key '*'; scopes in :served were
+# just served by this transaction's group claim, so they go last), each scope's :n best due tasks
+# ranked within the scope (rk), locked SKIP LOCKED in round-robin order — every scope's first
+# task, then every scope's second …
+_FAIR_CANDIDATES = (
+    "WITH RECURSIVE w AS ("
+    " (SELECT scope_id FROM tasks WHERE lane = :lane AND status = 'queued' AND available_at <= :now"
+    "  AND NOT cancel_requested AND attempt_count < max_attempts ORDER BY scope_id LIMIT 1)"
+    " UNION ALL"
+    " SELECT x.scope_id FROM w, LATERAL (SELECT scope_id FROM tasks WHERE lane = :lane AND status = 'queued'"
+    "  AND scope_id > w.scope_id AND available_at <= :now AND NOT cancel_requested"
+    "  AND attempt_count < max_attempts ORDER BY scope_id LIMIT 1) x"
+    "), o AS ("
+    " SELECT w.scope_id, w.scope_id = ANY(CAST(:served AS text[])) AS served, coalesce(f.last_dispatch_seq, 0) AS seq"
+    " FROM w LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = '*' AND f.scope_id = w.scope_id"
+    " ORDER BY served, seq, w.scope_id LIMIT :n"
+    "), h AS ("
+    " SELECT x.id, o.served, o.seq, x.rk FROM o CROSS JOIN LATERAL ("
+    "  SELECT id, row_number() OVER (ORDER BY b.priority DESC, b.available_at) AS rk FROM ("
+    "  SELECT id, priority, available_at FROM tasks t WHERE t.lane = :lane"
+    "  AND t.status = 'queued' AND t.scope_id = o.scope_id AND t.available_at <= :now"
+    "  AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts"
+    "  ORDER BY t.priority DESC, t.available_at LIMIT :n) b) x"
+    ")"
+    " SELECT t.id, false AS hinted, t.priority, t.available_at, t.scope_id, h.rk, h.served, h.seq, {cost} AS cost"
+    " FROM tasks t JOIN h ON h.id = t.id JOIN images i ON i.id = t.image_id"
+    " WHERE t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested"
+    " AND t.attempt_count < t.max_attempts"
+    " ORDER BY h.rk, h.served, h.seq, t.scope_id, t.id LIMIT :n FOR UPDATE OF t SKIP LOCKED"
+)
+# ... and, in the same statement, the claimed scopes (and the group's) move to the back: one
+# upsert in scope order, so concurrent claimers queue on the same rows in the same order.
+_RECORD_SERVED = (
+    ", fair AS ("
+    " INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)"
+    " SELECT :lane, '*', d.scope_id, nextval('lane_dispatch_seq') FROM ("
+    "  SELECT cand.scope_id FROM cand JOIN pick ON pick.id = cand.id"
+    "  UNION SELECT unnest(CAST(:served AS text[]))) d ORDER BY d.scope_id"
+    " ON CONFLICT (lane, resource_key, scope_id) DO UPDATE SET last_dispatch_seq = excluded.last_dispatch_seq"
+    ")"
+)
+
+
 def claim_batch_txn(
     conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float, *, budget: int,
-    at_least_one: bool = True,
+    at_least_one: bool = True, served: list[str] | tuple[str, ...] = (),
 ) -> list[RowMapping]:
-    """Claim up to ``n`` due queued tasks of a batched lane at once (FOR UPDATE SKIP LOCKED) whose
-    costs (``BATCH_COST``) sum within ``budget``; the rest stay queued for their own hints."""
+    """Claim up to ``n`` due queued tasks of a batched lane at once whose costs (``BATCH_COST``)
+    sum within ``budget``, fairly across scopes: round-robin over the least recently served scopes
+    (``_FAIR_CANDIDATES``), so one scope's backlog delays another scope's task by at most
+    ceil(waiting scopes / n) such claims. ``served``: scopes this transaction already claimed for
+    (a hint's wake-up group) — served last, and recorded as served with the claimed ones. One
+    statement: pick (FOR UPDATE SKIP LOCKED), claim, stages and jobs to running, fairness recorded;
+    the rest stay queued for their own hints."""
     rows, _ = _claim_within_budget_txn(
-        conn,
-        f"SELECT t.id, false AS hinted, t.priority, t.available_at, {BATCH_COST[lane]} AS cost"
-        " FROM tasks t JOIN images i ON i.id = t.image_id"
-        " WHERE t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested"
-        " AND t.attempt_count < t.max_attempts"
-        " ORDER BY t.priority DESC, t.available_at LIMIT :n FOR UPDATE OF t SKIP LOCKED",
-        {"lane": lane, "n": n, "owner": owner}, now, lease_s, budget=budget, at_least_one=at_least_one,
+        conn, _FAIR_CANDIDATES.format(cost=BATCH_COST[lane]),
+        {"lane": lane, "n": n, "owner": owner, "served": list(served)}, now, lease_s, budget=budget,
+        at_least_one=at_least_one, order="rk, served, seq, scope_id, id", also=_RECORD_SERVED,
     )
     return rows
 

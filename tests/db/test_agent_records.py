@@ -1,0 +1,91 @@
+"""The local agents' per-attempt result records (issue 17): written under the scope's storage
+namespace, discarded once their attempt's completion committed, kept while the attempt is in
+flight (it may still be adopted), and pruned by ``memeflow gc`` when left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.stages.agent import records
+from app.stages.base import AgentResult
+from app.worker.run import handle_hint
+from tests.support.agents import CountingAgent, providers_with, rows, step
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+
+class SpyAgent(CountingAgent):
+    """Notes which records exist right after each paid call (before the completion commits)."""
+
+    def __init__(self, *, results_dir: str, **kw):
+        super().__init__(results_dir=results_dir, **kw)
+        self.root = Path(results_dir)
+        self.seen: list[list[Path]] = []
+
+    def describe(self, image, *, attempt_id, reverse_image_policy):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        self.seen.append(sorted(p.relative_to(self.root) for p in self.root.rglob("*.json")))
+        return result
+
+
+def _records(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*.json")) if root.exists() else []
+
+
+def _to_agent_hint(orch, providers, pub, scope: str, seed: int):
+    pub.publish(store_and_ingest(orch, scope, png_bytes(seed)).hints)
+    hint = step(orch, providers, pub, stop_lane="agent")
+    assert hint is not None
+    return hint
+
+
+def test_a_record_lives_under_its_scopes_namespace_until_the_attempt_commits(engine, settings):
+    orch = Orchestrator(engine, settings)
+    root = settings.agent_results_path
+    agent = SpyAgent(results_dir=str(root))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    namespace = str(orch.ensure_scope("tenant-r"))
+    hint = _to_agent_hint(orch, providers, pub, "tenant-r", 700)
+    assert handle_hint(orch, "agent", hint.task_id, "w1", providers, pub) == 1
+    [attempt_id] = [r[0] for r in rows(engine, "SELECT attempt_id FROM task_attempts WHERE state = 'completed'")]
+    assert agent.seen == [[Path(namespace) / f"{attempt_id}.json"]]  # written under the scope's namespace
+    assert _records(root) == []  # and discarded once the completion committed
+
+
+def test_a_record_of_an_attempt_in_flight_stays_and_gc_prunes_the_settled_ones(engine, settings):
+    orch = Orchestrator(engine, settings)
+    root = settings.agent_results_path
+    agent = CountingAgent(results_dir=str(root))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    hint = _to_agent_hint(orch, providers, pub, "tenant-s", 710)
+    claim = orch.claim_task(hint.task_id, "doomed-worker")  # a worker that dies after its paid call
+    namespace = records.namespace_of(claim.storage_key)
+    with records.in_namespace(namespace):
+        agent.describe(_decoded(settings, claim), attempt_id=claim.attempt_id,
+                       reverse_image_policy="forbid")
+    settled = records.ResultRecords(root)
+    with records.in_namespace(namespace):  # the record of an attempt long committed, never discarded
+        settled.write("ab" * 16, AgentResult(context={}, model="m", request_id="r"))
+    settled.write("cd" * 16, AgentResult(context={}, model="m", request_id="r"))  # an older version's, at the root
+    assert len(_records(root)) == 3
+    assert records.prune(root, orch.open_attempt_ids, min_age_s=3600) == []  # all too young
+    from app.cli import main
+    from app.config import reset_settings
+
+    reset_settings(dataclasses.replace(settings))
+    try:
+        result = CliRunner().invoke(main, ["gc", "--min-age", "0"])
+    finally:
+        reset_settings(None)
+    assert result.exit_code == 0, result.output
+    assert "removed 2 agent result records" in result.output
+    assert _records(root) == [Path(namespace) / f"{claim.attempt_id}.json"]  # in flight: still adoptable
+
+
+def _decoded(settings, claim):
+    from app.worker.executor import load_image
+
+    return load_image(settings, claim)
