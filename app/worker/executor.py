@@ -26,12 +26,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+INTERNAL_ERROR_MESSAGE = "the stage failed unexpectedly; the worker's log has the details"
+
+
 def as_stage_error(exc: BaseException) -> StageError:
     """A provider's own StageError as is; anything else (a bug, an out-of-memory) is retryable,
-    but never as "provably not executed"."""
+    but never as "provably not executed". Its text goes to the log only: the error stored on the
+    task is shown to the tenant, and an exception's text may carry internal paths or hosts."""
     if isinstance(exc, StageError):
         return exc
-    return RetryableError(f"{type(exc).__name__}: {exc}", code="internal_error", not_executed=False)
+    log.warning("unexpected %s in a stage: %s", type(exc).__name__, exc, exc_info=exc)
+    return RetryableError(INTERNAL_ERROR_MESSAGE, code="internal_error", not_executed=False)
 
 
 def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], lane: str) -> list[Any]:
