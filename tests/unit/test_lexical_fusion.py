@@ -75,3 +75,19 @@ def test_an_image_without_an_embedding_yet_still_ranks_by_its_words():
     assert [c.image_id for c in fusion.fuse(cands)] == ["new", "embedded"]
     assert [c.image_id for c in fusion.rank_semantic(cands)] == ["embedded"]
     assert [c.image_id for c in fusion.rank_lexical(cands)] == ["new"]
+
+
+def test_queries_are_routed_by_script_and_scores_read_as_weighted_mean_cosines():
+    from app.search.service import LATIN_SPECIALIST_WEIGHT, cosine_scale, route_weights
+
+    parts = ["multilingual-e5-small", "all-MiniLM-L6-v2"]
+    assert route_weights("抢红包 ok", parts) == {"multilingual-e5-small": 1.0, "all-MiniLM-L6-v2": 0.0}
+    assert route_weights("deploy on friday", parts) == {
+        "multilingual-e5-small": 1.0, "all-MiniLM-L6-v2": LATIN_SPECIALIST_WEIGHT}
+    assert route_weights("anything", ["all-MiniLM-L6-v2"]) is None
+    # the concatenated vector's cosine is Σ wᵢcᵢ / (√k·√Σwᵢ²); scaled, it is Σ wᵢcᵢ / Σ wᵢ
+    c, w = [0.8, 0.4], {"a": 1.0, "b": 1.5}
+    stored = (1.0 * c[0] + 1.5 * c[1]) / (2 ** 0.5 * (1.0 + 1.5 ** 2) ** 0.5)
+    assert abs(stored * cosine_scale(2, w) - (0.8 + 1.5 * 0.4) / 2.5) < 1e-12
+    assert abs(0.6 / 2 ** 0.5 * cosine_scale(2, {"a": 1.0, "b": 0.0}) - 0.6) < 1e-12
+    assert cosine_scale(2, None) == 1.0
