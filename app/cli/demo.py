@@ -20,7 +20,7 @@ from app.cli.common import cli_settings, friendly_errors
 from app.cli.safe_text import markup_safe, printable
 
 # words from a caption, and meanings in other words, in English and Chinese
-TEXT_QUERIES = ("build passes", "releasing code at the end of the week", "加油", "上班偷偷休息")
+TEXT_QUERIES = ("build passes", "a sleeping kitty", "加油", "上班偷懒很开心")
 NEAR_DUPLICATE = "build-passes-small.jpg"
 TERMINAL = ("succeeded", "failed", "blocked", "unknown_execution", "target_changed", "superseded", "cancelled")
 STAGE_DONE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled")
