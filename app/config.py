@@ -56,6 +56,8 @@ class Settings:
     allowed_hosts: str | None = None
     # HMAC key of keyset cursors; unset: a random key generated once and kept in app_secrets.
     cursor_secret: str | None = dataclasses.field(default=None, repr=False)
+    # ... or a file holding it (a Docker/Kubernetes secret mount); MEMEFLOW_CURSOR_SECRET wins.
+    cursor_secret_file: str | None = None
     max_upload_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 40_000_000
     lease_s: float = 60.0

@@ -59,9 +59,20 @@ class CursorCodec:
 
 
 def cursor_secret(settings: Any, engine: Any, explicit: str | bytes | None = None) -> bytes:
-    """The HMAC key: ``explicit``, else ``MEMEFLOW_CURSOR_SECRET``, else the random key generated
-    once and stored in ``app_secrets`` (never derived from the database URL or other settings)."""
+    """The HMAC key: ``explicit``, else ``MEMEFLOW_CURSOR_SECRET``, else the contents of
+    ``MEMEFLOW_CURSOR_SECRET_FILE`` (a secret mount; surrounding whitespace stripped), else the
+    random key generated once and stored in ``app_secrets`` (never derived from the database URL
+    or other settings)."""
     raw = explicit if explicit is not None else getattr(settings, "cursor_secret", None)
+    path = getattr(settings, "cursor_secret_file", None)
+    if not raw and path:
+        from pathlib import Path
+
+        raw = Path(path).read_text(encoding="utf-8").strip()
+        if len(raw) < 16:
+            from app.config import SettingsError
+
+            raise SettingsError("MEMEFLOW_CURSOR_SECRET_FILE must hold at least 16 characters")
     if raw:
         return raw.encode() if isinstance(raw, str) else raw
     from app.app_secrets import CURSOR_HMAC, get_or_create_secret

@@ -287,3 +287,18 @@ def test_revoking_a_name_used_in_several_scopes_needs_scope(cli, engine, tokens)
     # a name unique to one scope needs no --scope; an id never does
     assert cli.invoke(main, ["tokens", "revoke", "beta-key"]).exit_code == 0
     assert "no token" in cli.invoke(main, ["tokens", "revoke", "nothing-here"]).output
+
+
+def test_the_cursor_secret_can_come_from_a_secret_file(settings, engine, orch, publisher, store, tmp_path):
+    secret = tmp_path / "cursor_secret"
+    secret.write_text("a mounted docker secret value\n")
+    env = settings.replace(cursor_secret_file=str(secret))
+    own = _first_page_cursor(_app(env, engine, orch, publisher, store).test_client())
+    # another process with the same mount verifies it; the stored random key does not
+    assert _app(env, engine, orch, publisher, store).test_client().get(
+        "/api/v1/images", query_string={"cursor": own}).status_code == 200
+    assert _app(settings, engine, orch, publisher, store).test_client().get(
+        "/api/v1/images", query_string={"cursor": own}).status_code == 422
+    secret.write_text("short\n")
+    with pytest.raises(ValueError, match="MEMEFLOW_CURSOR_SECRET_FILE"):
+        _app(env, engine, orch, publisher, store)
