@@ -82,23 +82,22 @@ class Images(MethodView):
         assert upload is not None
         scope = scope_id()
         result = svc.orchestrator.ingest_image(
-            scope,
-            sha256=upload.sha256,
-            media_type=upload.media_type,
-            extension=upload.extension,
-            size_bytes=upload.size_bytes,
-            width=upload.width,
-            height=upload.height,
-            storage_key=file_key(upload, scope),
-            display_name=args.get("display_name"),
-            reverse_image_policy=args["reverse_image_policy"],
-            process=args["process"],
-            files=svc.store,
-            data=upload.data,
+            scope, **_stored_file(upload, scope, svc.store), display_name=args.get("display_name"),
+            reverse_image_policy=args["reverse_image_policy"], process=args["process"],
         )
         publish(result.hints)
         body = {"image": result.image, "job": result.job, "created": result.created}
         return body, (201 if result.created else 200)
+
+
+def _stored_file(upload: Any, scope: str, store: Any) -> dict[str, Any]:
+    """What an upload and a content replace hand the orchestrator: the validated file's facts,
+    its content-addressed key, and the bytes with the store to write them to (under its lock)."""
+    return {
+        "sha256": upload.sha256, "media_type": upload.media_type, "extension": upload.extension,
+        "size_bytes": upload.size_bytes, "width": upload.width, "height": upload.height,
+        "storage_key": file_key(upload, scope), "files": store, "data": upload.data,
+    }
 
 
 @blp.route("/<uuid:image_id>")
@@ -169,19 +168,7 @@ class ImageContent(MethodView):
         assert upload is not None
         scope = scope_id()
         svc.orchestrator.get_image(scope, image_id)  # 404 before any file is written
-        result = svc.orchestrator.replace_content(
-            scope,
-            image_id,
-            sha256=upload.sha256,
-            media_type=upload.media_type,
-            extension=upload.extension,
-            size_bytes=upload.size_bytes,
-            width=upload.width,
-            height=upload.height,
-            storage_key=file_key(upload, scope),
-            files=svc.store,
-            data=upload.data,
-        )
+        result = svc.orchestrator.replace_content(scope, image_id, **_stored_file(upload, scope, svc.store))
         publish(result.hints)
         return {"image": result.image, "job": result.job}
 

@@ -11,21 +11,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pgvector import Vector
 from sqlalchemy import Engine, text
 
-IMAGE_COLUMNS = (
-    "i.id, i.display_name, i.sha256, i.media_type, i.size_bytes, i.width, i.height, i.context, "
-    "i.context_status, i.metadata_hash, i.revision, i.created_at, i.updated_at"
-)
-_LATEST_JOB = (
-    "(SELECT json_build_object('id', j.id, 'status', j.status) FROM processing_jobs j "
-    " WHERE j.scope_id = i.scope_id AND j.image_id = i.id ORDER BY j.revision DESC LIMIT 1) AS latest_job"
-)
-
-
-def _literal(vec: Sequence[float]) -> str:
-    return Vector(list(vec)).to_text()
+from app.search.queries import IMAGE_COLUMNS, LATEST_JOB, iterative_scan, vector_literal
 
 
 def _hits(rows: Any) -> list[dict[str, Any]]:
@@ -93,7 +81,7 @@ def search_visual(
     """Nearest current visual embeddings of the scope (score = 1 - cosine distance)."""
     d = int(dims)
     sql = text(
-        f"SELECT {IMAGE_COLUMNS}, {_LATEST_JOB}, "
+        f"SELECT {IMAGE_COLUMNS}, {LATEST_JOB}, "
         f"1 - (v.embedding::vector({d}) <=> CAST(:q AS vector({d}))) AS score "
         "FROM visual_embeddings v "
         "JOIN images i ON i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256 "
@@ -102,14 +90,9 @@ def search_visual(
         f"ORDER BY v.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit"
     )
     params = {
-        "s": scope_id, "m": model, "d": d, "p": preprocess_version, "q": _literal(vector),
+        "s": scope_id, "m": model, "d": d, "p": preprocess_version, "q": vector_literal(vector),
         "limit": limit, "ex": str(exclude_image_id) if exclude_image_id else None,
     }
     with engine.begin() as conn:
-        _iterative_scan(conn)
+        iterative_scan(conn)
         return _hits(conn.execute(sql, params))
-
-
-def _iterative_scan(conn: Any) -> None:
-    """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
-    conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))

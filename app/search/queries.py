@@ -30,8 +30,14 @@ _CURRENT_TEXT = (
 )
 
 
-def _literal(vec: Sequence[float]) -> str:
+def vector_literal(vec: Sequence[float]) -> str:
+    """pgvector's text form of ``vec`` (bound as text and cast in the SQL)."""
     return Vector(list(vec)).to_text()
+
+
+def iterative_scan(conn: Any) -> None:
+    """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
+    conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
 
 
 def candidates(
@@ -88,13 +94,12 @@ def candidates(
     )
     params: dict[str, Any] = {"s": scope_id, "k": int(k)}
     if semantic:
-        params.update(m=model, d=d, q=_literal(vector or []))
+        params.update(m=model, d=d, q=vector_literal(vector or []))
     if lexical:
         params.update(tsq=tsquery_source(terms), terms=list(terms))
     with engine.begin() as conn:
         if semantic:
-            # let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)
-            conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+            iterative_scan(conn)
         return [dict(r._mapping) for r in conn.execute(sql, params)]
 
 
