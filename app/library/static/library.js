@@ -253,8 +253,9 @@
       for (const [k, v] of Object.entries(csrfHeaders())) xhr.setRequestHeader(k, v);
       setRow(row, 'uploading', 'uploading', 0);
       xhr.upload.onprogress = (ev) => {
-        if (ev.lengthComputable) setRow(row, 'uploading', `uploading ${Math.round(ev.loaded / ev.total * 100)}%`,
-          ev.loaded / ev.total * 50);
+        if (!ev.lengthComputable) return;
+        const text = ev.loaded < ev.total ? `uploading ${Math.round(ev.loaded / ev.total * 100)}%` : 'validating…';
+        setRow(row, 'uploading', text, ev.loaded / ev.total * 40);
       };
       xhr.onerror = () => { setRow(row, 'failed', 'upload failed: network error', 100); resolve(); };
       xhr.onload = () => {
@@ -276,7 +277,7 @@
     row.dataset.imageId = image.id;
     const link = el('a', { href: imageUrl(image.id), class: 'open' }, 'open');
     row.append(' ', link);
-    addToGrid(image, job && job.status);
+    addToGrid(image, job && job.status, created);
     if (!job) return setRow(row, 'done', created ? 'stored (not processed)' : 'already in the library', 100);
     row.dataset.jobId = job.id;
     if (TERMINAL.has(job.status)) return showJob(row, job);
@@ -284,13 +285,18 @@
     setRow(row, 'queued', created ? 'queued' : 'queued (already in the library)', 50);
   }
 
-  function addToGrid(image, status) {
+  function addToGrid(image, status, created) {
     const grid = $('#library-grid');
     if (!grid) return;
     const empty = $('#empty');
     if (empty) empty.remove();
-    grid.querySelectorAll(`.card[data-image-id="${CSS.escape(image.id)}"]`).forEach((n) => n.remove());
+    const existing = grid.querySelectorAll(`.card[data-image-id="${CSS.escape(image.id)}"]`);
+    existing.forEach((n) => n.remove());
     grid.prepend(card(image, { status }));
+    const shown = $('#library-shown');
+    const total = $('#library-total');
+    if (shown) shown.textContent = String(grid.querySelectorAll('.card').length);
+    if (total && created && !existing.length) total.textContent = String(Number(total.textContent || 0) + 1);
   }
 
   function setupUploads() {
@@ -406,6 +412,7 @@
       const job = r.body.job;
       message.textContent = job ? `saved — job rev ${job.revision} re-embeds the text (${job.status})` : 'saved';
       if (job && !TERMINAL.has(job.status)) followJob(job.id);
+      else reloadTimeline();
     });
     const timeline = $('#timeline');
     if (timeline && timeline.dataset.jobId && !TERMINAL.has(timeline.dataset.jobStatus)) {
@@ -419,11 +426,15 @@
       const r = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}`);
       if (!r.ok || TERMINAL.has(r.body.status)) {
         clearInterval(timer);
-        const url = new URL(location.href);
-        url.searchParams.set('updated', String(Date.now()));
-        location.replace(url);
+        reloadTimeline();
       }
     }, POLL_MS);
+  }
+
+  function reloadTimeline() {
+    const url = new URL(location.href);
+    url.searchParams.set('updated', String(Date.now()));
+    location.replace(url);
   }
 
   document.addEventListener('DOMContentLoaded', () => {
