@@ -20,12 +20,14 @@ import io
 import os
 import re
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
+from sqlalchemy import Engine, text
 
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
@@ -115,15 +117,39 @@ class ThumbnailCache:
                 if m and f.is_file():
                     yield ns_dir.name, m.group("sha"), f
 
-    def prune(self, live_versions: Iterable[tuple[str, str]], *, dry_run: bool = False) -> list[Path]:
+    def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
+              dry_run: bool = False) -> list[Path]:
         """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
-        sha256) of every image row), and those of an older rendering version. Returns them."""
+        sha256) of every image row), those of an older rendering version, and temp files of crashed
+        writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
+        thumbnail is derived, so a request that finds it gone makes it again."""
         live = {(str(ns), sha) for ns, sha in live_versions}
+        now = time.time() if now is None else now
         gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
+        if self.root.is_dir():
+            gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
+        gone = [p for p in gone if _age_s(p, now) >= min_age_s]
         if not dry_run:
             for p in gone:
                 p.unlink(missing_ok=True)
         return gone
+
+
+# -- live_versions: (namespace, sha256) of every image row, the versions whose thumbnails may stay --
+LIVE_VERSIONS = text("SELECT DISTINCT split_part(storage_key, '/', 1) AS namespace, sha256 FROM images")
+
+
+def live_versions(engine: Engine) -> set[tuple[str, str]]:
+    """Every (namespace, sha256) an image row currently has."""
+    with engine.connect() as conn:
+        return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
+
+
+def _age_s(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return -1.0
 
 
 def _read(path: Path) -> bytes | None:

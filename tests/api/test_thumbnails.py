@@ -158,3 +158,29 @@ def test_render_thumbnail_refuses_a_bomb_before_decoding_pixels():
         thumbnails.render_thumbnail(_png_header_only(60_000, 60_000), 256, max_pixels=40_000_000)
     with pytest.raises(ValueError):
         thumbnails.render_thumbnail(png_bytes(), 300)
+
+
+def test_gc_prunes_thumbnails_of_versions_no_image_has(client, settings, orch, engine):
+    from app.cli.maintenance import collect_garbage
+
+    image = upload(client, png_bytes(color=(5, 150, 5), size=(90, 90))).get_json()["image"]
+    keep = upload(client, png_bytes(color=(150, 5, 5), size=(90, 90))).get_json()["image"]
+    for img in (image, keep):
+        assert _thumb(client, img["id"]).status_code == 200
+    old_files = _cache_path(settings, image, 256)
+    client.put(f"/api/v1/images/{image['id']}/content", content_type="multipart/form-data",
+               data={"file": (io.BytesIO(png_bytes(color=(5, 5, 150), size=(90, 90))), "c.png")})
+    new = client.get(f"/api/v1/images/{image['id']}").get_json()
+    assert _thumb(client, image["id"]).status_code == 200
+    # the originals' gc never touches the thumbnail cache
+    collect_garbage(orch, settings.storage_path, min_age_s=0, dry_run=False)
+    assert old_files[0].exists()
+    cache = thumbnails.ThumbnailCache(settings.storage_path)
+    assert cache.prune(thumbnails.live_versions(engine), min_age_s=3600) == []  # too young
+    assert cache.prune(thumbnails.live_versions(engine)) == old_files
+    assert not old_files[0].exists()
+    assert _cache_path(settings, new, 256) and _cache_path(settings, keep, 256)
+    kept_files = _cache_path(settings, keep, 256)
+    assert client.delete(f"/api/v1/images/{keep['id']}").status_code == 204
+    assert cache.prune(thumbnails.live_versions(engine)) == kept_files
+    assert not _cache_path(settings, keep, 256)
