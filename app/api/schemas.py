@@ -18,6 +18,7 @@ from marshmallow import (
     validates_schema,
 )
 
+from app import thumbnails
 from app.db.enums import (
     STAGE_ORDER,
     BatchStatus,
@@ -27,7 +28,6 @@ from app.db.enums import (
     ReverseImagePolicy,
     StageStatus,
 )
-from app import thumbnails
 from app.orchestrator.batches import MAX_BATCH_IDS
 
 POLICIES = [p.value for p in ReverseImagePolicy]
