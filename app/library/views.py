@@ -12,10 +12,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from flask import Blueprint, Flask, abort, current_app, g, redirect, render_template, request, url_for
+from flask import Blueprint, Flask, abort, current_app, g, render_template, request, url_for
 
 from app.library import queries
 from app.ops.queries import image_detail
+from app.ops.views import resolve_page_scope
 from app.thumbnails import DEFAULT_SIZE
 from app.web.csrf import set_csrf_cookie
 from app.web.page_auth import CSRF_HEADER
@@ -44,17 +45,7 @@ def _resolve_scope() -> Any:
     """The scope, exactly as /ops resolves it; a browser without credentials goes to /login."""
     if request.endpoint == "library.static":
         return None
-    try:
-        g.ops_scope = _ops().scope_for_request()
-    except Exception as exc:
-        status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
-        if not (status == 401 or getattr(exc, "code", None) == "unauthorized"):
-            raise
-        if request.method == "GET" and "Authorization" not in request.headers:
-            return redirect(url_for("browser.login_form", next=request.full_path.rstrip("?")), code=303)
-        return render_template("ops/error.html", title="unauthorized", message=str(exc) or "unauthorized"), \
-            401, {"WWW-Authenticate": "Bearer"}
-    return None
+    return resolve_page_scope()
 
 
 def _thumb_url(image_id: Any, sha256: str, size: int = DEFAULT_SIZE) -> str:
