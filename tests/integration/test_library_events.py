@@ -78,13 +78,16 @@ class StandInEvents:
 
 def test_live_progress_follows_the_event_stream(cluster, it_settings, engine, broker_url, tmp_path):
     from app.api import create_app
-    from app.auth import LocalScopeResolver
+    from app.auth import TokenScopeResolver, create_scope, create_token
 
     cluster.worker("visual", "agent", "embedding")
     publisher, celery_app = make_publisher(broker_url)
     scope = f"events-{uuid.uuid4().hex[:6]}"
-    app = create_app(scope_resolver=LocalScopeResolver(scope), settings=it_settings, engine=engine,
-                     publisher=publisher)
+    create_scope(engine, scope)
+    _, token = create_token(engine, scope, "browser")
+    # token mode: the EventSource (which cannot send headers) rides on the signed-in page's session
+    app = create_app(scope_resolver=TokenScopeResolver(engine), settings=it_settings.replace(auth="token"),
+                     engine=engine, publisher=publisher)
     stand_in = StandInEvents()
     app.register_blueprint(stand_in.blueprint())
     real_endpoint = any(r.rule == "/api/v1/events" and not r.endpoint.startswith("stand_in_events")
@@ -98,6 +101,10 @@ def test_live_progress_follows_the_event_stream(cluster, it_settings, engine, br
         with serving(app) as base, Browser(tmp_path / "profile", timeout=60) as browser:
             page = browser.new_page()
             page.goto(f"{base}/")
+            page.wait_until("location.pathname === '/login' && !!document.querySelector('#token')")
+            page.type_into("#token", token)
+            page.click("button[type=submit]")
+            page.wait_until("location.pathname === '/' && document.body.dataset.ready === '1'")
             page.wait_until("document.querySelector('#live-mode').dataset.mode === 'events'", timeout=30)
             doc = page.send("DOM.getDocument")["root"]["nodeId"]
             node = page.send("DOM.querySelector", {"nodeId": doc, "selector": "#files"})["nodeId"]

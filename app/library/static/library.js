@@ -137,7 +137,7 @@
         usePolling('polling job status (the event stream closed)');
       }
     };
-    setMode('live: event stream (SSE)', 'events');
+    setMode('connecting to the event stream…', 'connecting');
     // A missed event (a reconnect past the server's retention, say) must not leave a row spinning.
     live.safetyTimer = setInterval(() => pollTracked(tracked.size), SAFETY_POLL_MS);
   }
