@@ -26,7 +26,6 @@ library_bp = Blueprint("library", __name__, template_folder="templates", static_
 library_bp.after_request(set_csrf_cookie)
 
 RECENT = 60
-TERMINAL = ("succeeded", "failed", "blocked", "unknown_execution", "target_changed", "superseded", "cancelled")
 
 
 def register_library(app: Flask) -> None:
@@ -61,7 +60,7 @@ def _helpers() -> dict[str, Any]:
 def index() -> Any:
     """Upload zone, search box and the newest images."""
     images, total = queries.recent_images(_ops().engine(), g.ops_scope, RECENT)
-    return render_template("library/index.html", images=images, total=total, terminal=TERMINAL)
+    return render_template("library/index.html", images=images, total=total)
 
 
 @library_bp.get("/library/images/<uuid:image_id>")
@@ -70,4 +69,4 @@ def image(image_id: uuid.UUID) -> Any:
     detail = image_detail(_ops().engine(), g.ops_scope, image_id)
     if detail is None:
         abort(404)
-    return render_template("library/image.html", d=detail, terminal=TERMINAL)
+    return render_template("library/image.html", d=detail)

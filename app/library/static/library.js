@@ -16,6 +16,7 @@
   const POLL_MS = 1000;
   const POLL_BATCH = 8;
   const SAFETY_POLL_MS = 10000;
+  const SAFETY_POLL_BATCH = 40;
   const EVENTS_PAGE = 100;
 
   const $ = (sel, root = document) => root.querySelector(sel);
@@ -139,7 +140,7 @@
     };
     setMode('connecting to the event stream…', 'connecting');
     // A missed event (a reconnect past the server's retention, say) must not leave a row spinning.
-    live.safetyTimer = setInterval(() => pollTracked(tracked.size), SAFETY_POLL_MS);
+    live.safetyTimer = setInterval(() => pollTracked(SAFETY_POLL_BATCH), SAFETY_POLL_MS);
   }
 
   function onEvent(event, sseType) {
