@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -15,6 +17,7 @@ RECENT_IMAGES = text("""
                           WHERE j.scope_id = i.scope_id AND j.image_id = i.id
                           ORDER BY revision DESC LIMIT 1) lj ON true
      WHERE i.scope_id = :s
+       AND (CAST(:bc AS timestamptz) IS NULL OR (i.created_at, i.id) < (:bc, :bid))
      ORDER BY i.created_at DESC, i.id DESC
      LIMIT :n
 """)
@@ -22,9 +25,12 @@ RECENT_IMAGES = text("""
 COUNT_IMAGES = text("SELECT count(*) FROM images WHERE scope_id = :s")
 
 
-def recent_images(engine: Engine, scope_id: str, limit: int = 60) -> tuple[list[dict[str, Any]], int]:
-    """(the ``limit`` newest images, the scope's image count)."""
+def recent_images(engine: Engine, scope_id: str, limit: int = 60,
+                  before: tuple[datetime, uuid.UUID] | None = None) -> tuple[list[dict[str, Any]], bool, int]:
+    """(up to ``limit`` newest images older than the keyset ``before``, whether more follow, the
+    scope's image count)."""
+    params = {"s": scope_id, "n": limit + 1, "bc": before[0] if before else None, "bid": before[1] if before else None}
     with engine.connect() as conn:
-        rows = [dict(r) for r in conn.execute(RECENT_IMAGES, {"s": scope_id, "n": limit}).mappings()]
+        rows = [dict(r) for r in conn.execute(RECENT_IMAGES, params).mappings()]
         total = int(conn.execute(COUNT_IMAGES, {"s": scope_id}).scalar_one())
-    return rows, total
+    return rows[:limit], len(rows) > limit, total

@@ -26,6 +26,7 @@ library_bp = Blueprint("library", __name__, template_folder="templates", static_
 library_bp.after_request(set_csrf_cookie)
 
 RECENT = 60
+CURSOR_KIND = "library"  # its own HMAC domain: an API cursor is not a library one
 
 
 def register_library(app: Flask) -> None:
@@ -58,9 +59,12 @@ def _helpers() -> dict[str, Any]:
 
 @library_bp.get("/")
 def index() -> Any:
-    """Upload zone, search box and the newest images."""
-    images, total = queries.recent_images(_ops().engine(), g.ops_scope, RECENT)
-    return render_template("library/index.html", images=images, total=total)
+    """Upload zone, search box and the newest images (``?older=<cursor>``: the next page back)."""
+    cursors = current_app.extensions["memeflow"].cursors
+    before = cursors.decode(request.args.get("older") or None, CURSOR_KIND)  # 422 invalid_cursor if forged
+    images, more, total = queries.recent_images(_ops().engine(), g.ops_scope, RECENT, before)
+    older = cursors.encode((images[-1]["created_at"], images[-1]["id"]), CURSOR_KIND) if more else None
+    return render_template("library/index.html", images=images, total=total, older=older, paged=before is not None)
 
 
 @library_bp.get("/library/images/<uuid:image_id>")

@@ -11,7 +11,6 @@ Set ``MEMEFLOW_DOCS_SCREENSHOTS=1`` to refresh docs/img/library-*.png from this 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
@@ -38,23 +37,6 @@ def _shot(page, tmp_path: Path, name: str, height: int = 900) -> None:
     if os.environ.get("MEMEFLOW_DOCS_SCREENSHOTS") == "1":
         DOCS_IMG.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMG / path.name)
-
-
-def _drop_files(page, paths: list[Path]) -> None:
-    """Drop files on the drop zone as a user would: a drop event whose DataTransfer holds Files."""
-    files = [{"name": p.name, "type": "image/jpeg" if p.suffix == ".jpg" else "image/png",
-              "b64": base64.b64encode(p.read_bytes()).decode()} for p in paths]
-    page.evaluate(f"""(() => {{
-        const dt = new DataTransfer();
-        for (const f of {json.dumps(files)}) {{
-            const bytes = Uint8Array.from(atob(f.b64), c => c.charCodeAt(0));
-            dt.items.add(new File([bytes], f.name, {{type: f.type}}));
-        }}
-        const zone = document.querySelector('#drop');
-        for (const type of ['dragenter', 'dragover', 'drop'])
-            zone.dispatchEvent(new DragEvent(type, {{dataTransfer: dt, bubbles: true, cancelable: true}}));
-        return dt.files.length;
-    }})()""")
 
 
 def _search(page, query: str) -> list[dict]:
@@ -95,10 +77,9 @@ def test_library_upload_live_progress_search_lookalikes_and_image_page(live_stac
         page.wait_until("['events', 'poll'].includes(document.querySelector('#live-mode').dataset.mode)")
 
         # many files: three through the file input, the rest by drag-and-drop
-        doc = page.send("DOM.getDocument")["root"]["nodeId"]
-        node = page.send("DOM.querySelector", {"nodeId": doc, "selector": "#files"})["nodeId"]
-        page.send("DOM.setFileInputFiles", {"nodeId": node, "files": [str(samples[n]) for n in VIA_INPUT]})
-        _drop_files(page, dropped)
+        page.set_input_files("#files", [str(samples[n]) for n in VIA_INPUT])
+        page.drop_files("#drop", [(p.name, "image/jpeg" if p.suffix == ".jpg" else "image/png", p.read_bytes())
+                                  for p in dropped])
         total = len(samples)
         page.wait_until(f"document.querySelectorAll('#uploads li').length === {total}")
         try:  # for the screenshot only: a moment with rows in several states, if the run shows one

@@ -106,14 +106,16 @@ def test_live_progress_follows_the_event_stream(cluster, it_settings, engine, br
             page.click("button[type=submit]")
             page.wait_until("location.pathname === '/' && document.body.dataset.ready === '1'")
             page.wait_until("document.querySelector('#live-mode').dataset.mode === 'events'", timeout=30)
-            doc = page.send("DOM.getDocument")["root"]["nodeId"]
-            node = page.send("DOM.querySelector", {"nodeId": doc, "selector": "#files"})["nodeId"]
-            page.send("DOM.setFileInputFiles", {"nodeId": node, "files": files})
+            page.set_input_files("#files", files)
+            # a file that is not an image, dropped (the picker's accept= filter does not apply)
+            page.drop_files("#drop", [("notes.txt", "text/plain", b"not an image")])
             states = page.wait_until(
-                "(() => { const s = [...document.querySelectorAll('#uploads li')].map(li => li.dataset.state);"
-                " return s.length === 4 && s.every(x => x === 'done' || x === 'failed') ? s : null; })()",
-                timeout=120)
-            assert states == ["done"] * 4
+                "(() => { const s = [...document.querySelectorAll('#uploads li')].map(li => [li.dataset.name,"
+                " li.dataset.state]); return s.length === 5 && s.every(x => x[1] === 'done' || x[1] === 'failed')"
+                " ? Object.fromEntries(s) : null; })()", timeout=120)
+            assert states == {**{f"img-{i}.png": "done" for i in range(4)}, "notes.txt": "failed"}
+            bad = page.evaluate("document.querySelector('#uploads li[data-name=\"notes.txt\"] .state').textContent")
+            assert bad.startswith("unsupported_media_type")
             assert page.evaluate("document.querySelector('#live-mode').dataset.mode") == "events"
             assert page.csp_violations() == []
         if not real_endpoint:

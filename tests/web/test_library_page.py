@@ -97,3 +97,24 @@ def test_the_image_page_is_scope_checked(make_app, token_for):
     assert page.status_code == 200 and 'id="context-form"' in page.get_data(as_text=True)
     assert theirs.get(f"/library/images/{image_id}").status_code == 404
     assert theirs.get(f"/api/v1/images/{image_id}/thumbnail", headers=PAGE).status_code == 404
+
+
+def test_the_grid_pages_back_with_a_signed_cursor(make_app, monkeypatch):
+    import re
+
+    from app.library import views
+
+    monkeypatch.setattr(views, "RECENT", 2)
+    client = make_app("none").test_client()
+    names = [f"img-{i}.png" for i in range(3)]
+    for i, name in enumerate(names):
+        upload(client, png_bytes(color=(i * 60, 10, 10)), name=name, display_name=name)
+    first = client.get("/").get_data(as_text=True)
+    shown = re.findall(r'class="name" href="[^"]+">([^<]+)</a>', first)
+    assert shown == ["img-2.png", "img-1.png"]
+    older = re.search(r'href="(/\?older=[^"]+)" id="older"', first).group(1).replace("&amp;", "&")
+    second = client.get(older).get_data(as_text=True)
+    assert re.findall(r'class="name" href="[^"]+">([^<]+)</a>', second) == ["img-0.png"]
+    assert 'id="older"' not in second and 'id="newest"' in second
+    forged = client.get("/?older=eyJjcmVhdGVkX2F0IjoiMjAyNi0wMS0wMSJ9.AAAA")
+    assert forged.status_code == 422 and forged.get_json()["error"] == "invalid_cursor"

@@ -438,6 +438,12 @@
     location.replace(url);
   }
 
+  // A thumbnail the server cannot make (a corrupt stored file: 422) shows "no preview", not a broken image.
+  document.addEventListener('error', (ev) => {
+    const box = ev.target && ev.target.tagName === 'IMG' ? ev.target.closest('.thumb') : null;
+    if (box) box.classList.add('broken');
+  }, true);
+
   document.addEventListener('DOMContentLoaded', () => {
     if ($('#upload')) {
       setupUploads();
