@@ -196,6 +196,7 @@
       const err = job.error && job.error.code ? `${job.error.code}: ${job.error.message || ''}` : '';
       return finish(row, job.status, err);
     }
+    setGridChip(row, job.status);
     const pct = Math.round((job.progress || 0) * 100);
     setRow(row, job.status === 'queued' ? 'queued' : 'processing',
       job.current_stage ? `${job.status} · ${job.current_stage}` : job.status, 50 + pct / 2);
@@ -205,11 +206,15 @@
     for (const [id, r] of tracked) if (r === row) tracked.delete(id);
     if (status === 'succeeded') setRow(row, 'done', 'done', 100);
     else setRow(row, 'failed', detail ? `${status} — ${detail}` : status, 100);
+    setGridChip(row, status);
+  }
+
+  /** The job status chip of this row's image in the grid. */
+  function setGridChip(row, status) {
     const imageId = row.dataset.imageId;
-    if (imageId) {
-      document.querySelectorAll(`#library-grid .card[data-image-id="${CSS.escape(imageId)}"] .chip`)
-        .forEach((chip) => { chip.textContent = status; chip.className = `chip s-${status}`; });
-    }
+    if (!imageId) return;
+    document.querySelectorAll(`#library-grid .card[data-image-id="${CSS.escape(imageId)}"] .chip`)
+      .forEach((chip) => { chip.textContent = status; chip.className = `chip s-${status}`; });
   }
 
   function setRow(row, state, text, percent) {
