@@ -220,6 +220,7 @@
   function setRow(row, state, text, percent) {
     row.dataset.state = state;
     $('.state', row).textContent = text;
+    $('.state', row).title = text;
     if (percent !== undefined) $('progress', row).value = percent;
   }
 
