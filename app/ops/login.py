@@ -1,6 +1,6 @@
 """Browser sign-in for token mode: ``/login`` exchanges a pasted API token for a session cookie,
-``/logout`` deletes the session. The cookie opens the browser pages (/ops, the library at /) and the API only for those pages' own
-same-origin requests (:mod:`app.web.page_auth`).
+``/logout`` deletes the session. The cookie opens the browser pages (/ops, the library at /), and
+the API only for those pages' own same-origin requests (:mod:`app.web.page_auth`).
 
 Cookie: ``mf_session``, HttpOnly, ``SameSite=Strict``, ``Secure`` when the request came over TLS,
 ``Path=/``, lifetime ``MEMEFLOW_SESSION_TTL_S``. Both forms are CSRF-protected (same-origin check and

@@ -118,3 +118,14 @@ def test_the_grid_pages_back_with_a_signed_cursor(make_app, monkeypatch):
     assert 'id="older"' not in second and 'id="newest"' in second
     forged = client.get("/?older=eyJjcmVhdGVkX2F0IjoiMjAyNi0wMS0wMSJ9.AAAA")
     assert forged.status_code == 422 and forged.get_json()["error"] == "invalid_cursor"
+
+
+def test_page_uploads_share_the_rate_window_of_the_sessions_token(make_app, token_for):
+    _, token = token_for("alpha")
+    client = make_app("token", uploads_per_minute=2).test_client()
+    csrf = _sign_in(client, token)
+    page_write = {"Origin": SAME_ORIGIN, "Sec-Fetch-Site": "same-origin", "X-CSRF-Token": csrf}
+    assert upload(client, png_bytes(color=(1, 1, 1)), headers={"Authorization": f"Bearer {token}"}).status_code == 201
+    assert upload(client, png_bytes(color=(2, 2, 2)), headers=page_write).status_code == 201
+    limited = upload(client, png_bytes(color=(3, 3, 3)), headers=page_write)
+    assert limited.status_code == 429 and limited.get_json()["error"] == "rate_limited"
