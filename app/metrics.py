@@ -25,6 +25,7 @@ STAGE_DURATION = Histogram(
     "memeflow_stage_duration_seconds", "Time from claim to completion per stage", ["stage"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+THUMBNAILS_GENERATED = Counter("memeflow_thumbnails_generated_total", "Thumbnails rendered (cache misses)")
 SWEEP_DURATION = Histogram("memeflow_sweep_duration_seconds", "Reconcile sweep duration")
 QUEUE_DEPTH = Gauge("memeflow_queue_depth", "Queued tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
 RUNNING_TASKS = Gauge("memeflow_running_tasks", "Running tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")

@@ -125,10 +125,13 @@ def _mount_browser_surfaces(app: Flask, settings: Any) -> None:
 
 
 def _mount_ops(app: Flask) -> None:
-    """Serve the operators' /ops page from the same app (same resolver, engine, orchestrator)."""
+    """Serve the operators' /ops page and the library page at / from the same app (same resolver,
+    engine, orchestrator; the library uses /ops's sign-in)."""
+    from app.library import register_library
     from app.ops import register_ops
 
     register_ops(app)
+    register_library(app)
 
 
 def _visual_json_schema():

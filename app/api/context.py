@@ -44,13 +44,35 @@ def scope_id() -> str:
     return g.memeflow_context.scope_id
 
 
+def resolve_request_scope() -> str:
+    """The scope of this request: the trusted resolver's answer (bearer token, or ``local``); when
+    it refuses, a browser session of this site's own page script (:mod:`app.web.page_auth`), else
+    the resolver's 401 stands. A page write without its CSRF header is 403 ``csrf_rejected``."""
+    from app.auth import Unauthorized
+    from app.web.csrf import CsrfRejected
+    from app.web.page_auth import page_session
+
+    svc = services()
+    try:
+        return svc.scope_resolver.resolve(request.headers)
+    except Unauthorized:
+        try:
+            session = page_session(svc.engine)
+        except CsrfRejected as exc:
+            from app.api.errors import ApiError
+
+            raise ApiError(403, CsrfRejected.code, str(exc)) from None
+        if session is None:
+            raise
+        return session.scope_id
+
+
 def protect(blp: Blueprint) -> Blueprint:
-    """Resolve the scope once before every request of ``blp`` (401 when the resolver refuses)."""
+    """Resolve the scope once before every request of ``blp`` (401 when nothing authenticates)."""
 
     @blp.before_request
     def _resolve_scope() -> None:
-        resolved = services().scope_resolver.resolve(request.headers)
-        g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolved))
+        g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolve_request_scope()))
 
     return blp
 
@@ -59,15 +81,19 @@ def limit_rate(kind: str) -> None:
     """Count this request against the scope's ``kind`` per-minute limit ("uploads" or
     "processing"); 429 ``rate_limited`` with ``Retry-After`` when over. The window is per API token
     in token mode (the bearer the resolver just accepted, by its sha256) and per scope otherwise
-    (also for ``memeflow ingest``'s in-process app, which has no bearer)."""
+    (also for ``memeflow ingest``'s in-process app, which has no bearer); a signed-in library page
+    counts against the window of the token that opened its session."""
     svc = services()
     scope = scope_id()
     key = f"scope:{scope}"
     _, _, token = request.headers.get("Authorization", "").partition(" ")
+    page = g.get("api_page_session")
     if svc.settings.auth == "token" and token.strip():  # (no bearer: the operator's in-process app)
         from app.auth import hash_token
 
         key = f"token:{hash_token(token.strip())}"
+    elif page is not None and page.token_sha256:  # a signed-in page: its token's window
+        key = f"token:{page.token_sha256}"
     svc.orchestrator.take_request(kind, scope, key)
 
 

@@ -1,4 +1,4 @@
-"""``/api/v1/images``: upload, list, read, content, replace, edit, delete, process."""
+"""``/api/v1/images``: upload, list, read, content, thumbnail, replace, edit, delete, process."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from flask import Response, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
+from app import thumbnails
 from app.api import schemas as S
 from app.api.context import limit_rate, protect, publish, scope_id, services
 from app.api.errors import ApiError
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
+from app.metrics import THUMBNAILS_GENERATED
 from app.storage import storage_key
 
 blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", description="Images"))
@@ -171,6 +173,56 @@ class ImageContent(MethodView):
         result = svc.orchestrator.replace_content(scope, image_id, **_stored_file(upload, scope, svc.store))
         publish(result.hints)
         return {"image": result.image, "job": result.job}
+
+
+@blp.route("/<uuid:image_id>/thumbnail")
+class ImageThumbnail(MethodView):
+    @blp.arguments(S.ThumbnailArgsSchema, location="query")
+    @blp.doc(
+        responses={
+            "200": {"description": "a WebP thumbnail of the current version; ETag names version and size",
+                    "content": {thumbnails.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+            "304": {"description": "not modified (If-None-Match matched)"},
+            **_error_docs({404: "not_found", 422: "invalid_image / validation_error"}),
+        }
+    )
+    def get(self, args, image_id: uuid.UUID):
+        """A thumbnail of the image's current version (made once, then served from the cache).
+
+        With ``v=<sha256>`` the answer is for that version only (404 once it is replaced) and may be
+        cached for good; without it, clients revalidate with the ETag."""
+        svc = services()
+        row = image_file(svc.engine, scope_id(), image_id)
+        if row is None or ("v" in args and args["v"] != row.sha256):
+            raise ApiError(404, "not_found", "image not found" if row is None else "that version of the image is gone")
+        size = args["size"]
+        tag = thumbnails.etag(row.sha256, size)
+        if request.if_none_match.contains(tag):
+            resp = Response(status=304)
+        else:
+            resp = Response(_thumbnail(svc, row, size).data, mimetype=thumbnails.MEDIA_TYPE)
+        resp.set_etag(tag)
+        resp.headers["Cache-Control"] = "private, max-age=31536000, immutable" if "v" in args else "private, no-cache"
+        return resp
+
+
+def _thumbnail(svc: Any, row: Any, size: int) -> thumbnails.Thumbnail:
+    """The cached thumbnail of this row's version, made from the stored original if missing."""
+    def source() -> bytes:
+        try:
+            return svc.store.read(row.storage_key)
+        except FileNotFoundError:
+            raise ApiError(404, "not_found", "the image file is gone") from None
+
+    cache = thumbnails.ThumbnailCache(svc.store.root)
+    namespace = row.storage_key.split("/", 1)[0]
+    try:
+        made = cache.get_or_create(namespace, row.sha256, size, source, max_pixels=svc.settings.max_image_pixels)
+    except thumbnails.ThumbnailError as exc:
+        raise ApiError(exc.status, exc.code, str(exc)) from None
+    if made.generated:
+        THUMBNAILS_GENERATED.inc()
+    return made
 
 
 @blp.route("/<uuid:image_id>/process")

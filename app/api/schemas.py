@@ -18,6 +18,7 @@ from marshmallow import (
     validates_schema,
 )
 
+from app import thumbnails
 from app.db.enums import (
     STAGE_ORDER,
     BatchStatus,
@@ -155,6 +156,14 @@ class ProcessSchema(StrictSchema):
     force_stages = fields.List(
         fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=3)
     )
+
+
+class ThumbnailArgsSchema(StrictSchema):
+    size = fields.Integer(load_default=thumbnails.DEFAULT_SIZE, validate=validate.OneOf(thumbnails.SIZES),
+                          metadata={"description": "the bounding box's side in pixels: 128, 256 (default) or 512"})
+    v = fields.String(validate=validate.Regexp(r"^[0-9a-f]{64}$"),
+                      metadata={"description": "the image version (sha256) the caller expects; another "
+                                               "version is 404, and a matching one may be cached for good"})
 
 
 class ImageListSchema(Schema):

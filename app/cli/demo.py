@@ -3,7 +3,7 @@
 Embedded services → migrations → API, one worker per lane, beat and Flower (the ``Stack``
 supervisor of :mod:`app.cli.processes`) → generate samples → upload them through the REST API →
 live per-stage progress until every job is terminal → summary → text and visual searches →
-stop (or keep running with ``--keep``).
+the library page's URL → stop (or, with ``--keep``, leave the stack and the page running until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -155,6 +155,16 @@ def run_searches(console, api_url: str, near_duplicate_id: str | None) -> dict[s
     return results
 
 
+def library_banner(urls: dict[str, str], *, keep: bool, auth: str = "none") -> list[str]:
+    """The demo's last lines: where the library page is, and whether it stays open."""
+    line = f"Library {urls['library']}  — upload, search, look-alikes"
+    if auth == "token":
+        line += " (sign in with a token from `memeflow tokens create`)"
+    if keep:
+        return [line, "running; open the library in a browser, press Ctrl-C to stop"]
+    return [line, "(the demo stops it now; `memeflow demo --keep` leaves it open until Ctrl-C)"]
+
+
 @click.command()
 @click.option("--keep", is_flag=True, help="keep everything running after the demo (Ctrl-C stops)")
 @click.option("--images", "n_images", type=click.IntRange(1, 1000), default=None,
@@ -202,8 +212,9 @@ def demo(keep: bool, n_images: int | None, timeout_s: float) -> None:
         if "flower" in urls:
             console.print(f"Flower  {urls['flower']}")
         console.print(f"demo finished in {time.monotonic() - started:.0f}s")
+        for line in library_banner(urls, keep=keep, auth=settings.auth):
+            console.print(markup_safe(line))
         if keep:
-            console.print("running; press Ctrl-C to stop")
             stop = threading.Event()
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
             try:

@@ -91,18 +91,21 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
               help="keep files younger than this many seconds (counted from their latest upload)")
 @friendly_errors
 def gc(dry_run: bool, min_age_s: float) -> None:
-    """Remove storage files no image references, temp files left by crashed writes, and local agent
-    result records whose attempt is no longer in flight."""
+    """Remove storage files no image references, temp files left by crashed writes, local agent
+    result records whose attempt is no longer in flight, and thumbnails of versions no image has."""
     from app.stages.agent import records
+    from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions
 
     with connected() as ctx:
         storage = ctx.settings.storage_path
         report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run)
         pruned = records.prune(ctx.settings.agent_results_path, ctx.orch.open_attempt_ids, min_age_s=min_age_s,
                                dry_run=dry_run)
+        thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc {storage}: {verb} {len(report.orphans)} unreferenced files and {len(report.temp_files)} "
                f"temp files ({report.bytes} bytes); kept {report.kept_young} younger than {min_age_s:g}s")
     for path in (*report.orphans, *report.temp_files):
         click.echo(f"  {path}")
     click.echo(f"gc {ctx.settings.agent_results_path}: {verb} {len(pruned)} agent result records")
+    click.echo(f"gc {storage / THUMBS_DIR}: {verb} {len(thumbs)} thumbnails of versions no image has")

@@ -315,6 +315,7 @@ class Stack:
         s, out = self.settings, {}
         if "api" in self.components:
             out["api"] = f"http://{s.api_host}:{s.api_port}/"
+            out["library"] = f"http://{s.api_host}:{s.api_port}/"
             out["ops"] = f"http://{s.api_host}:{s.api_port}/ops"
         if "flower" in self.components:
             out["flower"] = f"http://127.0.0.1:{s.flower_port}/"

@@ -1,5 +1,6 @@
 """Browser sign-in for token mode: ``/login`` exchanges a pasted API token for a session cookie,
-``/logout`` deletes the session. The cookie opens the browser pages (/ops) only, never the API.
+``/logout`` deletes the session. The cookie opens the browser pages (/ops, the library at /), and
+the API only for those pages' own same-origin requests (:mod:`app.web.page_auth`).
 
 Cookie: ``mf_session``, HttpOnly, ``SameSite=Strict``, ``Secure`` when the request came over TLS,
 ``Path=/``, lifetime ``MEMEFLOW_SESSION_TTL_S``. Both forms are CSRF-protected (same-origin check and
@@ -30,8 +31,10 @@ def load_browser_session(engine: Any) -> BrowserSession | None:
 
 
 def safe_next(value: str | None) -> str:
-    """Where to go after signing in: a path under /ops only (no open redirect)."""
-    if value and value.startswith("/ops") and "//" not in value and "\\" not in value and value.isprintable():
+    """Where to go after signing in: the library (``/``, ``/?…``, ``/library…``) or /ops only (no
+    open redirect); by default /ops."""
+    if value and value.isprintable() and "//" not in value and "\\" not in value and (
+            value == "/" or value.startswith(("/?", "/ops", "/library"))):
         return value
     return url_for("ops.index")
 

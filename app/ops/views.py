@@ -148,11 +148,9 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m"
 
 
-@ops_bp.before_request
-def _resolve_scope() -> Any:
-    """Scope first (a browser without credentials is sent to /login), then the POST checks."""
-    if request.endpoint == "ops.static":  # the stylesheet, also needed by the sign-in page
-        return None
+def resolve_page_scope() -> Any:
+    """Set ``g.ops_scope`` for a browser page (/ops, the library); None, or the response for a
+    browser without credentials (GET: to /login and back; otherwise a 401 page)."""
     try:
         g.ops_scope = _cfg().scope_for_request()
     except Exception as exc:
@@ -163,6 +161,17 @@ def _resolve_scope() -> Any:
             return redirect(url_for("browser.login_form", next=request.full_path.rstrip("?")), code=303)
         return render_template("ops/error.html", title="unauthorized", message=str(exc) or "unauthorized"), \
             401, {"WWW-Authenticate": "Bearer"}
+    return None
+
+
+@ops_bp.before_request
+def _resolve_scope() -> Any:
+    """Scope first (a browser without credentials is sent to /login), then the POST checks."""
+    if request.endpoint == "ops.static":  # the stylesheet, also needed by the sign-in page
+        return None
+    refused = resolve_page_scope()
+    if refused is not None:
+        return refused
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         try:
             protect_post()

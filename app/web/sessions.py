@@ -3,7 +3,9 @@
 Only the cookie's sha256 is stored, with the id of the token that opened the session; the lookup
 joins ``api_tokens`` on every request, so revoking the token ends the session at once (and deleting
 it cascades). The session carries its own CSRF secret. The cookie is honoured by the browser pages
-(/ops) only; the API (``/api/v1``) reads nothing but ``Authorization: Bearer``.
+(/ops, the library at /) and by the API only for requests made by those pages' own scripts
+(:mod:`app.web.page_auth`: same origin, plus the CSRF header on writes); any other API client
+needs ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ OPEN_SESSION = text("""
 
 # -- session_for_cookie: a live session of a live token; the scope is the token's --
 LIVE_SESSION = text("""
-    SELECT s.id_sha256, s.token_id, s.csrf_token, s.expires_at, t.scope_id
+    SELECT s.id_sha256, s.token_id, s.csrf_token, s.expires_at, t.scope_id, t.token_sha256
       FROM browser_sessions s
       JOIN api_tokens t ON t.id = s.token_id
      WHERE s.id_sha256 = :sid AND s.expires_at > now() AND t.revoked_at IS NULL
@@ -52,6 +54,7 @@ class BrowserSession:
     token_id: uuid.UUID
     scope_id: str
     csrf_token: str
+    token_sha256: str = ""  # the token's digest: a session shares its token's rate-limit window
 
 
 def _digest(cookie_value: str) -> str:
@@ -74,7 +77,8 @@ def open_session(engine: Engine, token: str, ttl_s: float) -> tuple[str, Browser
                                           "ttl": float(ttl_s), "digest": digest}).first()
     if row is None:
         return None
-    return cookie_value, BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token)
+    return cookie_value, BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token,
+                                        token_sha256=digest)
 
 
 def session_for_cookie(engine: Engine, cookie_value: str | None) -> BrowserSession | None:
@@ -87,7 +91,8 @@ def session_for_cookie(engine: Engine, cookie_value: str | None) -> BrowserSessi
     # Looked up by digest; compared again in constant time on the digest itself.
     if row is None or not hmac.compare_digest(row.id_sha256, sid):
         return None
-    return BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token)
+    return BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token,
+                          token_sha256=row.token_sha256)
 
 
 def close_session(engine: Engine, cookie_value: str | None) -> bool:

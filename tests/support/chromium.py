@@ -213,6 +213,27 @@ class Page:
             self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
                                                    "clickCount": 1})
 
+    def drop_files(self, selector: str, files: list[tuple[str, str, bytes]]) -> None:
+        """Drop ``(name, media type, bytes)`` files on an element as a user would: dragenter,
+        dragover and drop events whose DataTransfer holds real File objects."""
+        payload = [{"name": n, "type": t, "b64": base64.b64encode(b).decode()} for n, t, b in files]
+        self.evaluate(f"""(() => {{
+            const dt = new DataTransfer();
+            for (const f of {json.dumps(payload)}) {{
+                const bytes = Uint8Array.from(atob(f.b64), c => c.charCodeAt(0));
+                dt.items.add(new File([bytes], f.name, {{type: f.type}}));
+            }}
+            const zone = document.querySelector({json.dumps(selector)});
+            for (const type of ['dragenter', 'dragover', 'drop'])
+                zone.dispatchEvent(new DragEvent(type, {{dataTransfer: dt, bubbles: true, cancelable: true}}));
+        }})()""")
+
+    def set_input_files(self, selector: str, paths: list[str]) -> None:
+        """Choose files in an ``<input type=file>`` (fires its change event)."""
+        doc = self.send("DOM.getDocument")["root"]["nodeId"]
+        node = self.send("DOM.querySelector", {"nodeId": doc, "selector": selector})["nodeId"]
+        self.send("DOM.setFileInputFiles", {"nodeId": node, "files": paths})
+
     def cookies(self) -> list[dict]:
         return self.send("Network.getCookies")["cookies"]
 

@@ -37,8 +37,9 @@ def make_app(settings, engine) -> Callable[..., Flask]:
 
     def make(auth: str, **overrides: object) -> Flask:
         resolver = TokenScopeResolver(engine) if auth == "token" else LocalScopeResolver()
-        return create_app(scope_resolver=resolver, settings=settings.replace(auth=auth, **overrides),
-                          orchestrator=Orchestrator(engine, settings), engine=engine,
+        app_settings = settings.replace(auth=auth, **overrides)
+        return create_app(scope_resolver=resolver, settings=app_settings,
+                          orchestrator=Orchestrator(engine, app_settings), engine=engine,
                           publisher=RecordingPublisher(), store=FileStore(settings.storage_path),
                           cursor_secret_key="test-secret")
 

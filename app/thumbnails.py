@@ -1,0 +1,188 @@
+"""Thumbnails: a derived artifact of one image *version* (its sha256), made once and cached on disk.
+
+``<storage>/.thumbs/<namespace uuid>/<sha256>-<size>.webp``. The key is the content's sha256 (plus
+the bounded size), never the image id, so a content replace (new sha256) can only ever find or make
+the new version's thumbnail; the old one stays unreachable and ``memeflow gc`` removes it. The
+namespace directory is the scope's own (two tenants with the same bytes share nothing). Files are
+written like the originals (temp file, fsync, rename); generation of one key is serialised across
+processes by an ``flock`` on one of 16 lock files per namespace, so concurrent requests for the same
+new thumbnail decode the original once. The ``.thumbs`` directory is not a storage namespace:
+:meth:`app.storage.FileStore.iter_keys` never lists it.
+
+The source bytes are decoded by :func:`app.stages.images.decode_image` (the one decoder: magic bytes,
+pixel limit, decompression-bomb guard); any failure is a :class:`ThumbnailError` (422), never a 500.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+from sqlalchemy import Engine, text
+
+from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
+
+SIZES = (128, 256, 512)
+DEFAULT_SIZE = 256
+# Bumped when the rendering changes (filter, format, quality): old files are then never served.
+RENDER_VERSION = "t1"
+MEDIA_TYPE = "image/webp"
+THUMBS_DIR = ".thumbs"
+_NAME = re.compile(r"^(?P<sha>[0-9a-f]{64})-(?P<size>\d{2,4})-(?P<v>[a-z0-9]{1,8})\.webp$")
+_TMP_PREFIX = ".tmp-"
+
+
+class ThumbnailError(Exception):
+    """The stored image cannot be turned into a thumbnail (corrupt, not an image, too many pixels)."""
+
+    code = "invalid_image"
+    status = 422
+
+
+def render_thumbnail(data: bytes, size: int, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+    """WebP bytes of ``data`` scaled to fit ``size``×``size`` (never enlarged). Pure."""
+    if size not in SIZES:
+        raise ValueError(f"thumbnail size must be one of {SIZES}")
+    try:
+        decoded = decode_image(data, max_pixels=max_pixels)
+    except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) or any decoder error
+        raise ThumbnailError(f"cannot make a thumbnail: {exc}") from None
+    image = decoded.image
+    image.thumbnail((size, size), Image.Resampling.LANCZOS)
+    out = io.BytesIO()
+    image.save(out, format="WEBP", quality=80, method=4)
+    return out.getvalue()
+
+
+def etag(sha256: str, size: int) -> str:
+    """The entity tag of a thumbnail: its version, its size and the rendering version."""
+    return f"{sha256}-{size}-{RENDER_VERSION}"
+
+
+@dataclass(frozen=True)
+class Thumbnail:
+    data: bytes
+    etag: str
+    generated: bool  # made by this call (False: read from the cache)
+
+
+class ThumbnailCache:
+    """The on-disk cache under ``<storage_root>/.thumbs``."""
+
+    def __init__(self, storage_root: Path | str) -> None:
+        self.root = Path(storage_root) / THUMBS_DIR
+
+    def path(self, namespace: uuid.UUID | str, sha256: str, size: int) -> Path:
+        """Where the thumbnail of (namespace, sha256, size) lives (every part validated)."""
+        ns = str(uuid.UUID(str(namespace)))
+        name = f"{sha256}-{int(size)}-{RENDER_VERSION}.webp"
+        if not _NAME.match(name) or size not in SIZES:
+            raise ValueError("invalid thumbnail key")
+        return self.root / ns / name
+
+    def get_or_create(self, namespace: uuid.UUID | str, sha256: str, size: int, source: Callable[[], bytes], *,
+                      max_pixels: int = DEFAULT_MAX_PIXELS) -> Thumbnail:
+        """The cached thumbnail, or make it from ``source()`` (the original's bytes) exactly once."""
+        target = self.path(namespace, sha256, size)
+        found = _read(target)
+        if found is not None:
+            return Thumbnail(found, etag(sha256, size), False)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target.parent / f".lock-{sha256[0]}"):
+            found = _read(target)  # made by another process while this one waited
+            if found is not None:
+                return Thumbnail(found, etag(sha256, size), False)
+            data = render_thumbnail(source(), size, max_pixels=max_pixels)
+            _write_atomic(target, data)
+        return Thumbnail(data, etag(sha256, size), True)
+
+    def entries(self) -> Iterator[tuple[str, str, Path]]:
+        """(namespace, sha256, path) of every cached thumbnail."""
+        if not self.root.is_dir():
+            return
+        for ns_dir in sorted(self.root.iterdir()):
+            if not ns_dir.is_dir():
+                continue
+            for f in sorted(ns_dir.iterdir()):
+                m = _NAME.match(f.name)
+                if m and f.is_file():
+                    yield ns_dir.name, m.group("sha"), f
+
+    def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
+              dry_run: bool = False) -> list[Path]:
+        """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
+        sha256) of every image row), those of an older rendering version, and temp files of crashed
+        writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
+        thumbnail is derived, so a request that finds it gone makes it again."""
+        live = {(str(ns), sha) for ns, sha in live_versions}
+        now = time.time() if now is None else now
+        gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
+        if self.root.is_dir():
+            gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
+        gone = [p for p in gone if _age_s(p, now) >= min_age_s]
+        if not dry_run:
+            for p in gone:
+                p.unlink(missing_ok=True)
+        return gone
+
+
+# -- live_versions: (namespace, sha256) of every image row, the versions whose thumbnails may stay --
+LIVE_VERSIONS = text("SELECT DISTINCT split_part(storage_key, '/', 1) AS namespace, sha256 FROM images")
+
+
+def live_versions(engine: Engine) -> set[tuple[str, str]]:
+    """Every (namespace, sha256) an image row currently has."""
+    with engine.connect() as conn:
+        return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
+
+
+def _age_s(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return -1.0
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+class _locked:
+    """An exclusive ``flock`` on ``path`` (created if missing) for the duration of a ``with``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _write_atomic(target: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
