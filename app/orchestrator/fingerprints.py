@@ -51,7 +51,7 @@ def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -
     )
 
 
-DOCUMENT_VERSIONS = ("1", "2", "3")
+DOCUMENT_VERSIONS = ("1", "2", "3", "4")
 DEFAULT_DOCUMENT_VERSION = "3"
 
 
@@ -63,18 +63,21 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     description and tags where they add words the text does not already have. No display name
     (usually a file name) and no labels: both dilute the embedding of a short caption, measured
     in docs/search.md.
-    Version "3" (the default): version 2 where lines (of the text, title and description) with
-    neither a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in
-    OCR text these are mostly drawn strokes read as characters, and alone they carry no meaning
-    a text model can use (lexical search still has them) — and traditional Chinese is written in
-    simplified form (app/search/hanzi.py); queries are folded the same way
-    (:func:`semantic_query`).
+    Version "3" (the default): version 2 with traditional Chinese written in simplified form
+    (app/search/hanzi.py: PP-OCRv5 reads some simplified captions with traditional characters);
+    queries are folded the same way (:func:`semantic_query`).
+    Version "4" (opt-in): version 3 where lines (of the text, title and description) with neither
+    a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR text
+    mostly drawn strokes read as characters, which alone carry no meaning a text model can use
+    (lexical search still has them). Measured in docs/search.md: paraphrases gain, one exact
+    query is lost, so it is not the default.
     """
     if version not in DOCUMENT_VERSIONS:
         raise ValueError(f"unknown document_version {version!r}")
     ctx = whitelisted_context(context)
-    if version == "3":
+    if version == "4":
         ctx = {**ctx, **{k: _worded_lines(ctx[k]) for k in ("ocr_text", "title", "description")}}
+    if version in ("3", "4"):
         return to_simplified(_meaning_document(ctx))
     if version == "2":
         return _meaning_document(ctx)
@@ -94,8 +97,8 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
 
 def semantic_query(query: str, version: str = "1") -> str:
     """A search query as the text embedding of ``document_version`` ``version`` expects it: the
-    same script folding as the documents (version "3": traditional → simplified)."""
-    return to_simplified(query) if version == "3" else query
+    same script folding as the documents (versions "3" and "4": traditional → simplified)."""
+    return to_simplified(query) if version in ("3", "4") else query
 
 
 def _worded_lines(text: str) -> str:

@@ -46,17 +46,24 @@ def test_highlight_marks_the_original_traditional_text():
     assert found == {"text": "是我最後的倔強", "marks": [[5, 7]]}
 
 
-def test_document_version_3_folds_script_and_drops_lines_without_letters():
+def test_document_version_3_folds_traditional_chinese_and_keeps_every_line():
+    ctx = {"ocr_text": "躺平\n是我最後的倔強\n1 1 11", "title": "躺平", "tags": ["躺平"]}
+    assert semantic_document("meme.png", ctx, "3") == "躺平\n是我最后的倔强\n1 1 11"
+    assert semantic_document("meme.png", ctx, "2") == "躺平\n是我最後的倔強\n1 1 11"  # as before
+    english = {"ocr_text": "ERROR 404:\n))\nMOTIVATION NOT FOUND", "title": "ERROR 404:"}
+    assert semantic_document(None, english, "3") == semantic_document(None, english, "2")
+
+
+def test_document_version_4_also_drops_lines_without_letters():
     ctx = {"ocr_text": "躺平\n是我最後的倔強\n1 1 11", "title": "1 1 11", "tags": ["躺平"]}
-    assert semantic_document("meme.png", ctx, "3") == "躺平\n是我最后的倔强"
+    assert semantic_document("meme.png", ctx, "4") == "躺平\n是我最后的倔强"
     ctx = {"ocr_text": "ERROR 404:\n))\nMOTIVATION NOT FOUND\n😂", "title": "404", "description": "", "tags": []}
-    assert semantic_document(None, ctx, "3") == "ERROR 404:\nMOTIVATION NOT FOUND\n😂"
-    # version 2 renders exactly as before
-    assert semantic_document(None, ctx, "2") == "ERROR 404:\n))\nMOTIVATION NOT FOUND\n😂"
-    assert semantic_document(None, {"ocr_text": "1 1 11"}, "3") == ""
+    assert semantic_document(None, ctx, "4") == "ERROR 404:\nMOTIVATION NOT FOUND\n😂"
+    assert semantic_document(None, ctx, "3") == "ERROR 404:\n))\nMOTIVATION NOT FOUND\n😂"  # "404" is in the text
+    assert semantic_document(None, {"ocr_text": "1 1 11"}, "4") == ""
 
 
 def test_queries_are_folded_like_the_documents_of_their_version():
-    assert semantic_query("最後的倔強", "3") == "最后的倔强"
+    assert semantic_query("最後的倔強", "3") == semantic_query("最後的倔強", "4") == "最后的倔强"
     assert semantic_query("最後的倔強", "2") == "最後的倔強"
     assert semantic_query("Monday again", "3") == "Monday again"
