@@ -381,8 +381,15 @@ class TextSearchResultSchema(Schema):
     lexical = fields.Nested(LexicalInfoSchema, allow_none=True)
 
 
+class VisualSearchHitSchema(SearchHitSchema):
+    pixels = fields.Float(metadata={"description": "correlation of the two images' colour thumbnails (-1..1), "
+                                                   "for the re-ranked nearest hits"})
+    lookalike = fields.Float(metadata={"description": "what the re-ranked hits are ordered by: the mean of the "
+                                                      "descriptor cosine (score) and the thumbnail correlations"})
+
+
 class VisualSearchResultSchema(Schema):
-    items = fields.List(fields.Nested(SearchHitSchema), required=True)
+    items = fields.List(fields.Nested(VisualSearchHitSchema), required=True)
     model = fields.String()
     coverage = fields.Nested(CoverageSchema)
 

@@ -15,7 +15,10 @@ from app.api.errors import ApiError
 from app.api.images import _error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
+from app.search import lookalike
 from app.search import service as text_search
+from app.stages.errors import PermanentError
+from app.stages.images import decode_image
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
@@ -80,7 +83,11 @@ class VisualSearch(MethodView):
                                415: "unsupported_media_type", 422: "validation_error / invalid_image"}),
     )
     def post(self):
-        """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``."""
+        """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``.
+
+        The visual index's nearest images are re-ranked by a pixel comparison with the stored
+        originals (``pixels``, ``lookalike``; app/search/lookalike.py); ``score`` stays the
+        visual descriptor's cosine."""
         svc = services()
         scope = scope_id()
         provider = _visual_provider()
@@ -108,12 +115,41 @@ class VisualSearch(MethodView):
             vector = provider.embed([upload.decoded])[0]
         else:
             raise ApiError(415, "unsupported_media_type", "send JSON {image_id} or multipart with a 'file' part")
-        items = Q.search_visual(
+        hits = Q.search_visual(
             svc.engine, scope, model=model, preprocess_version=version, dims=dims, vector=vector,
-            limit=args["limit"], exclude_image_id=exclude,
+            limit=max(args["limit"], lookalike.RERANK_DEPTH), exclude_image_id=exclude,
         )
+        if request.mimetype == "application/json":
+            query_thumbs = lookalike.cached_thumbnails(row.sha256, lambda: _load_stored(row.storage_key))
+        else:
+            query_thumbs = lookalike.thumbnails(upload.decoded.image)
+        items = hits
+        if query_thumbs is not None and hits:
+            items = lookalike.rerank(hits, query_thumbs, _candidate_thumbnails(scope, hits[: lookalike.RERANK_DEPTH]))
+        items = items[: args["limit"]]
         coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
         return {"items": items, "model": model, "coverage": coverage}
+
+
+def _load_stored(storage_key: str) -> Any:
+    """The decoded stored original (None when its file is gone or does not decode)."""
+    svc = services()
+    try:
+        return decode_image(svc.store.read(storage_key), max_pixels=svc.settings.max_image_pixels).image
+    except (FileNotFoundError, PermanentError):
+        return None
+
+
+def _candidate_thumbnails(scope: str, hits: list[dict]) -> dict[str, Any]:
+    """Pixel thumbnails of the hits' stored originals (cached by sha256), by image id."""
+    keys = Q.storage_keys(services().engine, scope, [h["image"]["id"] for h in hits])
+    out: dict[str, Any] = {}
+    for hit in hits:
+        image_id, sha = str(hit["image"]["id"]), str(hit["image"]["sha256"])
+        key = keys.get(image_id)
+        if key is not None:
+            out[image_id] = lookalike.cached_thumbnails(sha, lambda key=key: _load_stored(key))
+    return out
 
 
 def _json_body() -> Any:

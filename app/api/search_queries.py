@@ -67,6 +67,18 @@ def _parse(value: Any) -> list[float]:
     return list(value)
 
 
+def storage_keys(engine: Engine, scope_id: str, image_ids: Sequence[Any]) -> dict[str, str]:
+    """Storage keys of some images of the scope, by image id (missing ids are left out)."""
+    if not image_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT id, storage_key FROM images WHERE scope_id = :s AND id = ANY(CAST(:ids AS uuid[]))"),
+            {"s": scope_id, "ids": [str(i) for i in image_ids]},
+        ).all()
+    return {str(r.id): str(r.storage_key) for r in rows}
+
+
 def search_visual(
     engine: Engine,
     scope_id: str,

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
+
+from app.search.hanzi import to_simplified
 
 METADATA_SCHEMA_VERSION = 1
 # The context keys that make up the metadata hash and the semantic document; provenance and the
@@ -48,22 +51,34 @@ def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -
     )
 
 
-DOCUMENT_VERSIONS = ("1", "2")
-DEFAULT_DOCUMENT_VERSION = "2"
+DOCUMENT_VERSIONS = ("1", "2", "3", "4")
+DEFAULT_DOCUMENT_VERSION = "3"
 
 
 def semantic_document(display_name: str | None, context: Mapping[str, Any] | None, version: str = "1") -> str:
     """Deterministic text rendering of the image's text fields for the embedding model.
 
     Version "1": labelled lines of every field (name, title, description, text, tags).
-    Version "2" (the default): only what carries meaning, unlabelled — the text in the image,
-    then the title, description and tags where they add words the text does not already have.
-    No display name (usually a file name) and no labels: both dilute the embedding of a short
-    caption, measured in docs/search.md.
+    Version "2": only what carries meaning, unlabelled — the text in the image, then the title,
+    description and tags where they add words the text does not already have. No display name
+    (usually a file name) and no labels: both dilute the embedding of a short caption, measured
+    in docs/search.md.
+    Version "3" (the default): version 2 with traditional Chinese written in simplified form
+    (app/search/hanzi.py: PP-OCRv5 reads some simplified captions with traditional characters);
+    queries are folded the same way (:func:`semantic_query`).
+    Version "4" (opt-in): version 3 where lines (of the text, title and description) with neither
+    a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR text
+    mostly drawn strokes read as characters, which alone carry no meaning a text model can use
+    (lexical search still has them). Measured in docs/search.md: paraphrases gain, one exact
+    query is lost, so it is not the default.
     """
     if version not in DOCUMENT_VERSIONS:
         raise ValueError(f"unknown document_version {version!r}")
     ctx = whitelisted_context(context)
+    if version == "4":
+        ctx = {**ctx, **{k: _worded_lines(ctx[k]) for k in ("ocr_text", "title", "description")}}
+    if version in ("3", "4"):
+        return to_simplified(_meaning_document(ctx))
     if version == "2":
         return _meaning_document(ctx)
     lines = []
@@ -78,6 +93,23 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     if ctx["tags"]:
         lines.append("tags: " + ", ".join(ctx["tags"]))
     return "\n".join(lines)
+
+
+def semantic_query(query: str, version: str = "1") -> str:
+    """A search query as the text embedding of ``document_version`` ``version`` expects it: the
+    same script folding as the documents (versions "3" and "4": traditional → simplified)."""
+    return to_simplified(query) if version in ("3", "4") else query
+
+
+def _worded_lines(text: str) -> str:
+    """The lines of ``text`` that hold a letter (any script) or an emoji/other symbol."""
+    return "\n".join(
+        line for line in text.split("\n")
+        if any(unicodedata.category(ch) in _WORD_CATEGORIES for ch in line)
+    )
+
+
+_WORD_CATEGORIES = frozenset(("Lu", "Ll", "Lt", "Lm", "Lo", "So"))  # letters; emoji and other symbols
 
 
 def _meaning_document(ctx: dict[str, Any]) -> str:

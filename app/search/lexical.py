@@ -3,7 +3,9 @@
 PostgreSQL's parsers do not segment Chinese (a caption like 抢红包手速太慢了 is one token), so the
 terms are made here and stored as a ``simple`` tsvector (no further processing in the database):
 
-- text is NFKC-normalised (full-width forms → ASCII) and lower-cased;
+- text is NFKC-normalised (full-width forms → ASCII), lower-cased, and traditional Chinese
+  characters are folded to simplified (app/search/hanzi.py: OCR reads 倔强 as 倔強, users type
+  either form);
 - a Latin/digit word becomes its Snowball English stem (``passes`` → ``pass``); English stopwords
   are dropped;
 - a run of CJK characters (Han, kana, hangul) becomes its character bigrams — robust without a
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import snowballstemmer
 
+from app.search.hanzi import to_simplified
 from app.stages.agent.text_tags import STOPWORDS
 
 _CJK_CLASS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
@@ -44,8 +47,9 @@ def _stem(word: str) -> str:
 
 
 def normalise(text: str) -> str:
-    """NFKC + lower case: the form every term and highlight is computed on."""
-    return unicodedata.normalize("NFKC", text).lower()
+    """NFKC + lower case + traditional → simplified: the form every term and highlight is
+    computed on. Changing it changes stored terms: migrations/versions/0019 re-makes them."""
+    return to_simplified(unicodedata.normalize("NFKC", text).lower())
 
 
 @dataclass(frozen=True)

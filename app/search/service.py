@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from app.orchestrator.fingerprints import semantic_query
 from app.search import fusion, lexical
 from app.search import queries as Q
 
@@ -93,7 +94,9 @@ def search_text(
     terms = lexical.query_terms(query) if mode in ("hybrid", "lexical") else []
     vector, weights = (None, None)
     if mode in ("hybrid", "semantic"):
-        vector, weights = embed_query(provider, query, model=model)
+        # the documents' script folding (document_version "3": traditional → simplified)
+        semantic = semantic_query(query, str(config.get("document_version", "1")))
+        vector, weights = embed_query(provider, semantic, model=model)
     rows = Q.candidates(engine, scope_id, model=stored_model if vector is not None else None, dims=dims,
                         vector=vector, terms=terms, k=max(_CANDIDATES, limit))
     df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)

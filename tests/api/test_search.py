@@ -93,3 +93,29 @@ def test_search_query_uses_the_hnsw_expression_index(engine):
             "ORDER BY t.embedding::vector(3) <=> CAST('[1,0,0]' AS vector(3)) LIMIT 5"
         )))
     assert "ix_text_embeddings_hnsw_m_3" in plan, plan
+
+
+def test_visual_search_reranks_the_nearest_by_the_stored_originals_pixels(client, orch, publisher):
+    from bench.search_data import BY_ID, encode, render, render_twin
+
+    ids = {}
+    with Workers(orch, publisher, n=2):
+        for meme_id in ("en-040", "en-052", "zh-008", "zh-023"):
+            body = upload(client, encode(BY_ID[meme_id]), display_name=f"{meme_id}.png").get_json()
+            ids[meme_id] = body["image"]["id"]
+            wait_job(client, body["job"]["id"])
+    for meme_id in ("en-040", "zh-023"):  # a resized, cropped, JPEG-compressed look-alike of each
+        twin = render_twin(BY_ID[meme_id], render(BY_ID[meme_id]))
+        r = client.post("/api/v1/search/visual", data={"file": (io.BytesIO(twin), "twin.jpg"), "limit": "2"},
+                        content_type="multipart/form-data")
+        assert r.status_code == 200, r.get_json()
+        hits = r.get_json()["items"]
+        assert len(hits) == 2 and hits[0]["image"]["id"] == ids[meme_id]
+        assert hits[0]["pixels"] > 0.9 and hits[0]["lookalike"] > hits[1]["lookalike"]
+        assert -1.0 <= hits[0]["score"] <= 1.0  # the descriptor's cosine, as before
+    # by id: the stored original is the query; it is excluded, the others are re-ranked
+    hits = client.post("/api/v1/search/visual", json={"image_id": ids["en-040"]}).get_json()["items"]
+    assert ids["en-040"] not in {h["image"]["id"] for h in hits} and len(hits) == 3
+    assert all("pixels" in h for h in hits)
+    looks = [h["lookalike"] for h in hits]
+    assert looks == sorted(looks, reverse=True)

@@ -82,3 +82,36 @@ def test_the_lexical_lookup_is_one_scope_led_gin_index_scan(engine):
             {"q": lexical.tsquery_source(terms)}))
     assert "ix_images_search_tsv" in plan, plan
     assert "scope_id" in plan.split("Index Cond:")[1], plan  # the scope is part of the index scan
+
+
+def test_traditional_and_simplified_chinese_find_each_other(client):
+    # OCR may read a simplified caption in traditional form (倔強), and users type either form
+    read_traditional = upload(client, png_bytes((7, 7, 7)), process=False).get_json()["image"]["id"]
+    simplified = upload(client, png_bytes((6, 6, 6)), process=False).get_json()["image"]["id"]
+    client.patch(f"/api/v1/images/{read_traditional}", json={"context": {"ocr_text": "躺平\n是我最後的倔強"}})
+    client.patch(f"/api/v1/images/{simplified}", json={"context": {"ocr_text": "减肥从明天开始"}})
+    assert _search(client, "最后的倔强") == [read_traditional]
+    assert _search(client, "減肥") == [simplified]
+    r = client.get("/api/v1/search/text", query_string={"q": "倔强", "mode": "lexical"}).get_json()
+    # the highlight marks the stored (traditional) text itself
+    assert r["items"][0]["highlight"] == {"field": "ocr_text", "text": "躺平 / 是我最後的倔強", "marks": [[10, 12]]}
+
+
+def test_semantic_queries_are_folded_like_the_documents(client, orch, publisher):
+    """Document version 3 (the default): the query is embedded in simplified form, so a traditional
+    query scores exactly as its simplified twin against the (simplified) document."""
+    image = upload(client, png_bytes((5, 5, 5)), process=False).get_json()["image"]["id"]
+    client.patch(f"/api/v1/images/{image}", json={"context": {"ocr_text": "躺平\n是我最後的倔強"}})
+    with Workers(orch, publisher, n=1):
+        r = client.post(f"/api/v1/images/{image}/process", json={})
+        assert r.status_code in (200, 201, 202), r.get_json()
+        wait_job(client, r.get_json()["job"]["id"])
+
+    def scores(q):
+        r = client.get("/api/v1/search/text", query_string={"q": q, "mode": "semantic"})
+        assert r.status_code == 200, r.get_json()
+        return [(h["image"]["id"], h["score"]) for h in r.get_json()["items"]]
+
+    folded = scores("是我最后的倔强")  # the deterministic provider hashes whole words
+    assert folded and folded[0][0] == image and folded[0][1] > 0.5
+    assert scores("是我最後的倔強") == folded

@@ -227,3 +227,27 @@ def test_long_model_names_sharing_a_prefix_get_an_index_each(conn):
     found = {r[0] for r in conn.execute(text("SELECT indexname FROM pg_indexes WHERE indexname = ANY(:n)"),
                                         {"n": list(created)})}
     assert found == created and len(created) == 2
+
+
+def test_0019_remakes_lexical_terms_with_traditional_chinese_folded(fresh_db):
+    """Terms stored before the folding (traditional bigrams) are re-made from the current text."""
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0013")
+    eng = create_engine(url)
+    ctx = '{"ocr_text": "躺平\\n是我最後的倔強", "title": "躺平", "tags": []}'
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('local', gen_random_uuid())"))
+        conn.execute(text(
+            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
+            " display_name, context, context_status, search_tsv) VALUES"
+            " (gen_random_uuid(), 'local', md5('a'), '.png', 'image/png', 1, 1, 1, 'ka', 'a.png', CAST(:c AS jsonb),"
+            "  'ready', to_tsvector('simple', '倔強 最後')),"
+            " (gen_random_uuid(), 'local', md5('b'), '.png', 'image/png', 1, 1, 1, 'kb', 'b.png', CAST(:c AS jsonb),"
+            "  'pending', to_tsvector('simple', 'stale'))"), {"c": ctx})
+    command.upgrade(cfg, "0019")
+    with eng.connect() as conn:
+        rows = dict(conn.execute(text("SELECT display_name, search_tsv::text FROM images")).all())
+    eng.dispose()
+    assert "'倔强'" in rows["a.png"] and "'最后'" in rows["a.png"] and "倔強" not in rows["a.png"]
+    assert rows["b.png"] == "'b':1 'png':2"  # a pending context: the display name's terms only

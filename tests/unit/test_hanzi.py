@@ -1,0 +1,69 @@
+"""Traditional → simplified Chinese folding: the converter, lexical terms, the semantic document."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from app.orchestrator.fingerprints import semantic_document, semantic_query
+from app.search import lexical
+from app.search.hanzi import to_simplified
+from bench.search_data import MEMES
+
+
+def test_traditional_forms_read_by_ocr_fold_to_simplified():
+    # PP-OCRv5 output seen on the benchmark (倔強 for 倔强, 減 for 减) and common traditional text
+    assert to_simplified("躺平是我最後的倔強") == "躺平是我最后的倔强"
+    assert to_simplified("減肥從明天開始") == "减肥从明天开始"
+    assert to_simplified("頭髮越來越少，發財靠買彩票") == "头发越来越少，发财靠买彩票"
+
+
+def test_simplified_latin_and_mixed_text_are_left_as_they_are():
+    for meme in MEMES:  # every caption and query of the benchmark is already simplified
+        for text in (*meme.lines, meme.exact, meme.paraphrase):
+            assert to_simplified(text) == text
+    assert to_simplified("Deadline 是第一生产力 996 emo了 yyds 😂") == "Deadline 是第一生产力 996 emo了 yyds 😂"
+    assert to_simplified("") == ""
+
+
+def test_every_conversion_entry_maps_one_character_to_one():
+    # highlights cut the original text with spans computed on the folded one
+    folder = resources.files("opencc") / "dictionary"
+    for name in ("TSPhrases.txt", "TSCharacters.txt"):
+        for line in (folder / name).read_text(encoding="utf-8").splitlines():
+            key, value = line.split("\t")
+            assert len(value.split(" ")[0]) == len(key), line
+
+
+def test_a_traditional_caption_and_a_simplified_query_share_their_terms():
+    doc = set(lexical.document_terms(["躺平 / 是我最後的倔強"]))
+    assert set(lexical.query_terms("最后的倔强")) <= doc
+    # and the other way round: a traditional query finds a simplified caption
+    assert set(lexical.query_terms("減肥")) <= set(lexical.document_terms(["减肥从明天开始"]))
+
+
+def test_highlight_marks_the_original_traditional_text():
+    found = lexical.highlight("是我最後的倔強", lexical.query_terms("倔强"))
+    assert found == {"text": "是我最後的倔強", "marks": [[5, 7]]}
+
+
+def test_document_version_3_folds_traditional_chinese_and_keeps_every_line():
+    ctx = {"ocr_text": "躺平\n是我最後的倔強\n1 1 11", "title": "躺平", "tags": ["躺平"]}
+    assert semantic_document("meme.png", ctx, "3") == "躺平\n是我最后的倔强\n1 1 11"
+    assert semantic_document("meme.png", ctx, "2") == "躺平\n是我最後的倔強\n1 1 11"  # as before
+    english = {"ocr_text": "ERROR 404:\n))\nMOTIVATION NOT FOUND", "title": "ERROR 404:"}
+    assert semantic_document(None, english, "3") == semantic_document(None, english, "2")
+
+
+def test_document_version_4_also_drops_lines_without_letters():
+    ctx = {"ocr_text": "躺平\n是我最後的倔強\n1 1 11", "title": "1 1 11", "tags": ["躺平"]}
+    assert semantic_document("meme.png", ctx, "4") == "躺平\n是我最后的倔强"
+    ctx = {"ocr_text": "ERROR 404:\n))\nMOTIVATION NOT FOUND\n😂", "title": "404", "description": "", "tags": []}
+    assert semantic_document(None, ctx, "4") == "ERROR 404:\nMOTIVATION NOT FOUND\n😂"
+    assert semantic_document(None, ctx, "3") == "ERROR 404:\n))\nMOTIVATION NOT FOUND\n😂"  # "404" is in the text
+    assert semantic_document(None, {"ocr_text": "1 1 11"}, "4") == ""
+
+
+def test_queries_are_folded_like_the_documents_of_their_version():
+    assert semantic_query("最後的倔強", "3") == semantic_query("最後的倔強", "4") == "最后的倔强"
+    assert semantic_query("最後的倔強", "2") == "最後的倔強"
+    assert semantic_query("Monday again", "3") == "Monday again"
