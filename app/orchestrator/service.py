@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, execution, grants, lanes, limits
+from app.orchestrator import batches, changes, events, execution, grants, lanes, limits
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -175,6 +175,11 @@ class Orchestrator:
 
         with self.engine.connect() as conn:
             return open_attempt_ids_txn(conn, attempt_ids)
+
+    # ------------------------------------------------------------------ events (issue 20)
+    list_events = events.list_events
+    last_event_id = events.last_event_id
+    stream_slot = events.stream_slot
 
     # ------------------------------------------------------------------ tenant limits (issue 17)
     take_request = limits.take_request

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from app import metrics
 from app.db.enums import Lane
 from app.orchestrator.advance import advance_job_txn
+from app.orchestrator.events import prune_events
 from app.orchestrator.execution import fail_task
 from app.orchestrator.hints import Hint
 from app.orchestrator.liveness import worker_ttl_s
@@ -101,7 +102,9 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     # 6. worker registrations whose process died without a clean shutdown
     with orch.engine.begin() as conn:
         report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
-    # 7. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
+    # 7. events past their retention
+    report.counts["events_pruned"] = prune_events(orch)
+    # 8. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
     with orch.engine.begin() as conn:
         gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
         for g in q.lane_gauges_txn(conn, orch.now()):
