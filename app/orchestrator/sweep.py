@@ -102,8 +102,11 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     # 6. worker registrations whose process died without a clean shutdown
     with orch.engine.begin() as conn:
         report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
-    # 7. events past their retention
+    # 7. events past their retention; webhook subscriptions with an event due and no live hint
     report.counts["events_pruned"] = prune_events(orch)
+    webhook_hints = orch.webhook_hints()
+    report.hints += webhook_hints
+    report.counts["webhooks_hinted"] = len(webhook_hints)
     # 8. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
     with orch.engine.begin() as conn:
         gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}

@@ -37,8 +37,8 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
             data = requests.get(flower, timeout=5).json()["data"]
             return sorted(w["hostname"].split("@")[0] for w in data if w.get("status"))
 
-        assert poll_until(lambda: online() == ["agent", "embedding", "visual"] and online(),
-                          timeout=30, interval=0.5, what="Flower shows the three lane workers online")
+        assert poll_until(lambda: online() == ["agent", "embedding", "visual", "webhooks"] and online(),
+                          timeout=30, interval=0.5, what="Flower shows the lane and webhooks workers online")
         buf = io.BytesIO()
         Image.new("RGB", (20, 20), (1, 2, 3)).save(buf, format="PNG")
         api = f"http://127.0.0.1:{settings.api_port}/api/v1"
