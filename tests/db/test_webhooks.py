@@ -97,6 +97,22 @@ def test_an_event_that_keeps_failing_is_recorded_failed_and_the_next_goes_out(or
     state = orch.list_webhooks("local")[0]
     assert state["failed_count"] == 1 and state["cursor"] >= ids[0]
     assert orch.recent_webhook_failures()[0]["event_id"] == ids[0]
+    html = _ops_html(orch)  # visible to the operator
+    assert 'class="webhook-failed"' in html and "http_error" in html and receiver.url("/failfirst/3")[:40] in html
+
+
+def _ops_html(orch) -> str:
+    from app.api import create_app
+    from app.auth import LocalScopeResolver
+    from app.orchestrator import RecordingPublisher
+    from app.storage import FileStore
+
+    app = create_app(scope_resolver=LocalScopeResolver(), settings=orch.settings, orchestrator=orch,
+                     engine=orch.engine, publisher=RecordingPublisher(), store=FileStore(orch.settings.storage_path),
+                     cursor_secret_key="test-secret")
+    resp = app.test_client().get("/ops/")
+    assert resp.status_code == 200
+    return resp.get_data(as_text=True)
 
 
 @pytest.mark.parametrize(("url", "code"), [
