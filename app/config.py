@@ -178,6 +178,9 @@ class Settings:
         if min(self.event_poll_s, self.event_heartbeat_s, self.webhook_timeout_s, self.webhook_lease_s,
                self.webhook_poll_s) <= 0:
             raise SettingsError("event and webhook intervals must be > 0")
+        if self.webhook_lease_s <= 2 * self.webhook_timeout_s:
+            # a delivery outliving its claim's lease could be overtaken by the next claim's
+            raise SettingsError("MEMEFLOW_WEBHOOK_LEASE_S must exceed twice MEMEFLOW_WEBHOOK_TIMEOUT_S")
 
     def replace(self, **changes: object) -> Settings:
         new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]

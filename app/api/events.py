@@ -84,8 +84,11 @@ class _HeldStream:
 
 
 def _wants_sse() -> bool:
-    accept = request.accept_mimetypes
-    return accept["text/event-stream"] > 0 and accept["text/event-stream"] >= accept["application/json"]
+    """Only an Accept header that names ``text/event-stream`` itself (EventSource does) gets a
+    stream; ``*/*`` (curl, most clients) gets JSON."""
+    named = {value.lower(): q for value, q in request.accept_mimetypes}
+    sse = named.get("text/event-stream", 0)
+    return sse > 0 and sse >= named.get("application/json", 0)
 
 
 def _last_event_id() -> int | None:
@@ -111,10 +114,9 @@ class Events(MethodView):
         svc = services()
         orch, scope = svc.orchestrator, scope_id()
         sse = _wants_sse()
-        after = args["after"]
-        if after is None:
-            after = (_last_event_id() if sse else None) or 0
-        if sse:
+        after = args["after"] or 0
+        if sse:  # an EventSource reconnects to the same URL with Last-Event-ID: resume from there
+            after = max(after, _last_event_id() or 0)
             return _sse_response(orch, scope, after, args["limit"])
         events = orch.list_events(scope, after, args["limit"])
         wait = min(float(args["wait"]), float(orch.settings.event_max_wait_s))

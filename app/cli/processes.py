@@ -2,8 +2,8 @@
 
 Each command runs one building block in the foreground, as docker-compose runs one per container.
 :class:`Stack` starts them all as child processes for ``memeflow up`` (and ``memeflow demo``):
-embedded services unless URLs are given, migrations, then API + one worker per lane + beat +
-Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
+embedded services unless URLs are given, migrations, then API + one worker per lane + a webhooks
+worker (issue 20) + beat + Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
 ``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up,
 supervises them, and stops everything cleanly (terminate, wait, kill stragglers, then the
 embedded services it started).

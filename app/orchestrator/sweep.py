@@ -22,6 +22,7 @@ from app.orchestrator.store import attempts, counters
 from app.orchestrator.store import sweep as q
 from app.orchestrator.store import workers as workers_q
 from app.orchestrator.types import Claim, SweepReport
+from app.orchestrator.webhooks import skip_unmatched_events
 from app.stages.errors import OutcomeUnknownError, PermanentError
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
         report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
     # 7. events past their retention; webhook subscriptions with an event due and no live hint
     report.counts["events_pruned"] = prune_events(orch)
+    skip_unmatched_events(orch)
     webhook_hints = orch.webhook_hints()
     report.hints += webhook_hints
     report.counts["webhooks_hinted"] = len(webhook_hints)

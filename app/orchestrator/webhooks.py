@@ -179,6 +179,12 @@ def webhook_hints(orch: Orchestrator, limit: int | None = None) -> list[Hint]:
     return [Hint(LANE, i) for i in ids]
 
 
+def skip_unmatched_events(orch: Orchestrator) -> int:
+    """Sweep step: filtered subscriptions' cursors skip the events they do not take."""
+    with orch.engine.begin() as conn:
+        return q.skip_unmatched_txn(conn, len(ALL_TYPES), orch.now(), orch.settings.sweep_batch_limit)
+
+
 def recent_webhook_failures(orch: Orchestrator, limit: int = 20) -> list[dict[str, Any]]:
     with orch.engine.connect() as conn:
         return [dict(r) for r in q.recent_failures_txn(conn, limit)]

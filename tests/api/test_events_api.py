@@ -70,6 +70,12 @@ def test_long_poll_without_events_returns_empty_after_wait(client):
     assert body == {"events": [], "last_id": 0}
 
 
+@pytest.mark.parametrize("accept", ["*/*", "application/json", "application/json, text/event-stream;q=0.5", "text/*"])
+def test_json_unless_the_client_names_event_stream(client, accept):
+    resp = client.get("/api/v1/events", headers={"Accept": accept})
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+
+
 def _sse_events(resp, n: int, timeout: float = 20.0) -> list[dict]:
     """Read the streamed body until ``n`` events arrived (each parsed from its data line)."""
     out, buf, deadline = [], "", time.monotonic() + timeout
@@ -100,8 +106,8 @@ def test_sse_streams_and_resumes_from_last_event_id(client, orch):
         assert _sse_events(resp, 1)[0]["image_id"] == later["id"]
     finally:
         resp.close()
-    resumed = client.get("/api/v1/events", headers={"Accept": "text/event-stream", "Last-Event-ID": str(got[0]["id"])},
-                         buffered=False)
+    resumed = client.get("/api/v1/events?after=0", buffered=False,  # the URL it started with, as EventSource does
+                         headers={"Accept": "text/event-stream", "Last-Event-ID": str(got[0]["id"])})
     try:
         assert [e["image_id"] for e in _sse_events(resumed, 2)] == [ids[1], later["id"]]
     finally:

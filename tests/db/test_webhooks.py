@@ -42,6 +42,12 @@ def emit(orch, scope: str, n: int) -> list[int]:
         return [r["id"] for r in events_q.events_after_txn(c, scope, 0, 1000)][-n:]
 
 
+def emit_deleted(orch) -> int:
+    with orch.engine.begin() as c:
+        events_q.stage_event_txn(c, "local", "image.deleted", {"image_id": None})
+    return orch.last_event_id("local")
+
+
 def drain(orch, until, timeout: float = 30.0) -> None:
     """Run the lane in-process (poll → hints → deliver) until ``until()`` holds."""
     def step():
@@ -192,6 +198,12 @@ def test_event_types_filter_and_limits(orch, receiver):
     orch.create_webhook("local", receiver.url("/ok"), ["image.deleted"])
     emit(orch, "local", 2)  # batch.progress: not subscribed
     assert orch.webhook_hints() == []
+    emit(orch, "local", 50)
+    orch.sweep()  # the filtered subscription's cursor skips what it does not take
+    assert orch.list_webhooks("local")[0]["cursor"] == orch.last_event_id("local")
+    image_event = emit_deleted(orch)
+    drain(orch, lambda: receiver.at("/ok"))
+    assert [r.event["id"] for r in receiver.at("/ok")] == [image_event]
     small = Orchestrator(orch.engine, orch.settings.replace(webhooks_per_scope=1))
     with pytest.raises(TooManyWebhooks):
         small.create_webhook("local", receiver.url("/ok"))

@@ -12,7 +12,8 @@ from tests.integration.conftest import ingest
 from tests.support.receiver import Receiver
 
 pytestmark = pytest.mark.slow
-HOOK_ENV = {"MEMEFLOW_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8", "MEMEFLOW_WEBHOOK_TIMEOUT_S": "120"}
+HOOK_ENV = {"MEMEFLOW_WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8", "MEMEFLOW_WEBHOOK_TIMEOUT_S": "120",
+            "MEMEFLOW_WEBHOOK_LEASE_S": "300"}
 
 
 @pytest.fixture()
