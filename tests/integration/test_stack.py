@@ -4,6 +4,7 @@ stop() leaves no process behind."""
 from __future__ import annotations
 
 import io
+import json
 import socket
 
 import pytest
@@ -50,6 +51,12 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
             timeout=60, interval=0.2, what="the uploaded image's job",
         )
         assert [s["status"] for s in job["stages"]] == ["succeeded"] * 3
+        # the job's event through gunicorn's threaded workers, as Server-Sent Events
+        with requests.get(f"{api}/events?after=0", headers={"Accept": "text/event-stream"}, stream=True,
+                          timeout=30) as sse:
+            assert sse.headers["Content-Type"].startswith("text/event-stream")
+            data = next(line for line in sse.iter_lines(decode_unicode=True) if line.startswith("data: "))
+        assert json.loads(data[6:])["job_id"] == job_id
 
         # workers start with task events off (MEMEFLOW_WORKER_TASK_EVENTS=false); Flower switches
         # them on while it runs, so its task views fill once it has been up for a moment
