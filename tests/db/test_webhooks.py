@@ -234,3 +234,34 @@ def _loopback():
     from app.netguard import allowed_networks
 
     return allowed_networks("127.0.0.0/8")
+
+
+def test_racing_claims_admit_one_and_a_dead_claims_events_are_redelivered(engine, settings, receiver):
+    import threading
+
+    orch = Orchestrator(engine, settings.replace(webhook_allowed_networks="127.0.0.0/8", webhook_timeout_s=0.2,
+                                                 webhook_lease_s=0.5))
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", receiver.url("/ok"))
+    ids = emit(orch, "local", 3)
+    sub = uuid.UUID(hook["id"])
+    won: list = []
+    barrier = threading.Barrier(8)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        claim = orch.claim_webhook(sub, f"w{i}")
+        if claim is not None:
+            won.append(claim)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    dead = won[0]  # its worker "dies" holding the claim: nothing is sent, nothing recorded
+    assert orch.webhook_hints() == []  # leased: nobody else takes it yet
+    drain(orch, lambda: len(receiver.at("/ok")) >= 3)  # after the lease expires, a new claim delivers all
+    assert [r.event["id"] for r in receiver.at("/ok")] == ids
+    assert orch.webhook_delivered(dead, ids[0]) is False  # the dead claim's late write is fenced out
