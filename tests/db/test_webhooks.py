@@ -265,3 +265,43 @@ def test_racing_claims_admit_one_and_a_dead_claims_events_are_redelivered(engine
     drain(orch, lambda: len(receiver.at("/ok")) >= 3)  # after the lease expires, a new claim delivers all
     assert [r.event["id"] for r in receiver.at("/ok")] == ids
     assert orch.webhook_delivered(dead, ids[0]) is False  # the dead claim's late write is fenced out
+
+
+def test_https_delivery_to_the_checked_address_verifies_the_certificate(tmp_path, monkeypatch):
+    import ssl
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    got: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            got.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}/hook"
+    event = {"id": 7, "type": "batch.progress"}
+    try:
+        untrusted = send_event(url, "whsec_x", event, timeout_s=5, max_response_bytes=1024, networks=_loopback())
+        assert not untrusted.ok and "CERTIFICATE_VERIFY_FAILED" in untrusted.message and got == []
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the receiver's CA is trusted now
+        trusted = send_event(url, "whsec_x", event, timeout_s=5, max_response_bytes=1024, networks=_loopback())
+        assert trusted.ok and len(got) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
