@@ -23,7 +23,9 @@ _settings = get_settings()
 
 LANES = ("visual", "agent", "embedding")
 MAINTENANCE = "maintenance"
-QUEUES = (*LANES, MAINTENANCE)
+#: Webhook deliveries (issue 20): the body is a subscription id; not a stage lane.
+WEBHOOKS = "webhooks"
+QUEUES = (*LANES, WEBHOOKS, MAINTENANCE)
 
 #: One Celery task name per lane; the body is the task id and nothing else.
 LANE_TASKS = {
@@ -31,6 +33,9 @@ LANE_TASKS = {
     "agent": "memeflow.run_agent",
     "embedding": "memeflow.run_embedding",
 }
+WEBHOOK_TASK = "memeflow.deliver_webhooks"
+#: Every queue a hint may go to, with the task that wakes it.
+HINT_TASKS = {**LANE_TASKS, WEBHOOKS: WEBHOOK_TASK}
 SWEEP_TASK = "memeflow.reconcile_sweep"
 SEED_BATCH_TASK = "memeflow.seed_batch"
 
@@ -77,6 +82,7 @@ task_default_queue = MAINTENANCE
 task_queues = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES)
 task_routes = {
     **{name: {"queue": lane, "routing_key": lane} for lane, name in LANE_TASKS.items()},
+    WEBHOOK_TASK: {"queue": WEBHOOKS, "routing_key": WEBHOOKS},
     SWEEP_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
     SEED_BATCH_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
 }

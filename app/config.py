@@ -101,6 +101,26 @@ class Settings:
     open_clip_model: str = "ViT-B-32"
     operation_policy: str = "allow-all"
     agent_daily_quota: int = 1000
+    # events (issue 20): the outbox's live streams and webhook deliveries
+    event_streams_per_scope: int = 4  # concurrent long-polls (wait > 0) and SSE streams per scope
+    event_streams_per_process: int = 8  # the same, per API process (each holds a gunicorn thread)
+    event_poll_s: float = 0.1  # a waiting stream looks for new events this often
+    event_heartbeat_s: float = 15.0  # SSE comment line while idle (also detects a gone client)
+    event_stream_max_s: float = 300.0  # an SSE response ends after this; EventSource reconnects
+    event_max_wait_s: float = 30.0  # the largest ``wait`` a long-poll may ask for
+    events_retention_s: float = 7 * 86400.0  # the sweep prunes older events
+    webhook_timeout_s: float = 5.0  # one delivery, connect to last byte read
+    webhook_max_response_bytes: int = 64 * 1024  # of a receiver's answer, read and dropped
+    webhook_max_attempts: int = 8  # per event and subscription; then the event is recorded failed
+    webhook_backoff_base_s: float = 1.0
+    webhook_backoff_max_s: float = 300.0
+    webhook_lease_s: float = 30.0
+    webhook_poll_s: float = 0.2  # a webhooks worker looks for subscriptions with new events this often
+    webhook_events_per_claim: int = 50
+    webhooks_per_scope: int = 20
+    # CIDRs a webhook URL may resolve to besides public addresses (e.g. "127.0.0.0/8" for a local
+    # receiver); unset: loopback, private, link-local and other non-global addresses are refused.
+    webhook_allowed_networks: str | None = None
     log_json: bool = True
     log_level: str = "INFO"
 
@@ -151,6 +171,16 @@ class Settings:
             raise SettingsError("tenant limits must be >= 0 (0 = unlimited)")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
+        if min(self.event_streams_per_scope, self.event_streams_per_process, self.webhook_max_attempts,
+               self.webhook_events_per_claim) < 1:
+            raise SettingsError("event stream limits, MEMEFLOW_WEBHOOK_MAX_ATTEMPTS and "
+                                "MEMEFLOW_WEBHOOK_EVENTS_PER_CLAIM must be >= 1")
+        if min(self.event_poll_s, self.event_heartbeat_s, self.webhook_timeout_s, self.webhook_lease_s,
+               self.webhook_poll_s) <= 0:
+            raise SettingsError("event and webhook intervals must be > 0")
+        if self.webhook_lease_s <= 2 * self.webhook_timeout_s:
+            # a delivery outliving its claim's lease could be overtaken by the next claim's
+            raise SettingsError("MEMEFLOW_WEBHOOK_LEASE_S must exceed twice MEMEFLOW_WEBHOOK_TIMEOUT_S")
 
     def replace(self, **changes: object) -> Settings:
         new = dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -102,3 +102,87 @@ def host_allowed(host_header: str | None, allowed: frozenset[str] | None) -> boo
     if not host:
         return False
     return host in allowed or any(n.startswith(".") and (host.endswith(n) or host == n[1:]) for n in allowed)
+
+
+# ---------------------------------------------------------------------------- outbound (SSRF)
+#: Longest webhook URL accepted.
+OUTBOUND_URL_MAX = 2048
+
+
+class OutboundRefused(ValueError):
+    """An outbound URL memeflow will not call; ``code`` is the API's stable error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def allowed_networks(raw: str | None) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Parse ``MEMEFLOW_WEBHOOK_ALLOWED_NETWORKS`` (comma-separated CIDRs) — the operator's explicit
+    exceptions to the public-addresses-only rule (e.g. ``127.0.0.0/8`` for a receiver on this host)."""
+    nets = []
+    for part in (raw or "").split(","):
+        if part.strip():
+            try:
+                nets.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError:
+                raise SettingsError(f"MEMEFLOW_WEBHOOK_ALLOWED_NETWORKS: {part.strip()!r} is not a CIDR") from None
+    return tuple(nets)
+
+
+def outbound_address_allowed(address: str, networks: tuple = ()) -> bool:
+    """A public (global unicast) address, or one inside an explicitly allowed network. Loopback,
+    private, link-local (cloud metadata 169.254.169.254), CGNAT, multicast, reserved and unspecified
+    addresses are refused; an IPv4-mapped IPv6 address is judged as its IPv4 address."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    ip = mapped or ip
+    if any(ip.version == net.version and ip in net for net in networks):
+        return True
+    return ip.is_global and not ip.is_multicast
+
+
+def check_outbound_url(url: str, networks: tuple = (), *, resolve: bool = True) -> tuple[str, str, int, list[str]]:
+    """Validate an outbound http(s) URL and resolve it: (scheme, host, port, allowed addresses).
+
+    Raises :class:`OutboundRefused` with ``invalid_webhook_url`` (not http(s), no host, credentials
+    in it, bad port), ``webhook_url_too_long``, ``webhook_url_unresolvable`` or
+    ``webhook_url_forbidden`` (any address it resolves to is not allowed: fail closed). Called when a
+    subscription is created *and* before every delivery, whose connection then goes to the returned
+    addresses only (so a DNS answer that changes after the check cannot redirect it)."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(url, str) or len(url) > OUTBOUND_URL_MAX:
+        raise OutboundRefused("webhook_url_too_long", f"a webhook URL has at most {OUTBOUND_URL_MAX} characters")
+    if not url.isprintable() or any(ch.isspace() for ch in url):
+        raise OutboundRefused("invalid_webhook_url", "the URL contains whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise OutboundRefused("invalid_webhook_url", "the URL cannot be parsed") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise OutboundRefused("invalid_webhook_url", "a webhook URL must be http:// or https://")
+    if not parts.hostname:
+        raise OutboundRefused("invalid_webhook_url", "the URL has no host")
+    if parts.username is not None or parts.password is not None:
+        raise OutboundRefused("invalid_webhook_url", "credentials do not belong in a webhook URL (deliveries are signed)")
+    host = parts.hostname
+    port = port or (443 if scheme == "https" else 80)
+    if not resolve:
+        return scheme, host, port, []
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        raise OutboundRefused("webhook_url_unresolvable", f"the host {host!r} does not resolve") from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not addresses:
+        raise OutboundRefused("webhook_url_unresolvable", f"the host {host!r} does not resolve")
+    if not all(outbound_address_allowed(a, networks) for a in addresses):
+        raise OutboundRefused(
+            "webhook_url_forbidden",
+            "the URL resolves to a loopback, private, link-local or otherwise non-public address "
+            "(an operator may allow networks with MEMEFLOW_WEBHOOK_ALLOWED_NETWORKS)",
+        )
+    return scheme, host, port, addresses

@@ -28,6 +28,9 @@ FIELD_CODES = {
     "reverse_image_policy": "invalid_reverse_image_policy",
     "force_stages": "invalid_stage",
     "cursor": "invalid_cursor",
+    "after": "invalid_after",
+    "url": "invalid_webhook_url",
+    "event_types": "invalid_event_type",
 }
 
 HTTP_CODES = {

@@ -404,3 +404,64 @@ class ReadySchema(Schema):
     status = fields.String(required=True)  # ready | degraded (still 200) | not_ready (503)
     checks = fields.Dict(keys=fields.String(), values=fields.Dict())
     reasons = fields.List(fields.Dict())  # why degraded: [{code, message}]
+
+
+# --- events and webhooks (issue 20) ---------------------------------------------------------------
+
+MAX_EVENT_ID = 2**63 - 1
+
+
+class EventsArgsSchema(StrictSchema):
+    after = fields.Integer(load_default=None, validate=validate.Range(min=0, max=MAX_EVENT_ID),
+                           metadata={"description": "return events with a larger id (default 0; SSE: or "
+                                                    "the Last-Event-ID header)"})
+    limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=100))
+    wait = fields.Float(load_default=0.0, validate=validate.Range(min=0, max=300),
+                        metadata={"description": "long-poll: seconds to wait for a first event "
+                                                 "(capped by MEMEFLOW_EVENT_MAX_WAIT_S)"})
+
+
+class EventSchema(Schema):
+    id = fields.Integer(required=True)
+    type = fields.String(required=True)
+    scope_id = fields.String(required=True)
+    job_id = fields.String(allow_none=True)
+    image_id = fields.String(allow_none=True)
+    batch_id = fields.String(allow_none=True)
+    payload = fields.Dict(required=True)
+    created_at = fields.String(required=True)
+
+
+class EventPageSchema(Schema):
+    events = fields.List(fields.Nested(EventSchema), required=True)
+    last_id = fields.Integer(required=True)
+
+
+class WebhookCreateSchema(StrictSchema):
+    url = fields.String(required=True, validate=validate.Length(min=1, max=100_000))
+    event_types = fields.List(fields.String(validate=validate.Length(max=64)), load_default=None,
+                              validate=validate.Length(max=32),
+                              metadata={"description": "event types to deliver (default: all)"})
+
+
+class WebhookSchema(Schema):
+    id = fields.String(required=True)
+    url = fields.String(required=True)
+    event_types = fields.List(fields.String(), required=True)
+    created_at = fields.String(required=True)
+    cursor = fields.Integer(required=True)
+    delivered_count = fields.Integer(required=True)
+    failed_count = fields.Integer(required=True)
+    last_error = fields.Dict(allow_none=True)
+    last_delivery_at = fields.String(allow_none=True)
+    next_attempt_at = fields.String(allow_none=True)
+    attempts = fields.Integer(required=True)
+
+
+class WebhookCreatedSchema(Schema):
+    webhook = fields.Nested(WebhookSchema, required=True)
+    secret = fields.String(required=True, metadata={"description": "shown once: sign-check deliveries with it"})
+
+
+class WebhookListSchema(Schema):
+    items = fields.List(fields.Nested(WebhookSchema), required=True)

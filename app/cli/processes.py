@@ -2,8 +2,8 @@
 
 Each command runs one building block in the foreground, as docker-compose runs one per container.
 :class:`Stack` starts them all as child processes for ``memeflow up`` (and ``memeflow demo``):
-embedded services unless URLs are given, migrations, then API + one worker per lane + beat +
-Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
+embedded services unless URLs are given, migrations, then API + one worker per lane + a webhooks
+worker (issue 20) + beat + Flower — the SPEC §7 building blocks and nothing else (every lane worker also serves the
 ``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up,
 supervises them, and stops everything cleanly (terminate, wait, kill stragglers, then the
 embedded services it started).
@@ -28,7 +28,19 @@ from app.cli.common import cli_settings, friendly_errors
 from app.config import Settings
 
 LANES = ("visual", "agent", "embedding")
-WORKER_QUEUES = (*LANES, "maintenance")
+WEBHOOKS = "webhooks"
+WORKER_QUEUES = (*LANES, WEBHOOKS, "maintenance")
+#: A webhooks worker delivers to several receivers at once (threads: each delivery mostly waits on
+#: the network), so one hanging receiver holds one thread for at most MEMEFLOW_WEBHOOK_TIMEOUT_S.
+WEBHOOK_POOL, WEBHOOK_THREADS = "threads", 8
+
+
+def worker_pool_for(lanes, pool: str | None, concurrency: int | None) -> tuple[str, int]:
+    """The pool a worker of ``lanes`` runs: what was asked, else threads x8 for a webhooks-only
+    worker and solo x1 for the rest (a stage worker runs one batch at a time)."""
+    if WEBHOOKS in lanes and all(lane in (WEBHOOKS, "maintenance") for lane in lanes):
+        return pool or WEBHOOK_POOL, concurrency or WEBHOOK_THREADS
+    return pool or "solo", concurrency or 1
 CELERY_APP = "app.worker.celery_app:celery_app"
 
 
@@ -171,9 +183,9 @@ class Stack:
     ``maintenance`` for a dedicated maintenance worker).
     """
 
-    ALL = ("api", "visual", "agent", "embedding", "maintenance", "beat", "flower")
+    ALL = ("api", "visual", "agent", "embedding", "webhooks", "maintenance", "beat", "flower")
     #: What ``memeflow up`` runs: no dedicated maintenance worker (the lane workers serve its queue).
-    DEFAULT = ("api", "visual", "agent", "embedding", "beat", "flower")
+    DEFAULT = ("api", "visual", "agent", "embedding", "webhooks", "beat", "flower")
 
     def __init__(
         self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str = "solo",
@@ -259,8 +271,9 @@ class Stack:
             if name == "api":
                 plan.append(Child(name, api_cmd(s.api_host, s.api_port), self.child_env(), log_path, port=s.api_port))
             elif name in WORKER_QUEUES:
-                cmd = worker_cmd([name], pool=self.worker_pool, concurrency=self.worker_concurrency,
-                                 node=f"{name}@{host}")
+                pool, concurrency = (worker_pool_for([name], None, None) if name == WEBHOOKS
+                                     else (self.worker_pool, self.worker_concurrency))
+                cmd = worker_cmd([name], pool=pool, concurrency=concurrency, node=f"{name}@{host}")
                 plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path))
             elif name == "beat":
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -415,17 +428,21 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 
 @click.command()
 @click.option("--lane", "lanes", multiple=True, required=True, type=click.Choice(WORKER_QUEUES),
-              help="Queue(s) to consume; repeat for several. `maintenance` runs sweeps and batch seeding.")
+              help="Queue(s) to consume; repeat for several. `maintenance` runs sweeps and batch seeding, "
+                   "`webhooks` delivers webhook events.")
 @click.option("--maintenance/--no-maintenance", "serve_maintenance", default=True, show_default=True,
               help="Also consume the `maintenance` queue (sweeps, batch seeding). Turn off only when a "
                    "dedicated `--lane maintenance` worker runs.")
-@click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]))
-@click.option("-c", "--concurrency", type=int, default=1, show_default=True)
+@click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
+              help="Celery pool (default solo; threads for a webhooks worker).")
+@click.option("-c", "--concurrency", type=int, default=None,
+              help=f"Pool size (default 1; {WEBHOOK_THREADS} for a webhooks worker).")
 @click.option("-n", "--node", default=None, help="Celery node name (default <lanes>-<pid>@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
 @friendly_errors
 def worker(
-    lanes: tuple[str, ...], serve_maintenance: bool, pool: str, concurrency: int, node: str | None, loglevel: str,
+    lanes: tuple[str, ...], serve_maintenance: bool, pool: str | None, concurrency: int | None, node: str | None,
+    loglevel: str,
 ) -> None:
     """Run a Celery worker for one lane (or several); loads only those lanes' models.
 
@@ -435,6 +452,7 @@ def worker(
     env = _urls_env(s)
     env["MEMEFLOW_WORKER_LANES"] = ",".join(lanes)
     env["MEMEFLOW_WORKER_MAINTENANCE"] = "1" if serve_maintenance else "0"
+    pool, concurrency = worker_pool_for(lanes, pool, concurrency)
     _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel), env)
 
 

@@ -21,7 +21,7 @@ from app.runtime import embedded_services
 @friendly_errors
 def up(no_flower: bool, pool: str, concurrency: int, maintenance_worker: bool) -> None:
     """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
-    API, one worker per lane (each also runs the sweeps), beat and Flower."""
+    API, one worker per lane (each also runs the sweeps), a webhooks worker, beat and Flower."""
     from app.cli.processes import Stack, StackError
 
     settings = cli_settings()

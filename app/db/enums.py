@@ -108,3 +108,22 @@ class BatchStatus(StrEnum):
 
 class TextEmbeddingStatus(StrEnum):
     READY = "ready"
+
+
+class EventType(StrEnum):
+    """What the transactional outbox (``events``, migration 0014) records for clients."""
+
+    JOB_SUCCEEDED = "job.succeeded"
+    JOB_FAILED = "job.failed"
+    JOB_BLOCKED = "job.blocked"
+    JOB_UNKNOWN_EXECUTION = "job.unknown_execution"
+    IMAGE_DELETED = "image.deleted"
+    BATCH_PROGRESS = "batch.progress"
+    BATCH_COMPLETED = "batch.completed"
+    BATCH_CANCELLED = "batch.cancelled"
+
+
+#: Job statuses whose entry writes a ``job.<status>`` event (the trigger's WHEN clause).
+EVENT_JOB_STATUSES: tuple[JobStatus, ...] = (
+    JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION,
+)

@@ -63,6 +63,8 @@ class Overview:
     batches: list[BatchRow]
     recent_jobs: list[dict[str, Any]]
     liveness: Liveness | None = None
+    webhooks: list[dict[str, Any]] = field(default_factory=list)
+    webhook_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total_jobs(self) -> int:
@@ -167,6 +169,23 @@ def recent_jobs(conn: Connection, scope_id: str, limit: int = 15) -> list[dict[s
          WHERE j.scope_id = :s ORDER BY j.updated_at DESC, j.id LIMIT :limit""", s=scope_id, limit=limit)
 
 
+def webhooks(conn: Connection, scope_id: str) -> list[dict[str, Any]]:
+    """The scope's subscriptions with their delivery state (never the secret)."""
+    return _rows(conn, """
+        SELECT id, url, cursor, attempts, next_attempt_at, delivered_count, failed_count,
+               last_error->>'code' AS last_error_code, last_delivery_at, lease_expires_at > now() AS delivering
+          FROM webhook_subscriptions WHERE scope_id = :s ORDER BY created_at, id LIMIT 50""", s=scope_id)
+
+
+def webhook_failures(conn: Connection, scope_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """Events the delivery lane gave up on after its max attempts, newest first."""
+    return _rows(conn, """
+        SELECT f.subscription_id, f.event_id, f.attempts, f.error->>'code' AS code, f.error->>'message' AS message,
+               f.failed_at, s.url
+          FROM webhook_failures f JOIN webhook_subscriptions s ON s.id = f.subscription_id
+         WHERE f.scope_id = :s ORDER BY f.failed_at DESC, f.id DESC LIMIT :limit""", s=scope_id, limit=limit)
+
+
 def overview(
     engine: Engine, scope_id: str, slot_limits: dict[str, int | None], settings: Settings | None = None,
 ) -> Overview:
@@ -196,6 +215,8 @@ def overview(
                 batches=batches(conn, scope_id),
                 recent_jobs=recent_jobs(conn, scope_id),
                 liveness=liveness,
+                webhooks=webhooks(conn, scope_id),
+                webhook_failures=webhook_failures(conn, scope_id),
             )
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from app.db.enums import ACTIVE_JOB_STATUSES, JobMode, JobStatus
 from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
 from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, NotFound
+from app.orchestrator.events import emit_batch_progress
 from app.orchestrator.hints import Hint
 from app.orchestrator.store import batches as store
 from app.orchestrator.store import images, jobs
@@ -212,9 +213,13 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     for b in running:
         with orch.engine.begin() as conn:
             batch = store.batch_txn(conn, b["id"], lock=True)
-            if batch is not None and batch["status"] == RUNNING and not store.has_active_item_jobs_txn(conn, b["id"]):
+            if batch is None or batch["status"] != RUNNING:
+                continue
+            if not store.has_active_item_jobs_txn(conn, b["id"]):  # its batch.completed event: a trigger
                 now = orch.now()
                 store.update_batch_txn(conn, b["id"], now, from_statuses=(RUNNING,), status=COMPLETED, completed_at=now)
+                continue
+        emit_batch_progress(orch, b["id"])
     return seeded, hints
 
 

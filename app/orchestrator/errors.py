@@ -78,3 +78,24 @@ class RateLimited(OrchestratorError):
 
     code = "rate_limited"
     status = 429
+
+
+class TooManyStreams(OrchestratorError):
+    """Too many live event streams for this scope (or this API process); retry later."""
+
+    code = "too_many_streams"
+    status = 429
+
+
+class InvalidWebhook(OrchestratorError):
+    """The webhook subscription is not acceptable (see the code)."""
+
+    code = "invalid_webhook"
+    status = 422
+
+
+class TooManyWebhooks(OrchestratorError):
+    """The scope has as many webhook subscriptions as it may have; delete one first."""
+
+    code = "too_many_webhooks"
+    status = 409

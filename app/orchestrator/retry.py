@@ -44,3 +44,20 @@ def decide_retry(
         return RetryDecision(retry=False, code="max_attempts_exceeded")
     delay = backoff_delay(attempt, base_s, max_s, rand)
     return RetryDecision(retry=True, available_at=now + timedelta(seconds=delay), code=error.code)
+
+
+@dataclass(frozen=True)
+class DeliveryDecision:
+    give_up: bool
+    available_at: datetime | None = None
+
+
+def decide_delivery_retry(
+    attempt: int, *, max_attempts: int, now: datetime, base_s: float, max_s: float, rand: random.Random | None = None,
+) -> DeliveryDecision:
+    """A webhook delivery failed for the ``attempt``-th time: back off with jitter, or give the event
+    up once ``max_attempts`` are spent (the subscription then moves on to its next event)."""
+    if attempt >= max_attempts:
+        return DeliveryDecision(give_up=True)
+    return DeliveryDecision(give_up=False,
+                            available_at=now + timedelta(seconds=backoff_delay(attempt, base_s, max_s, rand)))

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, execution, grants, lanes, limits
+from app.orchestrator import batches, changes, events, execution, grants, lanes, limits, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -175,6 +175,21 @@ class Orchestrator:
 
         with self.engine.connect() as conn:
             return open_attempt_ids_txn(conn, attempt_ids)
+
+    # ------------------------------------------------------------------ events (issue 20)
+    list_events = events.list_events
+    last_event_id = events.last_event_id
+    stream_slot = events.stream_slot
+    create_webhook = webhooks.create_webhook
+    list_webhooks = webhooks.list_webhooks
+    delete_webhook = webhooks.delete_webhook
+    claim_webhook = webhooks.claim_webhook
+    next_webhook_event = webhooks.next_webhook_event
+    webhook_delivered = webhooks.webhook_delivered
+    webhook_failed = webhooks.webhook_failed
+    release_webhook = webhooks.release_webhook
+    webhook_hints = webhooks.webhook_hints
+    recent_webhook_failures = webhooks.recent_webhook_failures
 
     # ------------------------------------------------------------------ tenant limits (issue 17)
     take_request = limits.take_request

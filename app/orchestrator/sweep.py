@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from app import metrics
 from app.db.enums import Lane
 from app.orchestrator.advance import advance_job_txn
+from app.orchestrator.events import prune_events
 from app.orchestrator.execution import fail_task
 from app.orchestrator.hints import Hint
 from app.orchestrator.liveness import worker_ttl_s
@@ -21,6 +22,7 @@ from app.orchestrator.store import attempts, counters
 from app.orchestrator.store import sweep as q
 from app.orchestrator.store import workers as workers_q
 from app.orchestrator.types import Claim, SweepReport
+from app.orchestrator.webhooks import skip_unmatched_events
 from app.stages.errors import OutcomeUnknownError, PermanentError
 
 if TYPE_CHECKING:
@@ -101,7 +103,13 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     # 6. worker registrations whose process died without a clean shutdown
     with orch.engine.begin() as conn:
         report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
-    # 7. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
+    # 7. events past their retention; webhook subscriptions with an event due and no live hint
+    report.counts["events_pruned"] = prune_events(orch)
+    skip_unmatched_events(orch)
+    webhook_hints = orch.webhook_hints()
+    report.hints += webhook_hints
+    report.counts["webhooks_hinted"] = len(webhook_hints)
+    # 8. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
     with orch.engine.begin() as conn:
         gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
         for g in q.lane_gauges_txn(conn, orch.now()):

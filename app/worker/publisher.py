@@ -34,10 +34,10 @@ def new_owner_id() -> str:
 
 
 def lane_task_name(lane: str) -> str | None:
-    """The Celery task name that wakes a worker of ``lane`` (None for an unknown lane)."""
+    """The Celery task name that wakes a worker of ``lane`` (or of ``webhooks``; None for an unknown lane)."""
     import celeryconfig
 
-    return celeryconfig.LANE_TASKS.get(lane)
+    return celeryconfig.HINT_TASKS.get(lane)
 
 
 class CeleryHintPublisher:

@@ -63,6 +63,19 @@ def run_embedding(task_id: str) -> None:
     _run_leaf("embedding", task_id)
 
 
+@celery_app.task(name=celeryconfig.WEBHOOK_TASK, ignore_result=True)
+def deliver_webhooks(subscription_id: str) -> None:
+    """Wake-up hint for a webhook subscription: deliver its due events, in order (DB-claimed)."""
+    sub = _parse_id(subscription_id)
+    if sub is None:
+        log.warning("malformed hint dropped", extra={"lane": celeryconfig.WEBHOOKS})
+        return
+    from app.worker.webhooks import deliver_subscription
+
+    rt = get_runtime()
+    rt.publisher.publish(deliver_subscription(rt.orch, sub, rt.owner))
+
+
 @celery_app.task(name=celeryconfig.SWEEP_TASK, ignore_result=True)
 def reconcile_sweep() -> dict[str, int]:
     """One reconcile sweep (the orchestrator takes an advisory lock; concurrent runs skip)."""
@@ -115,6 +128,20 @@ def _register_worker(sender=None, **_: object) -> None:
     app = getattr(sender, "app", celery_app)
     lanes = sorted(app.amqp.queues.consume_from or app.amqp.queues)
     start_registration(get_settings(), getattr(sender, "hostname", None) or f"worker-{os.getpid()}", lanes)
+    if celeryconfig.WEBHOOKS in lanes:
+        _start_webhook_poller()
+
+
+_webhook_poller = None
+
+
+def _start_webhook_poller() -> None:
+    # In the worker's main process, like the registry thread: it only publishes hints.
+    global _webhook_poller
+    from app.worker.webhooks import HintPoller
+
+    rt = get_runtime()
+    _webhook_poller = HintPoller(rt.orch, rt.publisher).start()
 
 
 @signals.worker_shutdown.connect
@@ -122,6 +149,8 @@ def _deregister_worker(**_: object) -> None:
     from app.worker.registry import stop_registration
 
     stop_registration()
+    if _webhook_poller is not None:
+        _webhook_poller.stop()
 
 
 @signals.worker_process_init.connect

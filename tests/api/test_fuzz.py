@@ -73,6 +73,7 @@ def hostile_cases(draw, operation, real_ids: dict[str, str]):
 
 @pytest.fixture()
 def fuzz_app(settings, engine, publisher, store):
+    settings = settings.replace(event_max_wait_s=0.2, event_stream_max_s=0.3)  # bounded long-polls and streams
     return create_app(scope_resolver=LocalScopeResolver(), settings=settings, orchestrator=Orchestrator(engine, settings),
                       engine=engine, publisher=publisher, store=store)
 

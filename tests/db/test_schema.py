@@ -33,6 +33,7 @@ STATUS_CHECKS = {
     ("text_embeddings", "status"): E.TextEmbeddingStatus,
     ("lane_slots", "lane"): E.Lane,
     ("lane_fairness", "lane"): E.Lane,
+    ("events", "type"): E.EventType,
 }
 
 

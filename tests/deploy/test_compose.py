@@ -10,7 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LANES = ("visual", "agent", "embedding")
-APP_SERVICES = ("migrate", "api", *(f"worker-{lane}" for lane in LANES), "worker-maintenance", "beat", "flower")
+APP_SERVICES = ("migrate", "api", *(f"worker-{lane}" for lane in LANES), "worker-webhooks", "worker-maintenance",
+                "beat", "flower")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def test_redis_persists_and_has_healthcheck(services):
     [
         ("migrate", ["memeflow", "db", "upgrade"]),
         *((f"worker-{lane}", ["memeflow", "worker", "--lane", lane]) for lane in LANES),
+        ("worker-webhooks", ["memeflow", "worker", "--lane", "webhooks"]),
         ("worker-maintenance", ["memeflow", "worker", "--lane", "maintenance"]),
         ("beat", ["memeflow", "beat"]),
         ("flower", ["memeflow", "flower", "--address", "0.0.0.0"]),

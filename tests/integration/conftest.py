@@ -98,12 +98,14 @@ class CeleryCluster:
         self.procs.append(proc)
         return proc
 
-    def worker(self, *lanes: str, name: str | None = None, wait: bool = True, pool: str = "solo", **env: str) -> Proc:
+    def worker(self, *lanes: str, name: str | None = None, wait: bool = True, pool: str = "solo",
+               concurrency: int = 1, **env: str) -> Proc:
         """A worker (solo pool unless ``pool``) consuming ``lanes``; returns once it logs ``ready``."""
         from app.cli.processes import worker_cmd
 
         name = name or f"{'-'.join(lanes)}-{uuid.uuid4().hex[:6]}"
-        cmd = worker_cmd(list(lanes), pool=pool, node=f"{name}@{socket.gethostname()}", heartbeat=False)
+        cmd = worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=f"{name}@{socket.gethostname()}",
+                         heartbeat=False)
         proc = self._spawn(name, cmd, self.env(MEMEFLOW_WORKER_LANES=",".join(lanes), **env))
         if wait:
             self.wait_ready(proc)

@@ -4,6 +4,7 @@ stop() leaves no process behind."""
 from __future__ import annotations
 
 import io
+import json
 import socket
 
 import pytest
@@ -37,8 +38,8 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
             data = requests.get(flower, timeout=5).json()["data"]
             return sorted(w["hostname"].split("@")[0] for w in data if w.get("status"))
 
-        assert poll_until(lambda: online() == ["agent", "embedding", "visual"] and online(),
-                          timeout=30, interval=0.5, what="Flower shows the three lane workers online")
+        assert poll_until(lambda: online() == ["agent", "embedding", "visual", "webhooks"] and online(),
+                          timeout=30, interval=0.5, what="Flower shows the lane and webhooks workers online")
         buf = io.BytesIO()
         Image.new("RGB", (20, 20), (1, 2, 3)).save(buf, format="PNG")
         api = f"http://127.0.0.1:{settings.api_port}/api/v1"
@@ -50,6 +51,12 @@ def test_stack_starts_everything_serves_an_upload_and_stops_cleanly(it_settings)
             timeout=60, interval=0.2, what="the uploaded image's job",
         )
         assert [s["status"] for s in job["stages"]] == ["succeeded"] * 3
+        # the job's event through gunicorn's threaded workers, as Server-Sent Events
+        with requests.get(f"{api}/events?after=0", headers={"Accept": "text/event-stream"}, stream=True,
+                          timeout=30) as sse:
+            assert sse.headers["Content-Type"].startswith("text/event-stream")
+            data = next(line for line in sse.iter_lines(decode_unicode=True) if line.startswith("data: "))
+        assert json.loads(data[6:])["job_id"] == job_id
 
         # workers start with task events off (MEMEFLOW_WORKER_TASK_EVENTS=false); Flower switches
         # them on while it runs, so its task views fill once it has been up for a moment

@@ -15,8 +15,8 @@ def test_config_carries_ids_only_with_late_acks_and_no_results():
     assert c.task_acks_late is True and c.task_reject_on_worker_lost is True
     assert c.worker_prefetch_multiplier == 1
     assert c.task_ignore_result is True and c.result_backend is None
-    assert {q.name for q in c.task_queues} == {"visual", "agent", "embedding", "maintenance"}
-    for lane, name in c.LANE_TASKS.items():
+    assert {q.name for q in c.task_queues} == {"visual", "agent", "embedding", "webhooks", "maintenance"}
+    for lane, name in c.HINT_TASKS.items():
         assert c.task_routes[name]["queue"] == lane
     assert c.beat_schedule["reconcile-sweep"]["task"] == c.SWEEP_TASK
     assert c.worker_hijack_root_logger is False
@@ -26,7 +26,7 @@ def test_tasks_are_registered_under_their_lane_names():
     import celeryconfig as c
     from app.worker.celery_app import celery_app
 
-    for name in (*c.LANE_TASKS.values(), c.SWEEP_TASK, c.SEED_BATCH_TASK):
+    for name in (*c.HINT_TASKS.values(), c.SWEEP_TASK, c.SEED_BATCH_TASK):
         assert name in celery_app.tasks
 
 

@@ -1,0 +1,199 @@
+"""``/api/v1/events``: the scope's events after an id — JSON long-poll, or Server-Sent Events
+when the client asks for ``text/event-stream`` (resume with ``Last-Event-ID``).
+
+Auth is the API's (bearer token, or the local scope) and, without an ``Authorization`` header, a
+live browser session (token mode), so a page can follow the stream with ``EventSource``. Waiting
+streams are bounded per scope (DB-wide slots under a lease) and per API process (each holds a
+server thread): over either bound is 429 ``too_many_streams``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import Response, g, request
+from flask.views import MethodView
+from flask_smorest import Blueprint
+
+from app.api import schemas as S
+from app.api.context import RequestContext, scope_id, services
+from app.api.errors import ApiError
+from app.api.images import _error_docs
+from app.auth import Unauthorized
+from app.orchestrator.errors import TooManyStreams
+from app.scopes import validate_scope_id
+
+blp = Blueprint("events", __name__, url_prefix="/api/v1/events", description="Events (outbox stream)")
+
+_process_slots: dict[int, threading.BoundedSemaphore] = {}
+_process_slots_lock = threading.Lock()
+
+
+@blp.before_request
+def _resolve_scope() -> None:
+    """The API's resolver; without an Authorization header, a browser session's scope too."""
+    svc = services()
+    try:
+        resolved = svc.scope_resolver.resolve(request.headers)
+    except Unauthorized:
+        if "Authorization" in request.headers:
+            raise
+        from app.ops.login import load_browser_session
+
+        session = load_browser_session(svc.engine)
+        if session is None:
+            raise
+        resolved = session.scope_id
+    g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolved))
+
+
+def _process_semaphore(n: int) -> threading.BoundedSemaphore:
+    with _process_slots_lock:
+        if n not in _process_slots:
+            _process_slots[n] = threading.BoundedSemaphore(n)
+        return _process_slots[n]
+
+
+class _HeldStream:
+    """This process's and the scope's stream slots, released exactly once (also when a streamed
+    response is closed before its first chunk)."""
+
+    def __init__(self, orch: Any, scope: str) -> None:
+        self._sem = _process_semaphore(orch.settings.event_streams_per_process)
+        if not self._sem.acquire(blocking=False):
+            raise TooManyStreams("this API process serves as many live event streams as it may")
+        self._cm = orch.stream_slot(scope)
+        try:
+            self.slot = self._cm.__enter__()
+        except BaseException:
+            self._sem.release()
+            raise
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            try:
+                self._cm.__exit__(None, None, None)
+            finally:
+                self._sem.release()
+
+
+def _wants_sse() -> bool:
+    """Only an Accept header that names ``text/event-stream`` itself (EventSource does) gets a
+    stream; ``*/*`` (curl, most clients) gets JSON."""
+    named = {value.lower(): q for value, q in request.accept_mimetypes}
+    sse = named.get("text/event-stream", 0)
+    return sse > 0 and sse >= named.get("application/json", 0)
+
+
+def _last_event_id() -> int | None:
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None or raw.strip() == "":
+        return None
+    raw = raw.strip()
+    if not raw.isdigit() or int(raw) > S.MAX_EVENT_ID:
+        raise ApiError(422, "invalid_after", "Last-Event-ID must be an event id (a non-negative integer)")
+    return int(raw)
+
+
+@blp.route("")
+class Events(MethodView):
+    @blp.arguments(S.EventsArgsSchema, location="query")
+    @blp.response(200, S.EventPageSchema, content_type="application/json")
+    @blp.doc(responses=_error_docs({401: "unauthorized", 422: "invalid_after / validation_error",
+                                    429: "too_many_streams"}))
+    def get(self, args):
+        """The scope's events with id > ``after``, oldest first. ``wait`` > 0 long-polls until a first
+        event arrives; ``Accept: text/event-stream`` streams them as Server-Sent Events instead
+        (``id``, ``event`` = type, ``data`` = the event JSON; heartbeat comments while idle)."""
+        svc = services()
+        orch, scope = svc.orchestrator, scope_id()
+        sse = _wants_sse()
+        after = args["after"] or 0
+        if sse:  # an EventSource reconnects to the same URL with Last-Event-ID: resume from there
+            after = max(after, _last_event_id() or 0)
+            return _sse_response(orch, scope, after, args["limit"])
+        events = orch.list_events(scope, after, args["limit"])
+        wait = min(float(args["wait"]), float(orch.settings.event_max_wait_s))
+        if not events and wait > 0:
+            held = _HeldStream(orch, scope)
+            try:
+                events = _long_poll(orch, held, scope, after, args["limit"], wait)
+            finally:
+                held.release()
+        return {"events": events, "last_id": events[-1]["id"] if events else after}
+
+
+def _long_poll(orch: Any, held: _HeldStream, scope: str, after: int, limit: int, wait: float) -> list[dict]:
+    s = orch.settings
+    deadline = time.monotonic() + wait
+    renew_at = time.monotonic() + s.event_heartbeat_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return []
+        time.sleep(min(s.event_poll_s, remaining))
+        events = orch.list_events(scope, after, limit)
+        if events:
+            return events
+        if time.monotonic() >= renew_at:
+            renew_at = time.monotonic() + s.event_heartbeat_s
+            if not held.slot.renew():
+                return []
+
+
+class _SseBody:
+    """The streamed body: a generator plus a ``close`` that always frees the slots."""
+
+    def __init__(self, chunks: Iterator[str], held: _HeldStream) -> None:
+        self._chunks, self._held = chunks, held
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._chunks:
+                yield chunk.encode("utf-8")
+        finally:
+            self._held.release()
+
+    def close(self) -> None:
+        self._held.release()
+
+
+def sse_message(event: dict[str, Any]) -> str:
+    """One event as an SSE message (the data is single-line JSON)."""
+    return f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def _sse_chunks(orch: Any, held: _HeldStream, scope: str, after: int, limit: int) -> Iterator[str]:
+    s = orch.settings
+    started = time.monotonic()
+    beat_at = started + s.event_heartbeat_s
+    yield f"retry: 2000\n: connected, after {after}\n\n"
+    cursor = after
+    while time.monotonic() - started < s.event_stream_max_s:
+        events = orch.list_events(scope, cursor, limit)
+        for event in events:
+            yield sse_message(event)
+            cursor = event["id"]
+        now = time.monotonic()
+        if now >= beat_at:  # a comment keeps proxies open and finds a gone client (the write fails)
+            beat_at = now + s.event_heartbeat_s
+            yield ": heartbeat\n\n"
+            if not held.slot.renew():
+                return
+        if len(events) < limit:
+            time.sleep(s.event_poll_s)
+
+
+def _sse_response(orch: Any, scope: str, after: int, limit: int) -> Response:
+    held = _HeldStream(orch, scope)  # 429 before any byte is streamed
+    body = _SseBody(_sse_chunks(orch, held, scope, after, limit), held)
+    resp = Response(body, mimetype="text/event-stream")
+    resp.headers["Cache-Control"] = "no-cache"
+    resp.headers["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
+    return resp

@@ -1,0 +1,125 @@
+"""Reading the events outbox (issue 20): pages for the long-poll, SSE and webhook deliveries,
+stream slots (bounded live streams per scope), ``batch.progress`` and retention (sweep steps).
+
+Ordering guarantee: ids of one scope are drawn at commit time under the scope's advisory lock
+(migration 0014), so "every event of the scope with id > N" is a stable question — an event that
+commits later always has a larger id than every event of its scope visible now. A cursor
+(``after``) therefore never skips an event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import RowMapping
+
+from app.db.enums import ACTIVE_JOB_STATUSES, EventType
+from app.orchestrator.errors import TooManyStreams
+from app.orchestrator.store import batches as batches_q
+from app.orchestrator.store import events as q
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+PRUNE_LIMIT = 5000
+
+
+def event_doc(row: RowMapping) -> dict[str, Any]:
+    """The API shape of one event (also the webhook body)."""
+    return {
+        "id": int(row["id"]), "type": row["type"], "scope_id": row["scope_id"],
+        "job_id": str(row["job_id"]) if row["job_id"] else None,
+        "image_id": str(row["image_id"]) if row["image_id"] else None,
+        "batch_id": str(row["batch_id"]) if row["batch_id"] else None,
+        "payload": row["payload"] or {}, "created_at": row["created_at"].isoformat(),
+    }
+
+
+def list_events(orch: Orchestrator, scope_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    """The scope's events with id > ``after``, oldest first, at most ``limit``."""
+    with orch.engine.connect() as conn:
+        rows = q.events_after_txn(conn, scope_id, after, limit)
+    return [event_doc(r) for r in rows]
+
+
+def last_event_id(orch: Orchestrator, scope_id: str) -> int:
+    with orch.engine.connect() as conn:
+        return q.last_event_id_txn(conn, scope_id)
+
+
+class StreamSlot:
+    """One of a scope's ``event_streams_per_scope`` live-stream slots, held under a lease."""
+
+    def __init__(self, orch: Orchestrator, scope_id: str, slot_no: int, holder: str) -> None:
+        self.orch, self.scope_id, self.slot_no, self.holder = orch, scope_id, slot_no, holder
+
+    def renew(self) -> bool:
+        """Extend the lease; False when it lapsed and another stream took the slot (stop then)."""
+        s = self.orch.settings
+        with self.orch.engine.begin() as conn:
+            return q.renew_stream_slot_txn(conn, self.scope_id, self.slot_no, self.holder, self.orch.now(),
+                                           stream_lease_s(s))
+
+    def release(self) -> None:
+        with self.orch.engine.begin() as conn:
+            q.release_stream_slot_txn(conn, self.scope_id, self.slot_no, self.holder)
+
+
+def stream_lease_s(settings: Any) -> float:
+    """A slot's lease: long enough for a few renewals (every heartbeat) to be missed."""
+    return max(3 * float(settings.event_heartbeat_s), 3 * float(settings.event_poll_s), 5.0)
+
+
+@contextmanager
+def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
+    """Hold a stream slot of ``scope_id`` for the block; ``TooManyStreams`` when all are held."""
+    s = orch.settings
+    holder = uuid.uuid4().hex
+    with orch.engine.begin() as conn:
+        from app.orchestrator.store.images import ensure_scope_txn
+
+        ensure_scope_txn(conn, scope_id)
+        slot_no = None
+        for _ in range(3):  # two streams racing for one free slot: the loser tries the next one
+            slot_no = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
+                                                stream_lease_s(s))
+            if slot_no is not None:
+                break
+    if slot_no is None:
+        raise TooManyStreams(f"at most {s.event_streams_per_scope} live event streams per scope")
+    slot = StreamSlot(orch, scope_id, slot_no, holder)
+    try:
+        yield slot
+    finally:
+        slot.release()
+
+
+def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
+    """Sweep step: a ``batch.progress`` event with the running batch's counts, if they changed
+    since its last one (one per batch per sweep at most). True when an event was staged."""
+    with orch.engine.begin() as conn:
+        batch = batches_q.batch_txn(conn, batch_id, lock=True)
+        if batch is None or batch["status"] != "running":
+            return False
+        counts = batches_q.item_counts_txn(conn, batch_id)
+        last = q.last_batch_progress_txn(conn, batch_id)
+        if last is not None and last.get("counts") == counts:
+            return False
+        terminal = sum(n for status, n in counts.items() if status not in ACTIVE_JOB_STATUSES)
+        total = batch["total"]
+        q.stage_event_txn(conn, batch["scope_id"], EventType.BATCH_PROGRESS.value, {
+            "batch_id": str(batch_id), "status": batch["status"], "total": total, "counts": counts,
+            "progress": round(terminal / total, 6) if total else 0.0,
+        }, batch_id=batch_id)
+    return True
+
+
+def prune_events(orch: Orchestrator) -> int:
+    """Sweep step: delete events older than ``events_retention_s`` (bounded per run)."""
+    cutoff = orch.now() - timedelta(seconds=orch.settings.events_retention_s)
+    with orch.engine.begin() as conn:
+        return q.prune_events_txn(conn, cutoff, PRUNE_LIMIT)

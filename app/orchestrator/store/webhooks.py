@@ -1,0 +1,199 @@
+"""Webhook subscriptions: create/list/delete, and the delivery lane's claim and fenced transitions.
+
+A subscription is its own little queue: the events of its scope (of its types) after ``cursor``.
+The lane claims a subscription like a leaf task — one conditional UPDATE that bumps
+``claim_generation`` and sets ``lease_owner``/``lease_expires_at`` — and every later write of that
+claim is conditioned on (id, lease_owner, claim_generation); zero rows = fencing rejection.
+Only one claim delivers at a time and the cursor moves only after an event's outcome is final, so
+a subscription's events go out in id order, the next only after the previous one succeeded or
+was given up.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.store._sql import sql
+
+PUBLIC_COLUMNS = (
+    "id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,"
+    " last_error, last_delivery_at, created_at"
+)
+# a subscription has an event to deliver (ix_events_scope_id range from its cursor)
+HAS_PENDING = (
+    "EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
+    " AND e.type = ANY(s.event_types))"
+)
+
+
+def lock_scope_txn(conn: Connection, scope_id: str) -> None:
+    """Serialise subscription creations of a scope (to the end of the transaction)."""
+    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended('webhooks:' || :s, 0))"), {"s": scope_id})
+
+
+def count_txn(conn: Connection, scope_id: str) -> int:
+    return conn.execute(
+        sql("SELECT count(*) FROM webhook_subscriptions WHERE scope_id = :s"), {"s": scope_id}
+    ).scalar_one()
+
+
+def insert_txn(
+    conn: Connection, scope_id: str, url: str, event_types: list[str], secret: str, cursor: int, now: datetime
+) -> RowMapping:
+    return conn.execute(
+        sql(
+            "INSERT INTO webhook_subscriptions (id, scope_id, url, event_types, secret, cursor, next_attempt_at,"
+            f" created_at) VALUES (:id, :s, :u, :t, :sec, :c, :now, :now) RETURNING {PUBLIC_COLUMNS}"
+        ),
+        {"id": uuid.uuid4(), "s": scope_id, "u": url, "t": event_types, "sec": secret, "c": cursor, "now": now},
+    ).mappings().one()
+
+
+def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
+    return list(conn.execute(
+        sql(f"SELECT {PUBLIC_COLUMNS} FROM webhook_subscriptions WHERE scope_id = :s ORDER BY created_at, id"),
+        {"s": scope_id},
+    ).mappings())
+
+
+def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> bool:
+    """Delete a scope's subscription; a claim in flight is fenced out by the row's absence."""
+    return conn.execute(
+        sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s"), {"id": sub_id, "s": scope_id}
+    ).rowcount > 0
+
+
+# -- claim: a due, unleased subscription with an event to deliver; generation + 1 --
+CLAIM = (
+    "UPDATE webhook_subscriptions s SET lease_owner = :o, lease_expires_at = :exp,"
+    " claim_generation = s.claim_generation + 1, last_hint_at = NULL"
+    " WHERE s.id = :id AND s.next_attempt_at <= :now AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
+    f" AND {HAS_PENDING} RETURNING s.*"
+)
+
+
+def claim_txn(conn: Connection, sub_id: uuid.UUID, owner: str, now: datetime, lease_s: float) -> RowMapping | None:
+    return conn.execute(
+        sql(CLAIM), {"id": sub_id, "o": owner, "now": now, "exp": now + timedelta(seconds=lease_s)}
+    ).mappings().first()
+
+
+FENCE = "id = :id AND lease_owner = :o AND claim_generation = :g"
+
+
+def delivered_txn(
+    conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, now: datetime, lease_s: float
+) -> bool:
+    """Fenced: the event was delivered — move the cursor past it and extend the lease."""
+    return conn.execute(
+        sql(
+            "UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, delivered_count = delivered_count + 1,"
+            " last_delivery_at = :now, last_error = NULL, lease_expires_at = :exp"
+            f" WHERE {FENCE} AND cursor < :e"
+        ),
+        {"id": sub_id, "o": owner, "g": generation, "e": event_id, "now": now,
+         "exp": now + timedelta(seconds=lease_s)},
+    ).rowcount > 0
+
+
+def retry_later_txn(
+    conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, attempts: int, at: datetime,
+    error: dict[str, Any],
+) -> bool:
+    """Fenced: the event failed, try again at ``at`` — release the claim (the cursor stays)."""
+    return conn.execute(
+        sql(
+            "UPDATE webhook_subscriptions SET attempts = :a, next_attempt_at = :at, last_error = CAST(:err AS jsonb),"
+            f" lease_owner = NULL, lease_expires_at = NULL WHERE {FENCE}"
+        ),
+        {"id": sub_id, "o": owner, "g": generation, "a": attempts, "at": at, "err": canonical_json(error)},
+    ).rowcount > 0
+
+
+def gave_up_txn(
+    conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, attempts: int,
+    error: dict[str, Any], now: datetime, lease_s: float,
+) -> bool:
+    """Fenced: the event failed for the last time — record it and move the cursor past it."""
+    moved = conn.execute(
+        sql(
+            "UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, failed_count = failed_count + 1,"
+            " last_error = CAST(:err AS jsonb), lease_expires_at = :exp"
+            f" WHERE {FENCE} AND cursor < :e RETURNING scope_id"
+        ),
+        {"id": sub_id, "o": owner, "g": generation, "e": event_id, "err": canonical_json(error),
+         "exp": now + timedelta(seconds=lease_s)},
+    ).scalar()
+    if moved is None:
+        return False
+    conn.execute(
+        sql(
+            "INSERT INTO webhook_failures (scope_id, subscription_id, event_id, attempts, error, failed_at)"
+            " VALUES (:s, :id, :e, :a, CAST(:err AS jsonb), :now)"
+        ),
+        {"s": moved, "id": sub_id, "e": event_id, "a": attempts, "err": canonical_json(error), "now": now},
+    )
+    return True
+
+
+def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int) -> bool:
+    return conn.execute(
+        sql(f"UPDATE webhook_subscriptions SET lease_owner = NULL, lease_expires_at = NULL WHERE {FENCE}"),
+        {"id": sub_id, "o": owner, "g": generation},
+    ).rowcount > 0
+
+
+# -- due_for_hint: subscriptions to wake (new events, backoff over, lease expired, hint lost) --
+DUE_FOR_HINT = (
+    "UPDATE webhook_subscriptions SET last_hint_at = :now WHERE id IN ("
+    " SELECT s.id FROM webhook_subscriptions s WHERE s.next_attempt_at <= :now"
+    "  AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
+    "  AND (s.last_hint_at IS NULL OR s.last_hint_at < :stale)"
+    f"  AND {HAS_PENDING} ORDER BY s.next_attempt_at LIMIT :n FOR UPDATE SKIP LOCKED)"
+    " RETURNING id"
+)
+
+
+def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[uuid.UUID]:
+    """Mark and return subscriptions that have an event to deliver and nobody working on it: never
+    hinted since their last claim, or hinted longer than ``grace_s`` ago (the hint was lost)."""
+    return list(conn.execute(
+        sql(DUE_FOR_HINT), {"now": now, "stale": now - timedelta(seconds=grace_s), "n": limit}
+    ).scalars())
+
+
+# -- skip_unmatched: move idle filtered subscriptions' cursors past events they do not take --
+SKIP_UNMATCHED = (
+    "UPDATE webhook_subscriptions s SET cursor = coalesce("
+    "  (SELECT min(e.id) - 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
+    "    AND e.type = ANY(s.event_types)),"
+    "  (SELECT max(e.id) FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor), s.cursor)"
+    " WHERE s.id IN (SELECT id FROM webhook_subscriptions WHERE cardinality(event_types) < :all"
+    "  AND (lease_expires_at IS NULL OR lease_expires_at < :now) ORDER BY id LIMIT :n FOR UPDATE SKIP LOCKED)"
+)
+
+
+def skip_unmatched_txn(conn: Connection, all_types: int, now: datetime, limit: int) -> int:
+    """For unleased subscriptions to some types only: move the cursor to just before the next event
+    they take, or to the scope's newest event — safe because a scope's later commits always get
+    larger ids — so their "anything due?" probes stay short however many other events pass."""
+    return conn.execute(sql(SKIP_UNMATCHED), {"all": all_types, "now": now, "n": limit}).rowcount
+
+
+def recent_failures_txn(conn: Connection, limit: int, scope_id: str | None = None) -> list[RowMapping]:
+    """The newest given-up deliveries (all scopes for /ops, or one scope)."""
+    return list(conn.execute(
+        sql(
+            "SELECT f.scope_id, f.subscription_id, f.event_id, f.attempts, f.error, f.failed_at, s.url"
+            " FROM webhook_failures f JOIN webhook_subscriptions s ON s.id = f.subscription_id"
+            " WHERE (CAST(:s AS varchar) IS NULL OR f.scope_id = CAST(:s AS varchar))"
+            " ORDER BY f.failed_at DESC LIMIT :n"
+        ),
+        {"n": limit, "s": scope_id},
+    ).mappings())
+

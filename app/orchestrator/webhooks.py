@@ -1,0 +1,195 @@
+"""Webhook subscriptions and the delivery lane's transitions (issue 20).
+
+Subscriptions are per scope. The lane (``app.worker.webhooks``) claims one subscription at a time
+(lease + fencing token), takes its next event after the cursor, POSTs it, and records the outcome
+here: delivered → cursor moves on; failed → back off with jitter (the claim is released), or after
+``webhook_max_attempts`` give the event up (``webhook_failures``, shown on /ops) and move on. The
+event read is scoped by the subscription's own row, so one scope's events never reach another's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app import metrics
+from app.db.enums import EventType
+from app.netguard import OutboundRefused, allowed_networks, check_outbound_url
+from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks
+from app.orchestrator.events import event_doc
+from app.orchestrator.hints import Hint
+from app.orchestrator.retry import decide_delivery_retry
+from app.orchestrator.store import counters
+from app.orchestrator.store import events as events_q
+from app.orchestrator.store import webhooks as q
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+LANE = "webhooks"
+ALL_TYPES = [t.value for t in EventType]
+
+
+@dataclass(frozen=True)
+class WebhookClaim:
+    subscription_id: uuid.UUID
+    scope_id: str
+    url: str
+    secret: str
+    event_types: list[str]
+    owner: str
+    generation: int
+    attempts: int  # failed attempts already spent on the event after the cursor
+    cursor: int  # the last event id whose outcome is final
+
+
+def webhook_doc(row: Any) -> dict[str, Any]:
+    """The API shape of a subscription (never its secret)."""
+    def iso(v):
+        return v.isoformat() if v is not None else None
+
+    return {
+        "id": str(row["id"]), "url": row["url"], "event_types": list(row["event_types"]),
+        "created_at": iso(row["created_at"]), "cursor": int(row["cursor"]), "attempts": int(row["attempts"]),
+        "delivered_count": int(row["delivered_count"]), "failed_count": int(row["failed_count"]),
+        "last_error": row["last_error"], "last_delivery_at": iso(row["last_delivery_at"]),
+        "next_attempt_at": iso(row["next_attempt_at"]),
+    }
+
+
+def _checked_url(orch: Orchestrator, url: str) -> str:
+    try:
+        check_outbound_url(url, allowed_networks(orch.settings.webhook_allowed_networks))
+    except OutboundRefused as exc:
+        raise InvalidWebhook(str(exc), code=exc.code) from None
+    return url
+
+
+def _event_types(values: list[str] | None) -> list[str]:
+    if not values:
+        return list(ALL_TYPES)
+    unknown = sorted({v for v in values if v not in ALL_TYPES})
+    if unknown:
+        raise InvalidWebhook(f"unknown event types: {', '.join(map(repr, unknown[:5]))}; known: {', '.join(ALL_TYPES)}",
+                             code="invalid_event_type")
+    return list(dict.fromkeys(values))
+
+
+def create_webhook(orch: Orchestrator, scope_id: str, url: str, event_types: list[str] | None = None
+                   ) -> tuple[dict[str, Any], str]:
+    """Subscribe ``url`` to the scope's events from now on; returns (subscription, secret) — the
+    secret is shown this once. 422 for a URL that is not http(s), too long or not allowed (SSRF)."""
+    types = _event_types(event_types)
+    url = _checked_url(orch, url)
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    with orch.engine.begin() as conn:
+        from app.orchestrator.store.images import ensure_scope_txn
+
+        ensure_scope_txn(conn, scope_id)
+        q.lock_scope_txn(conn, scope_id)  # the per-scope count is decided one creation at a time
+        if q.count_txn(conn, scope_id) >= orch.settings.webhooks_per_scope:
+            raise TooManyWebhooks(f"at most {orch.settings.webhooks_per_scope} webhooks per scope")
+        cursor = events_q.last_event_id_txn(conn, scope_id)  # deliver what happens from now on
+        row = q.insert_txn(conn, scope_id, url, types, secret, cursor, orch.now())
+    return webhook_doc(row), secret
+
+
+def list_webhooks(orch: Orchestrator, scope_id: str) -> list[dict[str, Any]]:
+    with orch.engine.connect() as conn:
+        return [webhook_doc(r) for r in q.list_txn(conn, scope_id)]
+
+
+def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID | str) -> None:
+    """Delete a subscription: no delivery starts after this returns (a claim in flight is fenced)."""
+    try:
+        sub = uuid.UUID(str(subscription_id))
+    except ValueError:
+        raise NotFound("webhook not found") from None
+    with orch.engine.begin() as conn:
+        if not q.delete_txn(conn, scope_id, sub):
+            raise NotFound("webhook not found")
+
+
+# ---------------------------------------------------------------------------- the delivery lane
+def claim_webhook(orch: Orchestrator, subscription_id: uuid.UUID, owner: str) -> WebhookClaim | None:
+    """Claim a subscription that has an event due; None for a stale, duplicate or unknown hint."""
+    with orch.engine.begin() as conn:
+        row = q.claim_txn(conn, subscription_id, owner, orch.now(), orch.settings.webhook_lease_s)
+    if row is None:
+        metrics.EMPTY_CLAIMS.labels(LANE).inc()
+        return None
+    metrics.CLAIMS.labels(LANE).inc()
+    return WebhookClaim(row["id"], row["scope_id"], row["url"], row["secret"], list(row["event_types"]), owner,
+                        row["claim_generation"], row["attempts"], row["cursor"])
+
+
+def next_webhook_event(orch: Orchestrator, claim: WebhookClaim, after: int) -> dict[str, Any] | None:
+    """The claim's next event after ``after`` — of the subscription's own scope and types only."""
+    with orch.engine.connect() as conn:
+        rows = events_q.events_after_txn(conn, claim.scope_id, after, 1, claim.event_types)
+    return event_doc(rows[0]) if rows else None
+
+
+def webhook_delivered(orch: Orchestrator, claim: WebhookClaim, event_id: int) -> bool:
+    """Fenced: move the cursor past a delivered event. False = fenced out (stop delivering)."""
+    with orch.engine.begin() as conn:
+        ok = q.delivered_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, orch.now(),
+                             orch.settings.webhook_lease_s)
+        if not ok:
+            _rejected_txn(orch, conn)
+    return ok
+
+
+def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attempts: int, error: dict[str, Any]
+                   ) -> str:
+    """Fenced: record the ``attempts``-th failure of an event. Returns ``"retry"`` (claim released,
+    due again after backoff), ``"gave_up"`` (recorded, cursor moved: deliver the next) or
+    ``"fenced"``."""
+    s = orch.settings
+    now = orch.now()
+    decision = decide_delivery_retry(attempts, max_attempts=s.webhook_max_attempts, now=now,
+                                     base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s, rand=orch.rand)
+    with orch.engine.begin() as conn:
+        if decision.give_up:
+            ok = q.gave_up_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, attempts, error,
+                               now, s.webhook_lease_s)
+        else:
+            ok = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, attempts,
+                                   decision.available_at, error)
+        if not ok:
+            _rejected_txn(orch, conn)
+            return "fenced"
+    metrics.COMPLETIONS.labels(LANE, "gave_up" if decision.give_up else "retry").inc()
+    return "gave_up" if decision.give_up else "retry"
+
+
+def release_webhook(orch: Orchestrator, claim: WebhookClaim) -> None:
+    with orch.engine.begin() as conn:
+        q.release_txn(conn, claim.subscription_id, claim.owner, claim.generation)
+
+
+def webhook_hints(orch: Orchestrator, limit: int | None = None) -> list[Hint]:
+    """Wake-ups for subscriptions with an event due and nobody on it (the webhooks workers' poll and
+    the sweep both call this; a hint older than ``rehint_grace_s`` is taken as lost)."""
+    with orch.engine.begin() as conn:
+        ids = q.due_for_hint_txn(conn, orch.now(), orch.settings.rehint_grace_s,
+                                 limit or orch.settings.sweep_batch_limit)
+    return [Hint(LANE, i) for i in ids]
+
+
+def skip_unmatched_events(orch: Orchestrator) -> int:
+    """Sweep step: filtered subscriptions' cursors skip the events they do not take."""
+    with orch.engine.begin() as conn:
+        return q.skip_unmatched_txn(conn, len(ALL_TYPES), orch.now(), orch.settings.sweep_batch_limit)
+
+
+def recent_webhook_failures(orch: Orchestrator, limit: int = 20) -> list[dict[str, Any]]:
+    with orch.engine.connect() as conn:
+        return [dict(r) for r in q.recent_failures_txn(conn, limit)]
+
+
+def _rejected_txn(orch: Orchestrator, conn: Any) -> None:
+    metrics.FENCING_REJECTIONS.labels("webhook").inc()
+    counters.bump_txn(conn, "fencing_rejection", orch.now())

@@ -1,0 +1,136 @@
+"""POST one event to a webhook receiver: signed, bounded, never redirected, never to a forbidden
+address.
+
+* **Signature**: ``Memeflow-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>``,
+  with ``Memeflow-Timestamp``, ``Memeflow-Event-Id``, ``Memeflow-Event-Type`` and
+  ``Idempotency-Key: <event id>`` (a redelivery carries the same id: at-least-once).
+* **SSRF**: the URL is checked and resolved again right before each delivery
+  (:func:`app.netguard.check_outbound_url`) and the connection goes to one of the checked addresses
+  (TLS still verifies the certificate against the URL's host name): a DNS answer that changes
+  between subscription and delivery, or between check and connect, cannot redirect it.
+* **Bounds**: one deadline for the whole exchange (a watchdog shuts the socket down when it
+  passes, so a receiver that trickles bytes cannot hold a worker), at most
+  ``max_response_bytes`` of the answer are read, redirects are not followed (a 3xx is a failure).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.netguard import OutboundRefused, check_outbound_url
+
+USER_AGENT = "memeflow-webhooks/1"
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The hex HMAC-SHA256 a receiver recomputes: key = the secret, message = ``"<t>." + body``."""
+    return hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, header: str, body: bytes, *, tolerance_s: float = 300.0, now: float | None = None) -> bool:
+    """What a receiver does: parse ``t=…,v1=…``, check the timestamp is recent and the MAC matches."""
+    try:
+        parts = dict(p.split("=", 1) for p in header.split(","))
+        ts = int(parts["t"])
+    except (ValueError, KeyError):
+        return False
+    if abs((now if now is not None else time.time()) - ts) > tolerance_s:
+        return False
+    return hmac.compare_digest(parts.get("v1", ""), signature(secret, ts, body))
+
+
+@dataclass(frozen=True)
+class SendResult:
+    ok: bool
+    status: int | None = None
+    code: str = ""  # stable error code when not ok
+    message: str = ""
+
+    def error(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message[:500], "status": self.status}
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._address, self.port), self.timeout)
+        try:
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+
+
+def send_event(
+    url: str, secret: str, event: dict[str, Any], *, timeout_s: float, max_response_bytes: int,
+    networks: tuple = (), now: float | None = None,
+) -> SendResult:
+    """Deliver ``event`` to ``url`` once. 2xx = delivered; anything else is a failure to retry."""
+    try:
+        scheme, host, port, addresses = check_outbound_url(url, networks)
+    except OutboundRefused as exc:
+        return SendResult(False, None, exc.code, str(exc))
+    body = json.dumps(event, separators=(",", ":")).encode("utf-8")
+    ts = int(now if now is not None else time.time())
+    headers = {
+        "Content-Type": "application/json", "User-Agent": USER_AGENT,
+        "Memeflow-Event-Id": str(event["id"]), "Memeflow-Event-Type": event["type"],
+        "Memeflow-Timestamp": str(ts), "Memeflow-Signature": f"t={ts},v1={signature(secret, ts, body)}",
+        "Idempotency-Key": str(event["id"]), "Connection": "close",
+    }
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn_cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+    conn = conn_cls(host, port, addresses[0], timeout_s)
+    expired = threading.Event()
+
+    def _expire() -> None:  # the deadline covers the whole exchange, not each read
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(timeout_s, _expire)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        conn.request("POST", target, body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read(max_response_bytes)  # read (bounded) and drop: a receiver's answer is not used
+        status = resp.status
+    except (OSError, http.client.HTTPException) as exc:
+        if expired.is_set() or isinstance(exc, TimeoutError | socket.timeout):
+            return SendResult(False, None, "timeout", f"no complete answer within {timeout_s:g}s")
+        return SendResult(False, None, "connection_error", f"{type(exc).__name__}: {exc}")
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if 200 <= status < 300:
+        return SendResult(True, status)
+    if 300 <= status < 400:
+        return SendResult(False, status, "redirect_refused", f"HTTP {status}: redirects are not followed")
+    return SendResult(False, status, "http_error", f"HTTP {status}")
