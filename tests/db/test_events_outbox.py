@@ -129,12 +129,13 @@ def test_a_cursor_never_skips_an_event_that_commits_late(engine, settings):
     def read() -> None:
         cursor = 0
         while True:
+            writers_done = stop.is_set()  # read before the query: an empty answer after it is final
             with engine.connect() as c:
                 rows = q.events_after_txn(c, "local", cursor, 100)
             for r in rows:
                 seen.append(r["id"])
                 cursor = r["id"]
-            if stop.is_set() and not rows:
+            if writers_done and not rows:
                 return
 
     reader = threading.Thread(target=read)
