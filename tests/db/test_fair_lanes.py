@@ -18,6 +18,12 @@ from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
 BACKLOG = 3000
 
 
+def _holding(settings, **changes):
+    """The test's settings with leases that outlive the test: its claims are never completed, and
+    a claim whose 2 s lease expired on a busy machine would be claimed again and counted twice."""
+    return dataclasses.replace(settings, lease_s=600.0, heartbeat_s=1.0, **changes)
+
+
 def _backlog(engine, orch: Orchestrator, scope: str, lane: str, n: int, seed: int) -> list[uuid.UUID]:
     """``n`` queued ``lane`` tasks of one image of ``scope``, older than anything created later,
     in wake-up groups of the lane's group size, as a batched completion creates them. Returns the
@@ -74,7 +80,7 @@ def _queued(engine, lane: str) -> int:
 
 
 def test_a_single_visual_upload_is_claimed_within_one_batch_behind_another_scopes_backlog(engine, settings):
-    orch = Orchestrator(engine, settings)
+    orch = Orchestrator(engine, _holding(settings))
     hints = _backlog(engine, orch, "tenant-a", "visual", BACKLOG, 500)
     upload = store_and_ingest(orch, "tenant-b", png_bytes(501))  # the real upload path: its own hint
     b_task = visual_task(upload).task_id
@@ -103,7 +109,7 @@ def test_a_single_visual_upload_is_claimed_within_one_batch_behind_another_scope
 
 
 def test_a_single_embedding_task_is_claimed_within_one_batch_behind_another_scopes_backlog(engine, settings):
-    orch = Orchestrator(engine, dataclasses.replace(settings, embedding_batch_size=16))
+    orch = Orchestrator(engine, _holding(settings, embedding_batch_size=16))
     hints = _backlog(engine, orch, "tenant-a", "embedding", BACKLOG, 510)
     [b_task] = _backlog(engine, orch, "tenant-b", "embedding", 1, 511)
     batches, total = _claims_until(orch, hints + [b_task], "embedding", b_task)
@@ -114,7 +120,7 @@ def test_a_single_embedding_task_is_claimed_within_one_batch_behind_another_scop
 def test_the_fair_fill_round_robins_over_the_least_recently_served_scopes(engine, settings):
     """More waiting scopes than one claim's fill: every scope is served within
     ceil(scopes / reserve) batches of A's hints, in least-recently-served order."""
-    orch = Orchestrator(engine, dataclasses.replace(settings, visual_batch_size=8))  # groups of 7, fill of 1
+    orch = Orchestrator(engine, _holding(settings, visual_batch_size=8))  # groups of 7, fill of 1
     hints = _backlog(engine, orch, "tenant-a", "visual", 200, 520)
     others = {f"tenant-{i}": _backlog(engine, orch, f"tenant-{i}", "visual", 1, 530 + i)[0] for i in range(4)}
     n, served_at = lane_batch_size(orch.settings, "visual"), {}
