@@ -363,6 +363,24 @@ class LexicalInfoSchema(Schema):
     coverage = fields.Nested(CoverageSchema, required=True)
 
 
+class ServingTargetSchema(Schema):
+    model = fields.String(required=True)
+    coverage = fields.Nested(CoverageSchema, required=True,
+                             metadata={"description": "images with a context, and those with a current "
+                                                      "embedding of the target (as of the last check)"})
+
+
+class ServingInfoSchema(Schema):
+    state = fields.String(required=True, metadata={"description": "serving | backfill | pinned | unset"})
+    epoch = fields.Integer(required=True, metadata={"description": "bumped by every switch of the scope's reads"})
+    model = fields.String(required=True, metadata={"description": "the model that answered this query"})
+    target = fields.Nested(ServingTargetSchema, allow_none=True,
+                           metadata={"description": "the model being filled during a model change"})
+    switched_at = fields.String(allow_none=True)
+    fallback = fields.Boolean(metadata={"description": "true: the serving model could not be built here; "
+                                                       "the configured one answered"})
+
+
 class TextSearchResultSchema(Schema):
     items = fields.List(fields.Nested(TextSearchHitSchema), required=True)
     mode = fields.String(required=True)
@@ -370,6 +388,7 @@ class TextSearchResultSchema(Schema):
     models = fields.List(fields.Nested(SearchModelSchema), required=True)
     coverage = fields.Nested(CoverageSchema, required=True)
     lexical = fields.Nested(LexicalInfoSchema, allow_none=True)
+    serving = fields.Nested(ServingInfoSchema, metadata={"description": "the scope's search serving state"})
 
 
 class VisualSearchResultSchema(Schema):

@@ -16,6 +16,7 @@ from app.api.images import _error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import service as text_search
+from app.search.serving import text_source
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
@@ -41,15 +42,20 @@ class TextSearch(MethodView):
     @blp.doc(responses=_error_docs({422: "validation_error / unknown_model"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
-        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone."""
+        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone.
+        The meaning comes from the scope's serving text model (``serving``; during a model change,
+        the previous model until the scope's cutover)."""
         svc = services()
+        scope = scope_id()
+        source = text_source(svc.engine, scope, _text_provider(), svc.settings)
         try:
-            return text_search.search_text(
-                svc.engine, _text_provider(), scope_id(), args["q"], limit=args["limit"], mode=args["mode"],
+            result = text_search.search_text(
+                svc.engine, source.provider, scope, args["q"], limit=args["limit"], mode=args["mode"],
                 model=args["model"],
             )
         except text_search.UnknownModel as exc:
             raise ApiError(422, "unknown_model", str(exc)) from None
+        return {**result, "serving": source.info}
 
 
 _VISUAL_BODY = {

@@ -78,3 +78,10 @@ class RateLimited(OrchestratorError):
 
     code = "rate_limited"
     status = 429
+
+
+class ServingStateConflict(OrchestratorError):
+    """The scope's search serving state does not allow this change now."""
+
+    code = "serving_state_conflict"
+    status = 409

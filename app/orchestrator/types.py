@@ -96,6 +96,9 @@ class TextArtifact:
     document: str
     document_version: str
     metadata_hash: str
+    # the same document embedded with the other models its scope's search serving state needs (a
+    # model change: the serving and target models), written with this one
+    extra: tuple[TextArtifact, ...] = ()
 
 
 @dataclass

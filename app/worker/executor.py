@@ -10,6 +10,7 @@ bisected until each failure belongs to the one item that fails alone (``embed_is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,4 +163,52 @@ def execute_text_batch(
             out[i] = v if isinstance(v, StageError) else TextArtifact(
                 [float(x) for x in v], cfg["model"], int(cfg["dims"]), doc, str(cfg.get("document_version", "1")),
                 mhash)
+        _embed_extra_models(providers, claims, inputs, cfg, out)
     return out  # type: ignore[return-value]
+
+
+def _embed_extra_models(providers: Providers, claims: list[Claim], inputs: dict, cfg: dict, out: list) -> None:
+    """During a model change, each document is also embedded with the other models its scope's
+    search serving state needs (``extra_models``: the serving and target models); one call per
+    model. A claim whose extra model cannot be built or fails is that claim's failure (the stage
+    is valid only with every model's row, so skipping it would only plan the same task again)."""
+    own = (cfg["model"], int(cfg["dims"]))
+    by_model: dict[tuple[str, int], tuple[dict, list[int]]] = {}
+    for i, claim in enumerate(claims):
+        if not isinstance(out[i], TextArtifact):
+            continue
+        for ref in (inputs.get(claim.image_id) or {}).get("extra_models", []):
+            key = (ref["model"], int(ref["dims"]))
+            if key != own:
+                by_model.setdefault(key, (ref, []))[1].append(i)
+    for (model, dims), (ref, indexes) in by_model.items():
+        try:
+            provider = providers.text_for(ref)
+            got = provider.config()
+            if (str(got["model"]), int(got["dims"])) != (model, dims):
+                raise PermanentError(f"the text provider {ref['spec']!r} now builds {got['model']!r}, not {model!r}",
+                                     code="serving_model_unavailable")
+        except StageError as exc:
+            for i in indexes:
+                out[i] = exc
+            continue
+        except Exception as exc:  # noqa: BLE001 - a model that cannot load fails these claims, not the batch
+            log.warning("cannot build the serving text model %s: %s", model, exc)
+            err = PermanentError(f"the search's serving text model {model!r} cannot be built in this worker",
+                                 code="serving_model_unavailable")
+            for i in indexes:
+                out[i] = err
+            continue
+        version = str(got.get("document_version", "1"))
+        docs = []
+        for i in indexes:
+            info = inputs[claims[i].image_id]
+            docs.append(semantic_document(info["display_name"], info["context"], version))
+        vectors = embed_isolated(provider.embed, docs, "embedding")
+        for i, doc, v in zip(indexes, docs, vectors, strict=True):
+            current = out[i]
+            if isinstance(v, StageError):
+                out[i] = v
+            elif isinstance(current, TextArtifact):
+                extra = TextArtifact([float(x) for x in v], model, dims, doc, version, current.metadata_hash)
+                out[i] = dataclasses.replace(current, extra=(*current.extra, extra))

@@ -33,6 +33,9 @@ STATUS_CHECKS = {
     ("text_embeddings", "status"): E.TextEmbeddingStatus,
     ("lane_slots", "lane"): E.Lane,
     ("lane_fairness", "lane"): E.Lane,
+    ("search_serving", "kind"): E.ServingKind,
+    ("search_serving", "state"): E.ServingState,
+    ("search_serving_events", "action"): E.ServingAction,
 }
 
 

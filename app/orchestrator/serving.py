@@ -1,0 +1,345 @@
+"""Changing a text model without a search outage: each scope's search serving state (migration 0017).
+
+Per scope, ``search_serving`` names the model its text search reads (*serving*). When the configured
+model differs, the sweep starts a *backfill*: the configured model becomes the *target*, a fill
+batch (a library batch seeding only the images that lack it, resumable, with the batches'
+back-pressure) computes it, and meanwhile
+
+- search keeps answering from the serving model — only rows current for the image's sha256 and
+  metadata_hash, as always;
+- every text task of the scope embeds its document with the serving and the target model (the
+  text stage is valid only when both exist: ``store.serving.SERVING_TEXT_MISSING``), so uploads
+  and context edits during the backfill land in both.
+
+When every image with a context has a current row of the target, the reads switch in ONE
+conditional UPDATE (``store.serving.cutover_txn``: epoch + 1; racing workers and sweeps — exactly
+one wins). An operator can cut over early, roll back (serve the previous model again, pinned), or
+resume. Rows of a model that is none of serving/target/previous-in-window are prunable
+(``store.serving.PRUNABLE_MODEL_PREDICATE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+
+from app.db.enums import ServingAction, ServingKind, ServingState
+from app.orchestrator.errors import ServingStateConflict
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import batches as batches_q
+from app.orchestrator.store import serving as q
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+    from app.orchestrator.types import Claim
+
+log = logging.getLogger(__name__)
+TEXT = ServingKind.TEXT.value
+SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
+#: How long a replaced model's rows stay protected for a rollback (the retention sweep's hook reads it).
+ROLLBACK_WINDOW = timedelta(days=7)
+
+
+def configured_text_ref(orch: Orchestrator) -> dict[str, Any]:
+    """The model new jobs are configured with, as a model ref (spec + options rebuild it anywhere)."""
+    from app.worker.providers import text_options
+
+    cfg = dict(orch.stage_configs.text)
+    return {"spec": orch.settings.text_provider, "options": text_options(orch.settings), "model": str(cfg["model"]),
+            "dims": int(cfg["dims"]), "config": cfg}
+
+
+def _same(ref: dict[str, Any] | None, model: str | None, dims: int | None) -> bool:
+    return ref is not None and ref["model"] == model and int(ref["dims"]) == int(dims or 0)
+
+
+# ---------------------------------------------------------------------------- workers (text lane)
+def extra_text_models_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
+    """For each claim's image, the model refs its scope's serving state needs (serving, and target
+    during a model change) that the image has no current embedding of yet; the executor drops the
+    one its own provider computes anyway."""
+    rows = q.serving_many_txn(conn, sorted({c.scope_id for c in claims}), TEXT)
+    if not rows:
+        return {}
+    have = q.current_text_models_many_txn(conn, [c.image_id for c in claims if c.scope_id in rows])
+    out: dict[uuid.UUID, list[dict]] = {}
+    for claim in claims:
+        row = rows.get(claim.scope_id)
+        if row is None:
+            continue
+        refs = [row["serving_ref"]] + ([row["target_ref"]] if row["target_ref"] else [])
+        needed: list[dict] = []
+        for ref in refs:
+            key = (ref["model"], int(ref["dims"]))
+            if key in have.get(claim.image_id, set()) or any(
+                    (r["model"], int(r["dims"])) == key for r in needed):
+                continue
+            needed.append(ref)
+        if needed:
+            out[claim.image_id] = needed
+    return out
+
+
+def after_text_completions(orch: Orchestrator, scope_ids: list[str]) -> None:
+    """After text completions committed: a scope in backfill may be covered now — try its cutover
+    (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
+    with orch.engine.connect() as conn:
+        rows = q.serving_many_txn(conn, scope_ids, TEXT)
+    for scope_id, row in rows.items():
+        if row["state"] == ServingState.BACKFILL:
+            try:
+                try_cutover(orch, scope_id)
+            except Exception:  # noqa: BLE001 - never fail a completion that committed; the sweep retries
+                log.exception("cutover check failed", extra={"scope_id": scope_id})
+
+
+# ---------------------------------------------------------------------------- the switch
+def try_cutover(orch: Orchestrator, scope_id: str, *, force_check: bool = False) -> bool:
+    """Switch the scope's reads to its target if the target covers every image with a context.
+    True only for the one call that switched."""
+    now = orch.now()
+    interval = 0.0 if force_check else orch.settings.search_cutover_check_s
+    with orch.engine.begin() as conn:
+        row = q.claim_check_txn(conn, scope_id, TEXT, now, interval)
+        if row is None:
+            return False
+        coverage = q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
+        q.set_coverage_txn(conn, scope_id, TEXT, coverage["ready"], coverage["total"], now)
+        if coverage["ready"] < coverage["total"]:
+            return False
+        switched = q.cutover_txn(conn, scope_id, target=row["target_model"], target_dims=row["target_dims"],
+                                 early=False, now=now)
+        if switched is None:
+            return False
+        _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
+    log.info("search cutover", extra={"scope_id": scope_id, "code": switched["serving_model"]})
+    return True
+
+
+def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) -> None:
+    q.record_event_txn(conn, row["scope_id"], TEXT, action, row["epoch"], from_model=row["previous_model"],
+                       to_model=row["serving_model"], now=now, detail={"coverage": coverage})
+    q.set_coverage_txn(conn, row["scope_id"], TEXT, coverage["ready"], coverage["total"], now)
+
+
+# ---------------------------------------------------------------------------- the sweep step
+def reconcile(orch: Orchestrator) -> tuple[dict[str, int], list[Hint]]:
+    """Sweep step: give new scopes a serving row (served by the configured model), start a backfill
+    where the configured model changed, retarget or abort one whose target is no longer configured,
+    attach fill batches, and try the cutover of scopes whose fill is done."""
+    counts = {"serving_bootstrapped": 0, "backfills_started": 0, "cutovers": 0}
+    hints: list[Hint] = []
+    ref = configured_text_ref(orch)
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        for scope_id in q.scopes_without_serving_txn(conn, TEXT, SWEEP_SCOPES):
+            if q.bootstrap_txn(conn, scope_id, TEXT, ref, now):
+                q.record_event_txn(conn, scope_id, TEXT, ServingAction.BOOTSTRAP, 0, from_model=None,
+                                   to_model=ref["model"], now=now)
+                counts["serving_bootstrapped"] += 1
+    with orch.engine.connect() as conn:
+        rows = q.needing_attention_txn(conn, TEXT, ref["model"], ref["dims"], SWEEP_SCOPES)
+    for row in rows:
+        scope_id = row["scope_id"]
+        if row["state"] == ServingState.SERVING:
+            with orch.engine.begin() as conn:
+                started = q.begin_backfill_txn(conn, scope_id, TEXT, ref, from_model=row["serving_model"], now=now)
+                if started is not None:
+                    q.record_event_txn(conn, scope_id, TEXT, ServingAction.BACKFILL, started["epoch"],
+                                       from_model=row["serving_model"], to_model=ref["model"], now=now)
+                    counts["backfills_started"] += 1
+            if started is not None:
+                hints += _start_fill(orch, scope_id, ref)
+            continue
+        # backfill
+        if not _same(ref, row["target_model"], row["target_dims"]):
+            hints += _target_changed(orch, row, ref)
+            continue
+        if row["batch_id"] is None:
+            hints += _start_fill(orch, scope_id, ref)
+            continue
+        if try_cutover(orch, scope_id):
+            counts["cutovers"] += 1
+            continue
+        hints += _maybe_refill(orch, row, ref)
+    return counts, hints
+
+
+def _fill_models(row: Any, ref: dict[str, Any]) -> list[dict[str, Any]]:
+    models = [ref]
+    for key in ("serving", "target"):
+        other = row[f"{key}_ref"] if row is not None else None
+        if other and not any(_same(m, other["model"], other["dims"]) for m in models):
+            models.append(other)
+    return [{"model": m["model"], "dims": int(m["dims"])} for m in models]
+
+
+def _start_fill(orch: Orchestrator, scope_id: str, ref: dict[str, Any]) -> list[Hint]:
+    """Create the fill batch of a backfill towards ``ref`` and attach it (a concurrent change of the
+    state leaves it unattached: it is cancelled)."""
+    with orch.engine.connect() as conn:
+        row = q.serving_txn(conn, scope_id, TEXT)
+    if row is None or not _same(ref, row["target_model"], row["target_dims"]):
+        return []
+    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, ref), first_page_size=1)
+    with orch.engine.begin() as conn:
+        attached = q.set_batch_txn(conn, scope_id, TEXT, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
+    if not attached:
+        orch.cancel_batch(scope_id, batch["id"])
+    return hints
+
+
+def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
+    """A fill batch that finished but left images uncovered (their jobs failed, or were owned by an
+    older configuration's job) is seeded again, up to ``search_fill_rounds`` times; then the scope
+    waits for an operator (cut over early, or roll back)."""
+    with orch.engine.connect() as conn:
+        batch = batches_q.batch_txn(conn, row["batch_id"])
+    if batch is not None and batch["status"] in ("seeding", "running"):
+        return []
+    if row["fill_rounds"] >= orch.settings.search_fill_rounds:
+        return []
+    with orch.engine.begin() as conn:
+        q.record_event_txn(conn, row["scope_id"], TEXT, ServingAction.REFILL, row["epoch"],
+                           from_model=row["serving_model"], to_model=row["target_model"], now=orch.now(),
+                           detail={"round": row["fill_rounds"] + 1, "coverage": {"ready": row["ready"],
+                                                                              "total": row["total"]}})
+    return _start_fill(orch, row["scope_id"], ref)
+
+
+def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
+    """The configuration changed again during a backfill: back to serving if it is the serving model
+    again (abort), else towards the new model (retarget). The old fill batch is cancelled."""
+    scope_id, now = row["scope_id"], orch.now()
+    with orch.engine.begin() as conn:
+        if _same(ref, row["serving_model"], row["serving_dims"]):
+            done = q.end_backfill_txn(conn, scope_id, TEXT, state=ServingState.SERVING,
+                                      from_target=row["target_model"], now=now)
+            action = ServingAction.ABORT
+        else:
+            done = q.retarget_txn(conn, scope_id, TEXT, ref, from_target=row["target_model"], now=now)
+            action = ServingAction.RETARGET
+        if done is not None:
+            q.record_event_txn(conn, scope_id, TEXT, action, done["epoch"], from_model=row["target_model"],
+                               to_model=ref["model"], now=now)
+    if done is None:
+        return []
+    _cancel(orch, scope_id, row["batch_id"])
+    return _start_fill(orch, scope_id, ref) if action == ServingAction.RETARGET else []
+
+
+def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> None:
+    if batch_id is not None:
+        orch.cancel_batch(scope_id, batch_id)
+
+
+# ---------------------------------------------------------------------------- operators
+def cutover_early(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
+    """Serve the target now, whatever its coverage (images it lacks are found by words only)."""
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        row = q.serving_txn(conn, scope_id, TEXT)
+        if row is None or row["state"] != ServingState.BACKFILL:
+            raise ServingStateConflict("the scope's search is not in a backfill; nothing to cut over to")
+        coverage = q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
+        switched = q.cutover_txn(conn, scope_id, target=row["target_model"], target_dims=row["target_dims"],
+                                 early=True, now=now)
+        if switched is None:
+            raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
+        _switched_txn(conn, switched, ServingAction.EARLY_CUTOVER, coverage, now)
+    _cancel(orch, scope_id, row["batch_id"])
+    return status(orch, scope_id)
+
+
+def rollback(orch: Orchestrator, scope_id: str) -> tuple[dict[str, Any], list[Hint]]:
+    """During a backfill: abort it (the reads never moved). After a cutover: serve the previous model
+    again (epoch + 1) and fill it for images added since. Either way the scope is pinned: no new
+    backfill starts until ``resume``."""
+    now = orch.now()
+    hints: list[Hint] = []
+    with orch.engine.begin() as conn:
+        row = q.serving_txn(conn, scope_id, TEXT)
+        if row is None:
+            raise ServingStateConflict("the scope has no search serving state yet")
+        if row["state"] == ServingState.BACKFILL:
+            done = q.end_backfill_txn(conn, scope_id, TEXT, state=ServingState.PINNED, from_target=None, now=now)
+            if done is None:
+                raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
+            q.record_event_txn(conn, scope_id, TEXT, ServingAction.ABORT, done["epoch"],
+                               from_model=row["target_model"], to_model=row["serving_model"], now=now)
+            cancel, fill = row["batch_id"], None
+        else:
+            done = q.rollback_txn(conn, scope_id, TEXT, epoch=row["epoch"], now=now)
+            if done is None:
+                raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
+            coverage = q.text_coverage_txn(conn, scope_id, done["serving_model"], done["serving_dims"])
+            _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
+            cancel = None
+            fill = done if coverage["ready"] < coverage["total"] else None
+    _cancel(orch, scope_id, cancel)
+    if fill is not None:  # images added since the cutover: embed them with the old model too
+        models = _fill_models(fill, configured_text_ref(orch))
+        _, hints = orch.create_batch(scope_id, all=True, fill_models=models, first_page_size=1)
+    return status(orch, scope_id), hints
+
+
+def resume(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
+    """Unpin: the sweep starts a backfill towards the configured model if it differs."""
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        done = q.resume_txn(conn, scope_id, TEXT, now)
+        if done is None:
+            raise ServingStateConflict("the scope's search is not pinned")
+        q.record_event_txn(conn, scope_id, TEXT, ServingAction.RESUME, done["epoch"], from_model=None,
+                           to_model=done["serving_model"], now=now)
+    return status(orch, scope_id)
+
+
+# ---------------------------------------------------------------------------- reads
+def describe(row: Any, *, serving_coverage: dict | None = None, target_coverage: dict | None = None) -> dict[str, Any]:
+    """A serving row as the API, /ops and the CLI show it."""
+    target = None
+    if row["target_model"]:
+        target = {"model": row["target_model"], "dims": row["target_dims"],
+                  "coverage": target_coverage or {"ready": row["ready"], "total": row["total"]},
+                  "batch_id": str(row["batch_id"]) if row["batch_id"] else None, "fill_rounds": row["fill_rounds"]}
+    return {
+        "scope_id": row["scope_id"], "kind": row["kind"], "state": row["state"], "epoch": int(row["epoch"]),
+        "model": row["serving_model"], "dims": row["serving_dims"],
+        "coverage": serving_coverage,
+        "target": target,
+        "previous": {"model": row["previous_model"], "dims": row["previous_dims"]} if row["previous_model"] else None,
+        "started_at": row["started_at"].isoformat() if row["started_at"] else None,
+        "switched_at": row["switched_at"].isoformat() if row["switched_at"] else None,
+    }
+
+
+def status(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
+    """One scope's text serving state with live coverage of its serving and target models."""
+    with orch.engine.connect() as conn:
+        row = q.serving_txn(conn, scope_id, TEXT)
+        if row is None:
+            ref = configured_text_ref(orch)
+            cov = q.text_coverage_txn(conn, scope_id, ref["model"], ref["dims"])
+            return {"scope_id": scope_id, "kind": TEXT, "state": "unset", "epoch": 0, "model": ref["model"],
+                    "dims": ref["dims"], "coverage": cov, "target": None, "previous": None, "started_at": None,
+                    "switched_at": None, "events": []}
+        serving_cov = q.text_coverage_txn(conn, scope_id, row["serving_model"], row["serving_dims"])
+        target_cov = (q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
+                      if row["target_model"] else None)
+        events = q.events_txn(conn, scope_id, TEXT, 10)
+    doc = describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
+    doc["events"] = [{"action": e["action"], "epoch": int(e["epoch"]), "from_model": e["from_model"],
+                      "to_model": e["to_model"], "at": e["at"].isoformat()} for e in events]
+    return doc
+
+
+def overview(orch: Orchestrator, scope_id: str | None = None) -> list[dict[str, Any]]:
+    """Every scope's serving rows (stored coverage of the target, as of the last check)."""
+    with orch.engine.connect() as conn:
+        rows = q.all_serving_txn(conn, scope_id)
+    return [describe(r) for r in rows]
