@@ -104,9 +104,9 @@ def create_app(
         "bearer": {"type": "http", "scheme": "bearer"}}}})
     api.spec.components.schema("VisualSearchJson", schema=_visual_json_schema())
 
-    from app.api import batches, health, images, jobs, search
+    from app.api import batches, health, images, jobs, search, serving
 
-    for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, health.blp):
+    for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, serving.blp, health.blp):
         api.register_blueprint(blp)
     _mount_ops(app)
     _mount_browser_surfaces(app, settings)

@@ -397,6 +397,41 @@ class VisualSearchResultSchema(Schema):
     coverage = fields.Nested(CoverageSchema)
 
 
+class ServingModelSchema(Schema):
+    model = fields.String(required=True)
+    dims = fields.Integer(allow_none=True)
+
+
+class ServingFillSchema(ServingModelSchema):
+    coverage = fields.Nested(CoverageSchema, required=True)
+    batch_id = fields.String(allow_none=True, metadata={"description": "the fill batch (GET /batches/{id})"})
+    fill_rounds = fields.Integer()
+
+
+class ServingEventSchema(Schema):
+    action = fields.String(required=True)
+    epoch = fields.Integer(required=True)
+    from_model = fields.String(allow_none=True)
+    to_model = fields.String(allow_none=True)
+    at = fields.String(required=True)
+
+
+class ServingStateSchema(Schema):
+    scope_id = fields.String(required=True)
+    kind = fields.String(required=True)
+    state = fields.String(required=True, metadata={"description": "serving | backfill | pinned | unset"})
+    epoch = fields.Integer(required=True)
+    model = fields.String(required=True, metadata={"description": "the model search reads"})
+    dims = fields.Integer()
+    coverage = fields.Nested(CoverageSchema, allow_none=True,
+                             metadata={"description": "images with a context / with a current embedding of it"})
+    target = fields.Nested(ServingFillSchema, allow_none=True)
+    previous = fields.Nested(ServingModelSchema, allow_none=True, metadata={"description": "the rollback target"})
+    started_at = fields.String(allow_none=True)
+    switched_at = fields.String(allow_none=True)
+    events = fields.List(fields.Nested(ServingEventSchema))
+
+
 # --- health ---------------------------------------------------------------------------------
 
 class HealthSchema(Schema):

@@ -63,6 +63,7 @@ class Overview:
     batches: list[BatchRow]
     recent_jobs: list[dict[str, Any]]
     liveness: Liveness | None = None
+    serving: dict[str, Any] | None = None  # the scope's text search serving model and a model change's progress
 
     @property
     def total_jobs(self) -> int:
@@ -196,7 +197,25 @@ def overview(
                 batches=batches(conn, scope_id),
                 recent_jobs=recent_jobs(conn, scope_id),
                 liveness=liveness,
+                serving=search_serving(conn, scope_id),
             )
+
+
+def search_serving(conn: Connection, scope_id: str) -> dict[str, Any] | None:
+    """The scope's text serving state with the live coverage of its serving and target models."""
+    from app.orchestrator import serving
+    from app.orchestrator.store import serving as q
+
+    row = q.serving_txn(conn, scope_id, "text")
+    if row is None:
+        return None
+    serving_cov = q.text_coverage_txn(conn, scope_id, row["serving_model"], row["serving_dims"])
+    target_cov = (q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
+                  if row["target_model"] else None)
+    doc = serving.describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
+    if target_cov:
+        doc["target"]["progress"] = target_cov["ready"] / target_cov["total"] if target_cov["total"] else 1.0
+    return doc
 
 
 @dataclass
