@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 TEXT = ServingKind.TEXT.value
 SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
-#: How long a replaced model's rows stay protected for a rollback (the retention sweep's hook reads it).
-ROLLBACK_WINDOW = timedelta(days=7)
 
 
 def configured_text_ref(orch: Orchestrator) -> dict[str, Any]:
@@ -297,6 +295,15 @@ def resume(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
         q.record_event_txn(conn, scope_id, TEXT, ServingAction.RESUME, done["epoch"], from_model=None,
                            to_model=done["serving_model"], now=now)
     return status(orch, scope_id)
+
+
+# ---------------------------------------------------------------------------- retention hook
+def superseded_text_embeddings_txn(orch: Orchestrator, conn: Connection, limit: int) -> list[int]:
+    """Ids of up to ``limit`` text embeddings no scope reads or may roll back to any more (a replaced
+    model past ``search_rollback_window_s``), locked SKIP LOCKED for the caller's DELETE in the same
+    transaction — what the retention sweep prunes after a model change."""
+    keep_after = orch.now() - timedelta(seconds=orch.settings.search_rollback_window_s)
+    return q.prunable_text_embeddings_txn(conn, keep_after, limit)
 
 
 # ---------------------------------------------------------------------------- reads

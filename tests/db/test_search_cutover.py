@@ -170,6 +170,7 @@ def test_configuration_changing_again_retargets_then_aborts(engine, settings):
 def test_early_cutover_serves_the_target_and_old_rows_become_prunable(engine, settings):
     from datetime import timedelta
 
+    from app.orchestrator import serving
     from app.orchestrator.store import serving as q
 
     pub = RecordingPublisher()
@@ -188,3 +189,9 @@ def test_early_cutover_serves_the_target_and_old_rows_become_prunable(engine, se
     with engine.connect() as c:
         assert q.prunable_text_embeddings_txn(c, new.now() - timedelta(days=1), 100) == []  # rollback window
         assert len(q.prunable_text_embeddings_txn(c, new.now() + timedelta(days=1), 100)) == 3
+        assert serving.superseded_text_embeddings_txn(new, c, 100) == []  # the hook keeps the window
+        late = Orchestrator(engine, new.settings.replace(search_rollback_window_s=0.0))
+        assert len(serving.superseded_text_embeddings_txn(late, c, 100)) == 3
+    new.search_rollback("s1")  # pinned on A: B (previous, and configured) is kept whatever the window
+    with engine.connect() as c:
+        assert q.prunable_text_embeddings_txn(c, new.now() + timedelta(days=1), 100) == []

@@ -1,7 +1,9 @@
 """A text model change under real Celery workers (issue 18 part 2): the configuration moves A → B,
 and mid-backfill B → C, while uploads and context edits race the fill; two embedding workers race
 the completion that covers the scope. Search (semantic, the strict signal) never errs nor goes empty,
-answers from A until the one cutover, then from C; every image ends with current A and C rows."""
+answers from A until the cutover, then from C (or, when B's fill wins the race before the second
+change, A → B → C, each switch once); every image ends with current rows of C and of the model C
+replaced."""
 
 from __future__ import annotations
 
@@ -112,7 +114,7 @@ def test_model_change_mid_backfill_with_racing_uploads_and_edits(engine, it_sett
             poll_until(lambda: _count(engine, "SELECT count(*) FROM text_embeddings WHERE model = :m", m=B) >= 4,
                        timeout=60, what="some B embeddings")
         assert not sweeper.errors
-        assert {r for r in _states(engine)} <= {("backfill", A, B), ("serving", C, None)}
+        assert _states(engine) <= {("backfill", A, B), ("serving", B, None)}
 
         # --- mid-backfill, the configuration changes again, to C
         _stop(cluster, procs)
@@ -133,21 +135,33 @@ def test_model_change_mid_backfill_with_racing_uploads_and_edits(engine, it_sett
     _stop(cluster, procs)
 
     assert probe.failures == []
+    order = [A, B, C]
     for scope in SCOPES:
         models = probe.models[scope]
-        assert models and set(models) <= {A, C}
-        first_c = models.index(C)
-        assert set(models[:first_c]) == {A} and set(models[first_c:]) == {C}  # one switch, never back
+        assert models and models[-1] == C
+        # one model per answer, switching forward only: A…A (B…B when B's fill won the race) C…C
+        assert [order.index(m) for m in models] == sorted(order.index(m) for m in models)
         events = _events(engine, scope)
-        assert [a for a, _ in events if a in ("cutover", "early_cutover")] == ["cutover"]
-        assert [a for a, _ in events][:3] == ["bootstrap", "backfill", "retarget"]
-        assert dict(events)["cutover"] == 1
+        cutovers = [(to, epoch) for action, epoch, to in events if action == "cutover"]
+        assert [to for to, _ in cutovers] in ([C], [B, C])  # each switch exactly once, never early
+        assert [epoch for _, epoch in cutovers] == list(range(1, len(cutovers) + 1))
+        assert set(models) == {A, *(to for to, _ in cutovers)}
+        actions = [action for action, _, _ in events]
+        assert actions[:2] == ["bootstrap", "backfill"]
+        assert ("retarget" in actions) == (cutovers == [(C, 1)])
+        previous = _previous(engine, scope)
         missing = _count(engine, "SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.metadata_hash IS NOT NULL"
                          " AND (SELECT count(DISTINCT t.model) FROM text_embeddings t WHERE t.image_id = i.id"
                          "  AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash"
-                         "  AND t.model IN (:a, :c)) < 2", s=scope, a=A, c=C)
-        assert missing == 0  # every image (uploads and edits included) has current A and C rows
+                         "  AND t.model IN (:p, :c)) < 2", s=scope, p=previous, c=C)
+        assert missing == 0  # every image (uploads and edits included) has current rows of both models
         assert _count(engine, "SELECT count(*) FROM images WHERE scope_id = :s", s=scope) == len(image_ids[scope])
+
+
+def _previous(engine, scope: str) -> str:
+    with engine.connect() as c:
+        return c.execute(text("SELECT previous_model FROM search_serving WHERE scope_id = :s"),
+                         {"s": scope}).scalar_one()
 
 
 def _states(engine) -> set[tuple]:
@@ -155,7 +169,8 @@ def _states(engine) -> set[tuple]:
         return {tuple(r) for r in c.execute(text("SELECT state, serving_model, target_model FROM search_serving"))}
 
 
-def _events(engine, scope: str) -> list[tuple[str, int]]:
+def _events(engine, scope: str) -> list[tuple[str, int, str]]:
     with engine.connect() as c:
         return [tuple(r) for r in c.execute(text(
-            "SELECT action, epoch FROM search_serving_events WHERE scope_id = :s ORDER BY id"), {"s": scope})]
+            "SELECT action, epoch, to_model FROM search_serving_events WHERE scope_id = :s ORDER BY id"),
+            {"s": scope})]

@@ -36,13 +36,17 @@ SERVING_TEXT_MISSING = (
     " AND x2.model = w.model AND x2.dims = w.dims))"
 )
 
-#: Retention hook. A text embedding row is *superseded by a model change* — prunable — when its
-#: model is none of its scope's serving, target or (within the rollback window :keep_after) previous
-#: model. Scopes without a serving row are left alone (nothing is known about them yet).
+#: Retention hook (alias ``te`` for text_embeddings). A row is *superseded by a model change* —
+#: prunable — when its model is none of its scope's serving, target or previous model; the previous
+#: one is kept for a rollback until :keep_after passed its switch (and always while the scope is
+#: pinned: after a rollback it is the configured model, still written). Scopes without a serving row
+#: are left alone (nothing is known about them yet). Rows of old image versions are another matter
+#: (their model may be current): this predicate says nothing about them.
 PRUNABLE_MODEL_PREDICATE = (
     "EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = te.scope_id AND ss.kind = 'text'"
     " AND te.model IS DISTINCT FROM ss.serving_model AND te.model IS DISTINCT FROM ss.target_model"
-    " AND (te.model IS DISTINCT FROM ss.previous_model OR ss.switched_at < :keep_after))"
+    " AND (te.model IS DISTINCT FROM ss.previous_model"
+    "  OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))"
 )
 
 
