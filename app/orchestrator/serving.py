@@ -186,6 +186,9 @@ def _start_fill(orch: Orchestrator, scope_id: str, ref: dict[str, Any]) -> list[
     batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, ref), first_page_size=1)
     with orch.engine.begin() as conn:
         attached = q.set_batch_txn(conn, scope_id, TEXT, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
+        if attached:  # the progress /ops and the CLI overview show until the first cutover check
+            cov = q.text_coverage_txn(conn, scope_id, ref["model"], ref["dims"])
+            q.set_coverage_txn(conn, scope_id, TEXT, cov["ready"], cov["total"], orch.now())
     if not attached:
         orch.cancel_batch(scope_id, batch["id"])
     return hints

@@ -80,3 +80,43 @@ def test_serving_endpoints_are_scoped_by_the_token(settings, engine, publisher, 
     assert r.status_code == 200 and r.get_json()["scope_id"] == "alpha"
     r = client.post("/api/v1/search/serving/rollback", headers=alpha)
     assert r.status_code == 409 and r.get_json()["error"] == "serving_state_conflict"
+
+
+def test_cli_search_model_and_status(settings, engine, publisher, store):
+    import json
+
+    from click.testing import CliRunner
+
+    from app.cli import main
+    from app.config import reset_settings
+
+    client, orch = _app(settings, engine, publisher, store)
+    _process(client, orch, publisher, n=2)
+    orch.sweep()
+    new_settings = settings.replace(text_provider=SPEC_B, search_cutover_check_s=3600.0)
+    Orchestrator(engine, new_settings).sweep()
+    reset_settings(new_settings)
+    try:
+        runner = CliRunner(env={"COLUMNS": "200"})
+        r = runner.invoke(main, ["search-model", "status"])
+        assert r.exit_code == 0, r.output
+        assert "backfill" in r.output and "0/2" in r.output
+        r = runner.invoke(main, ["search-model", "status", "--scope", "local", "--json"])
+        doc = json.loads(r.output)
+        assert (doc["state"], doc["model"], doc["target"]["model"]) == ("backfill", A, B)
+        r = runner.invoke(main, ["status", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["search_serving"]["target"]["coverage"] == {"ready": 0, "total": 2}
+        r = runner.invoke(main, ["status"])
+        assert f"search: {A} (backfill, epoch 0" in r.output and f"backfilling {B}: 0/2" in r.output
+        r = runner.invoke(main, ["search", "image", "--json", "--mode", "semantic"])
+        assert json.loads(r.output)["serving"]["model"] == A
+        r = runner.invoke(main, ["search-model", "resume", "--scope", "local"])
+        assert r.exit_code == 1 and "serving_state_conflict" in r.output
+        r = runner.invoke(main, ["search-model", "cutover", "--scope", "local"])
+        assert r.exit_code == 0 and f"serving {B}" in r.output and "epoch 1" in r.output, r.output
+        r = runner.invoke(main, ["search-model", "rollback", "--scope", "local"])
+        assert r.exit_code == 0 and "pinned, epoch 2" in r.output, r.output
+        assert "early_cutover" in runner.invoke(main, ["search-model", "status", "--scope", "local"]).output
+    finally:
+        reset_settings(None)
