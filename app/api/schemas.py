@@ -395,6 +395,12 @@ class VisualSearchResultSchema(Schema):
     items = fields.List(fields.Nested(SearchHitSchema), required=True)
     model = fields.String()
     coverage = fields.Nested(CoverageSchema)
+    serving = fields.Nested(ServingInfoSchema, metadata={"description": "the scope's visual serving state"})
+
+
+class ServingArgsSchema(Schema):
+    kind = fields.String(load_default="text", validate=validate.OneOf(["text", "visual"]),
+                         metadata={"description": "which search: text (default) or visual"})
 
 
 class ServingModelSchema(Schema):

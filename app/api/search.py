@@ -16,7 +16,7 @@ from app.api.images import _error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import service as text_search
-from app.search.serving import text_source
+from app.search.serving import text_source, visual_source
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
@@ -86,12 +86,12 @@ class VisualSearch(MethodView):
                                415: "unsupported_media_type", 422: "validation_error / invalid_image"}),
     )
     def post(self):
-        """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``."""
+        """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``,
+        over the scope's serving visual model (``serving``)."""
         svc = services()
         scope = scope_id()
-        provider = _visual_provider()
-        config = provider.config()
-        model, version, dims = str(config["model"]), str(config["preprocess_version"]), int(config["dims"])
+        source = visual_source(svc.engine, scope, _visual_provider(), svc.settings)
+        provider, model, version, dims = source.provider, source.model, source.preprocess_version, source.dims
         exclude = None
         if request.mimetype == "application/json":
             args = S.VisualSearchJsonSchema().load(_json_body())
@@ -119,7 +119,7 @@ class VisualSearch(MethodView):
             limit=args["limit"], exclude_image_id=exclude,
         )
         coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
-        return {"items": items, "model": model, "coverage": coverage}
+        return {"items": items, "model": model, "coverage": coverage, "serving": source.info}
 
 
 def _json_body() -> Any:

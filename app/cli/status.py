@@ -72,8 +72,9 @@ def serving_line(doc: dict) -> Any:
     from rich.text import Text
 
     cov = doc.get("coverage") or {}
-    line = (f"search: {printable(doc['model'])} ({doc['state']}, epoch {doc['epoch']}, "
-            f"{cov.get('ready', 0)}/{cov.get('total', 0)} images with a context embedded)")
+    label, needs = ("search", "images with a context") if doc["kind"] == "text" else ("visual search", "images")
+    line = (f"{label}: {printable(doc['model'])} ({doc['state']}, epoch {doc['epoch']}, "
+            f"{cov.get('ready', 0)}/{cov.get('total', 0)} {needs} embedded)")
     target = doc.get("target")
     if target:
         tc = target["coverage"]
@@ -130,7 +131,10 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
                                                             ctx.settings)
             data["search_serving"] = ctx.orch.search_serving_status(scope_id)
             data["search_serving"].pop("events", None)
-            return Group(jobs_table, lanes_table, serving_line(data["search_serving"])), data
+            data["visual_serving"] = ctx.orch.search_serving_status(scope_id, "visual")
+            data["visual_serving"].pop("events", None)
+            return Group(jobs_table, lanes_table, serving_line(data["search_serving"]),
+                         serving_line(data["visual_serving"])), data
 
         renderable, data = render()
         if as_json:

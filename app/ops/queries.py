@@ -63,7 +63,7 @@ class Overview:
     batches: list[BatchRow]
     recent_jobs: list[dict[str, Any]]
     liveness: Liveness | None = None
-    serving: dict[str, Any] | None = None  # the scope's text search serving model and a model change's progress
+    serving: list[dict[str, Any]] | None = None  # the scope's search serving models and a model change's progress
 
     @property
     def total_jobs(self) -> int:
@@ -201,21 +201,20 @@ def overview(
             )
 
 
-def search_serving(conn: Connection, scope_id: str) -> dict[str, Any] | None:
-    """The scope's text serving state with the live coverage of its serving and target models."""
+def search_serving(conn: Connection, scope_id: str) -> list[dict[str, Any]]:
+    """The scope's search serving states (text, visual) with the live coverage of their serving and
+    target models, and a model change's progress."""
     from app.orchestrator import serving
     from app.orchestrator.store import serving as q
 
-    row = q.serving_txn(conn, scope_id, "text")
-    if row is None:
-        return None
-    serving_cov = q.text_coverage_txn(conn, scope_id, row["serving_model"], row["serving_dims"])
-    target_cov = (q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
-                  if row["target_model"] else None)
-    doc = serving.describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
-    if target_cov:
-        doc["target"]["progress"] = target_cov["ready"] / target_cov["total"] if target_cov["total"] else 1.0
-    return doc
+    out = []
+    for row in q.all_serving_txn(conn, scope_id):
+        doc = serving.describe_live_txn(conn, row)
+        if doc["target"]:
+            cov = doc["target"]["coverage"]
+            doc["target"]["progress"] = cov["ready"] / cov["total"] if cov["total"] else 1.0
+        out.append(doc)
+    return out
 
 
 @dataclass

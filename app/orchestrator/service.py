@@ -133,9 +133,15 @@ class Orchestrator:
                 for extra in getattr(artifact, "extra", ()):
                     self.ensure_vector_index(table, extra.model, extra.dims)
         hints = execution.complete_tasks(self, results)
-        if results and results[0][0].lane == "embedding":
-            serving.after_text_completions(self, sorted({c.scope_id for c, _ in results}))
+        kind = {"embedding": serving.TEXT, "visual": serving.VISUAL}.get(results[0][0].lane) if results else None
+        if kind is not None:
+            serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind)
         return hints
+
+    def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
+        """The other visual models each claim's image needs for its scope's serving state (model refs)."""
+        with self.engine.connect() as conn:
+            return serving.extra_models_txn(self, conn, claims, serving.VISUAL)
 
     def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
         """What each claim's semantic document is rendered from, in one query, by image id (rows of

@@ -1,4 +1,5 @@
-"""Changing a text model without a search outage: each scope's search serving state (migration 0017).
+"""Changing a text (or visual) model without a search outage: each scope's search serving state
+(migration 0017), one row per (scope, kind).
 
 Per scope, ``search_serving`` names the model its text search reads (*serving*). When the configured
 model differs, the sweep starts a *backfill*: the configured model becomes the *target*, a fill
@@ -38,43 +39,68 @@ if TYPE_CHECKING:
     from app.orchestrator.types import Claim
 
 log = logging.getLogger(__name__)
-TEXT = ServingKind.TEXT.value
+TEXT, VISUAL = ServingKind.TEXT.value, ServingKind.VISUAL.value
+KINDS = (TEXT, VISUAL)
 SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
 
 
-def configured_text_ref(orch: Orchestrator) -> dict[str, Any]:
+def configured_ref(orch: Orchestrator, kind: str) -> dict[str, Any]:
     """The model new jobs are configured with, as a model ref (spec + options rebuild it anywhere)."""
-    from app.worker.providers import text_options
+    from app.worker.providers import text_options, visual_options
 
-    cfg = dict(orch.stage_configs.text)
-    return {"spec": orch.settings.text_provider, "options": text_options(orch.settings), "model": str(cfg["model"]),
-            "dims": int(cfg["dims"]), "config": cfg}
+    if kind == TEXT:
+        cfg = dict(orch.stage_configs.text)
+        return {"spec": orch.settings.text_provider, "options": text_options(orch.settings),
+                "model": str(cfg["model"]), "dims": int(cfg["dims"]), "config": cfg}
+    cfg = dict(orch.stage_configs.visual)
+    return {"spec": orch.settings.visual_provider, "options": visual_options(orch.settings),
+            "model": str(cfg["model"]), "dims": int(cfg["dims"]),
+            "preprocess_version": str(cfg["preprocess_version"]), "config": cfg}
 
 
-def _same(ref: dict[str, Any] | None, model: str | None, dims: int | None) -> bool:
-    return ref is not None and ref["model"] == model and int(ref["dims"]) == int(dims or 0)
+def configured_text_ref(orch: Orchestrator) -> dict[str, Any]:
+    return configured_ref(orch, TEXT)
 
 
-# ---------------------------------------------------------------------------- workers (text lane)
-def extra_text_models_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
+def ref_key(ref: dict[str, Any] | None) -> tuple | None:
+    """What identifies a model's stored rows: (model, dims, preprocess_version or None)."""
+    if not ref:
+        return None
+    return (str(ref["model"]), int(ref["dims"]), ref.get("preprocess_version"))
+
+
+def _slot(row: Any, slot: str) -> dict[str, Any] | None:
+    """The model ref held in ``serving``/``target``/``previous`` of a row."""
+    return row[f"{slot}_ref"] if row[f"{slot}_model"] else None
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    return a is not None and b is not None and ref_key(a) == ref_key(b)
+
+
+# ---------------------------------------------------------------------------- workers
+def extra_models_txn(
+    orch: Orchestrator, conn: Connection, claims: list[Claim], kind: str
+) -> dict[uuid.UUID, list[dict]]:
     """For each claim's image, the model refs its scope's serving state needs (serving, and target
     during a model change) that the image has no current embedding of yet; the executor drops the
     one its own provider computes anyway."""
-    rows = q.serving_many_txn(conn, sorted({c.scope_id for c in claims}), TEXT)
+    rows = q.serving_many_txn(conn, sorted({c.scope_id for c in claims}), kind)
     if not rows:
         return {}
-    have = q.current_text_models_many_txn(conn, [c.image_id for c in claims if c.scope_id in rows])
+    image_ids = [c.image_id for c in claims if c.scope_id in rows]
+    if kind == TEXT:
+        have: dict = {k: {(m, d, None) for m, d in v} for k, v in q.current_text_models_many_txn(conn, image_ids).items()}
+    else:
+        have = q.current_visual_models_many_txn(conn, image_ids)
     out: dict[uuid.UUID, list[dict]] = {}
     for claim in claims:
         row = rows.get(claim.scope_id)
         if row is None:
             continue
-        refs = [row["serving_ref"]] + ([row["target_ref"]] if row["target_ref"] else [])
         needed: list[dict] = []
-        for ref in refs:
-            key = (ref["model"], int(ref["dims"]))
-            if key in have.get(claim.image_id, set()) or any(
-                    (r["model"], int(r["dims"])) == key for r in needed):
+        for ref in (_slot(row, "serving"), _slot(row, "target")):
+            if ref is None or ref_key(ref) in have.get(claim.image_id, set()) or any(_same(ref, r) for r in needed):
                 continue
             needed.append(ref)
         if needed:
@@ -82,113 +108,135 @@ def extra_text_models_txn(orch: Orchestrator, conn: Connection, claims: list[Cla
     return out
 
 
-def after_text_completions(orch: Orchestrator, scope_ids: list[str]) -> None:
-    """After text completions committed: a scope in backfill may be covered now — try its cutover
+def extra_text_models_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
+    return extra_models_txn(orch, conn, claims, TEXT)
+
+
+def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
+    """After completions committed: a scope in backfill may be covered now — try its cutover
     (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
     with orch.engine.connect() as conn:
-        rows = q.serving_many_txn(conn, scope_ids, TEXT)
+        rows = q.serving_many_txn(conn, scope_ids, kind)
     for scope_id, row in rows.items():
         if row["state"] == ServingState.BACKFILL:
             try:
-                try_cutover(orch, scope_id)
+                try_cutover(orch, scope_id, kind=kind)
             except Exception:  # noqa: BLE001 - never fail a completion that committed; the sweep retries
                 log.exception("cutover check failed", extra={"scope_id": scope_id})
 
 
+def after_text_completions(orch: Orchestrator, scope_ids: list[str]) -> None:
+    after_completions(orch, scope_ids, TEXT)
+
+
 # ---------------------------------------------------------------------------- the switch
-def try_cutover(orch: Orchestrator, scope_id: str, *, force_check: bool = False) -> bool:
-    """Switch the scope's reads to its target if the target covers every image with a context.
+def _coverage_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any]) -> dict[str, int]:
+    return q.coverage_txn(conn, scope_id, kind, ref["model"], ref["dims"], ref.get("preprocess_version"))
+
+
+def try_cutover(orch: Orchestrator, scope_id: str, *, kind: str = TEXT, force_check: bool = False) -> bool:
+    """Switch the scope's reads to its target if the target covers every image that needs it.
     True only for the one call that switched."""
     now = orch.now()
     interval = 0.0 if force_check else orch.settings.search_cutover_check_s
     with orch.engine.begin() as conn:
-        row = q.claim_check_txn(conn, scope_id, TEXT, now, interval)
+        row = q.claim_check_txn(conn, scope_id, kind, now, interval)
         if row is None:
             return False
-        coverage = q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
-        q.set_coverage_txn(conn, scope_id, TEXT, coverage["ready"], coverage["total"], now)
+        target = _slot(row, "target")
+        coverage = _coverage_txn(conn, scope_id, kind, target)
+        q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
         if coverage["ready"] < coverage["total"]:
             return False
-        switched = q.cutover_txn(conn, scope_id, target=row["target_model"], target_dims=row["target_dims"],
-                                 early=False, now=now)
+        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                                 target_pv=target.get("preprocess_version"), early=False, now=now)
         if switched is None:
             return False
         _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
-    log.info("search cutover", extra={"scope_id": scope_id, "code": switched["serving_model"]})
+    log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{switched['serving_model']}"})
     return True
 
 
 def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) -> None:
-    q.record_event_txn(conn, row["scope_id"], TEXT, action, row["epoch"], from_model=row["previous_model"],
+    q.record_event_txn(conn, row["scope_id"], row["kind"], action, row["epoch"], from_model=row["previous_model"],
                        to_model=row["serving_model"], now=now, detail={"coverage": coverage})
-    q.set_coverage_txn(conn, row["scope_id"], TEXT, coverage["ready"], coverage["total"], now)
+    q.set_coverage_txn(conn, row["scope_id"], row["kind"], coverage["ready"], coverage["total"], now)
 
 
 # ---------------------------------------------------------------------------- the sweep step
 def reconcile(orch: Orchestrator) -> tuple[dict[str, int], list[Hint]]:
-    """Sweep step: give new scopes a serving row (served by the configured model), start a backfill
-    where the configured model changed, retarget or abort one whose target is no longer configured,
-    attach fill batches, and try the cutover of scopes whose fill is done."""
+    """Sweep step, per kind: give new scopes a serving row (served by the configured model), start a
+    backfill where the configured model changed, retarget or abort one whose target is no longer
+    configured, attach fill batches, and try the cutover of scopes whose fill is done."""
     counts = {"serving_bootstrapped": 0, "backfills_started": 0, "cutovers": 0}
     hints: list[Hint] = []
-    ref = configured_text_ref(orch)
+    for kind in KINDS:
+        hints += _reconcile_kind(orch, kind, counts)
+    return counts, hints
+
+
+def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> list[Hint]:
+    hints: list[Hint] = []
+    ref = configured_ref(orch, kind)
     now = orch.now()
     with orch.engine.begin() as conn:
-        for scope_id in q.scopes_without_serving_txn(conn, TEXT, SWEEP_SCOPES):
-            if q.bootstrap_txn(conn, scope_id, TEXT, ref, now):
-                q.record_event_txn(conn, scope_id, TEXT, ServingAction.BOOTSTRAP, 0, from_model=None,
+        for scope_id in q.scopes_without_serving_txn(conn, kind, SWEEP_SCOPES):
+            if q.bootstrap_txn(conn, scope_id, kind, ref, now):
+                q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
                                    to_model=ref["model"], now=now)
                 counts["serving_bootstrapped"] += 1
     with orch.engine.connect() as conn:
-        rows = q.needing_attention_txn(conn, TEXT, ref["model"], ref["dims"], SWEEP_SCOPES)
+        rows = q.needing_attention_txn(conn, kind, ref["model"], ref["dims"], SWEEP_SCOPES,
+                                       ref.get("preprocess_version"))
     for row in rows:
         scope_id = row["scope_id"]
         if row["state"] == ServingState.SERVING:
             with orch.engine.begin() as conn:
-                started = q.begin_backfill_txn(conn, scope_id, TEXT, ref, from_model=row["serving_model"], now=now)
+                started = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
                 if started is not None:
-                    q.record_event_txn(conn, scope_id, TEXT, ServingAction.BACKFILL, started["epoch"],
+                    q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
                                        from_model=row["serving_model"], to_model=ref["model"], now=now)
                     counts["backfills_started"] += 1
             if started is not None:
-                hints += _start_fill(orch, scope_id, ref)
+                hints += _start_fill(orch, scope_id, kind, ref)
             continue
         # backfill
-        if not _same(ref, row["target_model"], row["target_dims"]):
+        if not _same(ref, _slot(row, "target")):
             hints += _target_changed(orch, row, ref)
             continue
         if row["batch_id"] is None:
-            hints += _start_fill(orch, scope_id, ref)
+            hints += _start_fill(orch, scope_id, kind, ref)
             continue
-        if try_cutover(orch, scope_id):
+        if try_cutover(orch, scope_id, kind=kind):
             counts["cutovers"] += 1
             continue
         hints += _maybe_refill(orch, row, ref)
-    return counts, hints
+    return hints
 
 
-def _fill_models(row: Any, ref: dict[str, Any]) -> list[dict[str, Any]]:
+def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any]]:
     models = [ref]
-    for key in ("serving", "target"):
-        other = row[f"{key}_ref"] if row is not None else None
-        if other and not any(_same(m, other["model"], other["dims"]) for m in models):
+    for slot in ("serving", "target"):
+        other = _slot(row, slot) if row is not None else None
+        if other and not any(_same(m, other) for m in models):
             models.append(other)
-    return [{"model": m["model"], "dims": int(m["dims"])} for m in models]
+    return [{"kind": kind, "model": m["model"], "dims": int(m["dims"]),
+             "preprocess_version": m.get("preprocess_version")} for m in models]
 
 
-def _start_fill(orch: Orchestrator, scope_id: str, ref: dict[str, Any]) -> list[Hint]:
+def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any]) -> list[Hint]:
     """Create the fill batch of a backfill towards ``ref`` and attach it (a concurrent change of the
     state leaves it unattached: it is cancelled)."""
     with orch.engine.connect() as conn:
-        row = q.serving_txn(conn, scope_id, TEXT)
-    if row is None or not _same(ref, row["target_model"], row["target_dims"]):
+        row = q.serving_txn(conn, scope_id, kind)
+    if row is None or not _same(ref, _slot(row, "target")):
         return []
-    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, ref), first_page_size=1)
+    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
     with orch.engine.begin() as conn:
-        attached = q.set_batch_txn(conn, scope_id, TEXT, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
+        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
         if attached:  # the progress /ops and the CLI overview show until the first cutover check
-            cov = q.text_coverage_txn(conn, scope_id, ref["model"], ref["dims"])
-            q.set_coverage_txn(conn, scope_id, TEXT, cov["ready"], cov["total"], orch.now())
+            cov = _coverage_txn(conn, scope_id, kind, ref)
+            q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
     if not attached:
         orch.cancel_batch(scope_id, batch["id"])
     return hints
@@ -205,32 +253,32 @@ def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hin
     if row["fill_rounds"] >= orch.settings.search_fill_rounds:
         return []
     with orch.engine.begin() as conn:
-        q.record_event_txn(conn, row["scope_id"], TEXT, ServingAction.REFILL, row["epoch"],
+        q.record_event_txn(conn, row["scope_id"], row["kind"], ServingAction.REFILL, row["epoch"],
                            from_model=row["serving_model"], to_model=row["target_model"], now=orch.now(),
                            detail={"round": row["fill_rounds"] + 1, "coverage": {"ready": row["ready"],
                                                                               "total": row["total"]}})
-    return _start_fill(orch, row["scope_id"], ref)
+    return _start_fill(orch, row["scope_id"], row["kind"], ref)
 
 
 def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
     """The configuration changed again during a backfill: back to serving if it is the serving model
     again (abort), else towards the new model (retarget). The old fill batch is cancelled."""
-    scope_id, now = row["scope_id"], orch.now()
+    scope_id, kind, now = row["scope_id"], row["kind"], orch.now()
     with orch.engine.begin() as conn:
-        if _same(ref, row["serving_model"], row["serving_dims"]):
-            done = q.end_backfill_txn(conn, scope_id, TEXT, state=ServingState.SERVING,
+        if _same(ref, _slot(row, "serving")):
+            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.SERVING,
                                       from_target=row["target_model"], now=now)
             action = ServingAction.ABORT
         else:
-            done = q.retarget_txn(conn, scope_id, TEXT, ref, from_target=row["target_model"], now=now)
+            done = q.retarget_txn(conn, scope_id, kind, ref, from_target=row["target_model"], now=now)
             action = ServingAction.RETARGET
         if done is not None:
-            q.record_event_txn(conn, scope_id, TEXT, action, done["epoch"], from_model=row["target_model"],
+            q.record_event_txn(conn, scope_id, kind, action, done["epoch"], from_model=row["target_model"],
                                to_model=ref["model"], now=now)
     if done is None:
         return []
     _cancel(orch, scope_id, row["batch_id"])
-    return _start_fill(orch, scope_id, ref) if action == ServingAction.RETARGET else []
+    return _start_fill(orch, scope_id, kind, ref) if action == ServingAction.RETARGET else []
 
 
 def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> None:
@@ -239,65 +287,74 @@ def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> No
 
 
 # ---------------------------------------------------------------------------- operators
-def cutover_early(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
+def _kind(kind: str) -> str:
+    if kind not in KINDS:
+        from app.orchestrator.errors import InvalidRequest
+
+        raise InvalidRequest(f"kind must be one of {', '.join(KINDS)}", code="invalid_kind")
+    return kind
+
+
+def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
     """Serve the target now, whatever its coverage (images it lacks are found by words only)."""
-    now = orch.now()
+    kind, now = _kind(kind), orch.now()
     with orch.engine.begin() as conn:
-        row = q.serving_txn(conn, scope_id, TEXT)
+        row = q.serving_txn(conn, scope_id, kind)
         if row is None or row["state"] != ServingState.BACKFILL:
             raise ServingStateConflict("the scope's search is not in a backfill; nothing to cut over to")
-        coverage = q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
-        switched = q.cutover_txn(conn, scope_id, target=row["target_model"], target_dims=row["target_dims"],
-                                 early=True, now=now)
+        target = _slot(row, "target")
+        coverage = _coverage_txn(conn, scope_id, kind, target)
+        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                                 target_pv=target.get("preprocess_version"), early=True, now=now)
         if switched is None:
             raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
         _switched_txn(conn, switched, ServingAction.EARLY_CUTOVER, coverage, now)
     _cancel(orch, scope_id, row["batch_id"])
-    return status(orch, scope_id)
+    return status(orch, scope_id, kind)
 
 
-def rollback(orch: Orchestrator, scope_id: str) -> tuple[dict[str, Any], list[Hint]]:
+def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[str, Any], list[Hint]]:
     """During a backfill: abort it (the reads never moved). After a cutover: serve the previous model
     again (epoch + 1) and fill it for images added since. Either way the scope is pinned: no new
     backfill starts until ``resume``."""
-    now = orch.now()
+    kind, now = _kind(kind), orch.now()
     hints: list[Hint] = []
     with orch.engine.begin() as conn:
-        row = q.serving_txn(conn, scope_id, TEXT)
+        row = q.serving_txn(conn, scope_id, kind)
         if row is None:
             raise ServingStateConflict("the scope has no search serving state yet")
         if row["state"] == ServingState.BACKFILL:
-            done = q.end_backfill_txn(conn, scope_id, TEXT, state=ServingState.PINNED, from_target=None, now=now)
+            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.PINNED, from_target=None, now=now)
             if done is None:
                 raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
-            q.record_event_txn(conn, scope_id, TEXT, ServingAction.ABORT, done["epoch"],
+            q.record_event_txn(conn, scope_id, kind, ServingAction.ABORT, done["epoch"],
                                from_model=row["target_model"], to_model=row["serving_model"], now=now)
             cancel, fill = row["batch_id"], None
         else:
-            done = q.rollback_txn(conn, scope_id, TEXT, epoch=row["epoch"], now=now)
+            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now)
             if done is None:
                 raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
-            coverage = q.text_coverage_txn(conn, scope_id, done["serving_model"], done["serving_dims"])
+            coverage = _coverage_txn(conn, scope_id, kind, _slot(done, "serving"))
             _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
             cancel = None
             fill = done if coverage["ready"] < coverage["total"] else None
     _cancel(orch, scope_id, cancel)
     if fill is not None:  # images added since the cutover: embed them with the old model too
-        models = _fill_models(fill, configured_text_ref(orch))
+        models = _fill_models(fill, kind, configured_ref(orch, kind))
         _, hints = orch.create_batch(scope_id, all=True, fill_models=models, first_page_size=1)
-    return status(orch, scope_id), hints
+    return status(orch, scope_id, kind), hints
 
 
-def resume(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
+def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
     """Unpin: the sweep starts a backfill towards the configured model if it differs."""
-    now = orch.now()
+    kind, now = _kind(kind), orch.now()
     with orch.engine.begin() as conn:
-        done = q.resume_txn(conn, scope_id, TEXT, now)
+        done = q.resume_txn(conn, scope_id, kind, now)
         if done is None:
             raise ServingStateConflict("the scope's search is not pinned")
-        q.record_event_txn(conn, scope_id, TEXT, ServingAction.RESUME, done["epoch"], from_model=None,
+        q.record_event_txn(conn, scope_id, kind, ServingAction.RESUME, done["epoch"], from_model=None,
                            to_model=done["serving_model"], now=now)
-    return status(orch, scope_id)
+    return status(orch, scope_id, kind)
 
 
 # ---------------------------------------------------------------------------- retention hook
@@ -307,6 +364,12 @@ def superseded_text_embeddings_txn(orch: Orchestrator, conn: Connection, limit: 
     transaction — what the retention sweep prunes after a model change."""
     keep_after = orch.now() - timedelta(seconds=orch.settings.search_rollback_window_s)
     return q.prunable_text_embeddings_txn(conn, keep_after, limit)
+
+
+def superseded_visual_embeddings_txn(orch: Orchestrator, conn: Connection, limit: int) -> list[tuple]:
+    """The same for visual embeddings: their keys (scope_id, image_id, model, preprocess_version, image_sha256)."""
+    keep_after = orch.now() - timedelta(seconds=orch.settings.search_rollback_window_s)
+    return q.prunable_visual_embeddings_txn(conn, keep_after, limit)
 
 
 # ---------------------------------------------------------------------------- reads
@@ -328,21 +391,28 @@ def describe(row: Any, *, serving_coverage: dict | None = None, target_coverage:
     }
 
 
-def status(orch: Orchestrator, scope_id: str) -> dict[str, Any]:
-    """One scope's text serving state with live coverage of its serving and target models."""
+def describe_live_txn(conn: Connection, row: Any) -> dict[str, Any]:
+    """:func:`describe` with the live coverage of the serving and target models."""
+    kind = row["kind"]
+    serving_cov = _coverage_txn(conn, row["scope_id"], kind, _slot(row, "serving"))
+    target = _slot(row, "target")
+    target_cov = _coverage_txn(conn, row["scope_id"], kind, target) if target else None
+    return describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
+
+
+def status(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
+    """One scope's serving state of ``kind`` with live coverage and its recent switches."""
+    kind = _kind(kind)
     with orch.engine.connect() as conn:
-        row = q.serving_txn(conn, scope_id, TEXT)
+        row = q.serving_txn(conn, scope_id, kind)
         if row is None:
-            ref = configured_text_ref(orch)
-            cov = q.text_coverage_txn(conn, scope_id, ref["model"], ref["dims"])
-            return {"scope_id": scope_id, "kind": TEXT, "state": "unset", "epoch": 0, "model": ref["model"],
+            ref = configured_ref(orch, kind)
+            cov = _coverage_txn(conn, scope_id, kind, ref)
+            return {"scope_id": scope_id, "kind": kind, "state": "unset", "epoch": 0, "model": ref["model"],
                     "dims": ref["dims"], "coverage": cov, "target": None, "previous": None, "started_at": None,
                     "switched_at": None, "events": []}
-        serving_cov = q.text_coverage_txn(conn, scope_id, row["serving_model"], row["serving_dims"])
-        target_cov = (q.text_coverage_txn(conn, scope_id, row["target_model"], row["target_dims"])
-                      if row["target_model"] else None)
-        events = q.events_txn(conn, scope_id, TEXT, 10)
-    doc = describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
+        doc = describe_live_txn(conn, row)
+        events = q.events_txn(conn, scope_id, kind, 10)
     doc["events"] = [{"action": e["action"], "epoch": int(e["epoch"]), "from_model": e["from_model"],
                       "to_model": e["to_model"], "at": e["at"].isoformat()} for e in events]
     return doc

@@ -78,6 +78,8 @@ class VisualArtifact:
     model: str
     preprocess_version: str
     dims: int
+    # the same image embedded with the other models its scope's visual serving state needs
+    extra: tuple[VisualArtifact, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,14 @@ class Providers:
         return registry.get_text_provider(ref["spec"], **options)
 
 
+    def visual_for(self, ref: dict[str, Any]):
+        """The visual provider of a model ref, as :meth:`text_for`."""
+        options = dict(ref.get("options") or {})
+        if ref["spec"] == self.settings.visual_provider and options == visual_options(self.settings):
+            return self.visual
+        return registry.get_visual_provider(ref["spec"], **options)
+
+
 def provider_configs(settings: Settings):
     """The configs frozen into new jobs. Providers load their models lazily, so this is cheap."""
     from app.orchestrator.types import StageConfigs

@@ -44,7 +44,7 @@ def _current_models(engine, scope: str) -> dict[str, set[str]]:
 
 def _events(engine, scope: str) -> list[tuple[str, int]]:
     return [(a, e) for a, e in _rows(engine, "SELECT action, epoch FROM search_serving_events WHERE scope_id = :s"
-                                      " ORDER BY id", s=scope)]
+                                      " AND kind = 'text' ORDER BY id", s=scope)]
 
 
 def _processed(orch, pub, scope: str, n: int, seed0: int = 0) -> list[str]:
@@ -195,3 +195,56 @@ def test_early_cutover_serves_the_target_and_old_rows_become_prunable(engine, se
     new.search_rollback("s1")  # pinned on A: B (previous, and configured) is kept whatever the window
     with engine.connect() as c:
         assert q.prunable_text_embeddings_txn(c, new.now() + timedelta(days=1), 100) == []
+
+
+def test_visual_model_change_backfills_dual_writes_and_cuts_over(engine, settings):
+    from app.api import search_queries as VQ
+    from app.search.serving import visual_source
+    from tests.support.textmodels import VISUAL_SPEC_B
+
+    pub = RecordingPublisher()
+    old = Orchestrator(engine, settings)
+    ids = _processed(old, pub, "s1", 4)
+    _sweep(old, pub)
+
+    def look_alike(orch):
+        src = visual_source(engine, "s1", Providers(orch.settings).visual, orch.settings)
+        vector = VQ.current_visual_vector(engine, "s1", ids[0], model=src.model,
+                                          preprocess_version=src.preprocess_version, dims=src.dims)
+        hits = VQ.search_visual(engine, "s1", model=src.model, preprocess_version=src.preprocess_version,
+                                dims=src.dims, vector=vector, limit=10, exclude_image_id=ids[0])
+        return src, hits
+
+    src, hits = look_alike(old)
+    assert src.model == "deterministic-v1" and len(hits) == 3
+    new = Orchestrator(engine, settings.replace(visual_provider=VISUAL_SPEC_B, search_cutover_check_s=0.0))
+    _sweep(new, pub)
+    src, hits = look_alike(new)
+    assert (src.model, src.info["state"], src.info["target"]["model"]) == ("deterministic-v1", "backfill",
+                                                                           "deterministic-visual-b")
+    assert len(hits) == 3  # the API configured with B still answers from the old visual model
+    text_before = _rows(engine, "SELECT count(*) FROM text_embeddings")[0][0]
+    with Workers(new, pub, n=2):
+        added = store_and_ingest(new, "s1", png_bytes(200))
+        pub.publish(added.hints)
+
+        def switched():
+            _sweep(new, pub)
+            assert look_alike(new)[1], "visual search went empty during the backfill"
+            return look_alike(new)[0].model == "deterministic-visual-b"
+
+        poll_until(switched, timeout=60, interval=0.1, what="visual cutover")
+    rows = _rows(engine, "SELECT image_id::text, model FROM visual_embeddings")
+    by_image: dict[str, set[str]] = {}
+    for iid, model in rows:
+        by_image.setdefault(iid, set()).add(model)
+    assert by_image[added.image["id"]] == {"deterministic-v1", "deterministic-visual-b"}  # the upload: both
+    assert all("deterministic-visual-b" in m for m in by_image.values()) and len(by_image) == 5
+    assert _rows(engine, "SELECT count(*) FROM text_embeddings")[0][0] == text_before + 1  # the fill ran visual only
+    events = _rows(engine, "SELECT action, epoch FROM search_serving_events WHERE kind = 'visual' ORDER BY id")
+    assert [tuple(e) for e in events] == [("bootstrap", 0), ("backfill", 0), ("cutover", 1)]
+    assert new.search_serving_status("s1")["model"] == A  # the text search was never touched
+    assert len(look_alike(new)[1]) == 4
+    st, _ = new.search_rollback("s1", "visual")
+    assert (st["kind"], st["model"], st["epoch"]) == ("visual", "deterministic-v1", 2)
+    assert look_alike(new)[0].model == "deterministic-v1" and len(look_alike(new)[1]) == 4

@@ -160,17 +160,19 @@ def test_model_change_mid_backfill_with_racing_uploads_and_edits(engine, it_sett
 
 def _previous(engine, scope: str) -> str:
     with engine.connect() as c:
-        return c.execute(text("SELECT previous_model FROM search_serving WHERE scope_id = :s"),
+        return c.execute(text("SELECT previous_model FROM search_serving WHERE scope_id = :s AND kind = 'text'"),
                          {"s": scope}).scalar_one()
 
 
 def _states(engine) -> set[tuple]:
     with engine.connect() as c:
-        return {tuple(r) for r in c.execute(text("SELECT state, serving_model, target_model FROM search_serving"))}
+        return {tuple(r) for r in c.execute(text(
+            "SELECT state, serving_model, target_model FROM search_serving WHERE kind = 'text'"))}
 
 
 def _events(engine, scope: str) -> list[tuple[str, int, str]]:
     with engine.connect() as c:
         return [tuple(r) for r in c.execute(text(
-            "SELECT action, epoch, to_model FROM search_serving_events WHERE scope_id = :s ORDER BY id"),
+            "SELECT action, epoch, to_model FROM search_serving_events WHERE scope_id = :s AND kind = 'text'"
+            " ORDER BY id"),
             {"s": scope})]

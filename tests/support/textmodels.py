@@ -54,3 +54,28 @@ class DeterministicTextC(DeterministicTextB):
     model = "deterministic-text-c"
     dims = 32
     salt = b"c"
+
+
+VISUAL_SPEC_B = "tests.support.textmodels:DeterministicVisualB"
+
+
+class DeterministicVisualB:
+    """A second cheap visual model (48 dims, another hash): the "new model" of the visual tests."""
+
+    name = "deterministic-visual-b"
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def config(self) -> dict[str, Any]:
+        return {"provider": self.name, "model": "deterministic-visual-b", "preprocess_version": "sha256-pixels-b",
+                "dims": 48}
+
+    def embed(self, images: list) -> list[list[float]]:
+        from app.stages.visual.deterministic import hash_vector
+
+        out = []
+        for img in images:
+            seed = b"b" + f"{img.width}x{img.height}:".encode() + img.image.tobytes()
+            out.append(hash_vector(hashlib.sha256(seed).digest(), 48).tolist())
+        return out

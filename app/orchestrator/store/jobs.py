@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.db.enums import STAGE_ORDER
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
-from app.orchestrator.store.serving import SERVING_TEXT_MISSING
+from app.orchestrator.store.serving import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
 ACTIVE = "('queued', 'running')"
 
@@ -164,7 +164,9 @@ def job_facts_many_txn(
             " EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = j.scope_id AND v.image_id = j.image_id"
             "   AND v.image_sha256 = r.sha AND v.model = j.config->'visual'->>'model'"
             "   AND v.preprocess_version = j.config->'visual'->>'preprocess_version'"
-            "   AND v.dims = (j.config->'visual'->>'dims')::int) AS visual_exists,"
+            "   AND v.dims = (j.config->'visual'->>'dims')::int)"
+            f" AND NOT {SERVING_VISUAL_MISSING.format(scope='j.scope_id', image='j.image_id', sha='r.sha')}"
+            " AS visual_exists,"
             " EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = j.scope_id AND x.image_id = j.image_id"
             "   AND x.image_sha256 = r.sha AND x.metadata_hash = r.mh AND x.status = 'ready'"
             "   AND x.model = j.config->'text_embedding'->>'model'"

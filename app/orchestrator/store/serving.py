@@ -16,14 +16,21 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.store._sql import sql
 
-# A current text embedding of model (:m, :d) for image ``i`` (its bytes and its context as they are now).
-_CURRENT_ROW = (
-    "EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id"
-    " AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'"
-    " AND t.model = {m} AND t.dims = {d})"
-)
-#: An image that needs a text embedding: one with a context (images without one have no text yet).
-_NEEDS_TEXT = "i.metadata_hash IS NOT NULL"
+# A current embedding of model ({m}, {d}[, preprocess version {p}]) for image ``i`` (its bytes — and
+# for text its context — as they are now), per kind.
+_CURRENT = {
+    "text": (
+        "EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id"
+        " AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'"
+        " AND t.model = {m} AND t.dims = {d})"
+    ),
+    "visual": (
+        "EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id"
+        " AND v.image_sha256 = i.sha256 AND v.model = {m} AND v.dims = {d} AND v.preprocess_version = {p})"
+    ),
+}
+#: Images that need an embedding of the kind: text needs a context (images without one have no text yet).
+_NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "TRUE"}
 
 #: Validity of the text stage (app/orchestrator/planner.py) during a model change: besides the job's own
 #: model, an image needs a current embedding of its scope's serving and target text models, so uploads
@@ -34,6 +41,16 @@ SERVING_TEXT_MISSING = (
     " AND w.model IS NOT NULL AND NOT EXISTS (SELECT 1 FROM text_embeddings x2 WHERE x2.scope_id = {scope}"
     " AND x2.image_id = {image} AND x2.image_sha256 = {sha} AND x2.metadata_hash = {mh} AND x2.status = 'ready'"
     " AND x2.model = w.model AND x2.dims = w.dims))"
+)
+
+#: The same for the visual stage (format with scope, image, sha): the scope's serving and target visual
+#: models, each with its preprocess version.
+SERVING_VISUAL_MISSING = (
+    "EXISTS (SELECT 1 FROM search_serving ss CROSS JOIN LATERAL (VALUES (ss.serving_model, ss.serving_dims,"
+    " ss.serving_ref->>'preprocess_version'), (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version'))"
+    " AS w(model, dims, pv) WHERE ss.scope_id = {scope} AND ss.kind = 'visual' AND w.model IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM visual_embeddings v2 WHERE v2.scope_id = {scope} AND v2.image_id = {image}"
+    " AND v2.image_sha256 = {sha} AND v2.model = w.model AND v2.preprocess_version = w.pv AND v2.dims = w.dims))"
 )
 
 #: Retention hook (alias ``te`` for text_embeddings). A row is *superseded by a model change* —
@@ -96,16 +113,19 @@ def bootstrap_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any
     return row is not None
 
 
-def needing_attention_txn(conn: Connection, kind: str, model: str, dims: int, limit: int) -> list[RowMapping]:
+def needing_attention_txn(
+    conn: Connection, kind: str, model: str, dims: int, limit: int, preprocess_version: str | None = None
+) -> list[RowMapping]:
     """Rows the sweep must act on: in backfill, or served by a model other than the configured one
     (and not pinned by an operator)."""
     return list(conn.execute(
         sql(
             "SELECT * FROM search_serving WHERE kind = :k AND (state = 'backfill'"
-            " OR (state = 'serving' AND (serving_model <> :m OR serving_dims <> :d)))"
+            " OR (state = 'serving' AND (serving_model <> :m OR serving_dims <> :d"
+            "  OR coalesce(serving_ref->>'preprocess_version', '') <> coalesce(CAST(:p AS text), ''))))"
             " ORDER BY updated_at LIMIT :n"
         ),
-        {"k": kind, "m": model, "d": int(dims), "n": limit},
+        {"k": kind, "m": model, "d": int(dims), "p": preprocess_version, "n": limit},
     ).mappings())
 
 
@@ -183,23 +203,26 @@ def claim_check_txn(conn: Connection, scope_id: str, kind: str, now: datetime, m
 
 
 def cutover_txn(
-    conn: Connection, scope_id: str, *, target: str, target_dims: int, early: bool, now: datetime
+    conn: Connection, scope_id: str, *, target: str, target_dims: int, early: bool, now: datetime,
+    kind: str = "text", target_pv: str | None = None,
 ) -> RowMapping | None:
-    """Switch the scope's text reads to ``target`` in one statement, epoch + 1 — only while the
-    scope is still in backfill towards ``target`` and (unless ``early``) every image with a context
-    has a current embedding of it. Racing callers: exactly one matches; the others get None."""
-    covered = f"NOT EXISTS (SELECT 1 FROM images i WHERE i.scope_id = :s AND {_NEEDS_TEXT} AND NOT " + \
-        _CURRENT_ROW.format(m=":t", d=":td") + ")"
+    """Switch the scope's reads of ``kind`` to ``target`` in one statement, epoch + 1 — only while
+    the scope is still in backfill towards ``target`` and (unless ``early``) every image that needs
+    one (text: has a context) has a current embedding of it. Racing callers: exactly one matches."""
+    covered = (f"NOT EXISTS (SELECT 1 FROM images i WHERE i.scope_id = :s AND {_NEEDS[kind]} AND NOT "
+               + _CURRENT[kind].format(m=":t", d=":td", p=":tp") + ")")
     return conn.execute(
         sql(
             "UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims,"
             " previous_ref = serving_ref, serving_model = target_model, serving_dims = target_dims,"
             " serving_ref = target_ref, target_model = NULL, target_dims = NULL, target_ref = NULL,"
             " state = 'serving', epoch = epoch + 1, batch_id = NULL, switched_at = :now, updated_at = :now"
-            " WHERE scope_id = :s AND kind = 'text' AND state = 'backfill' AND target_model = :t"
-            f" AND target_dims = :td AND (:early OR {covered}) RETURNING *"
+            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td"
+            " AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')"
+            f" AND (:early OR {covered}) RETURNING *"
         ),
-        {"s": scope_id, "t": target, "td": int(target_dims), "early": bool(early), "now": now},
+        {"s": scope_id, "k": kind, "t": target, "td": int(target_dims), "tp": target_pv, "early": bool(early),
+         "now": now},
     ).mappings().first()
 
 
@@ -262,28 +285,43 @@ def events_txn(conn: Connection, scope_id: str, kind: str, limit: int) -> list[R
     ).mappings())
 
 
-def text_coverage_txn(conn: Connection, scope_id: str, model: str, dims: int) -> dict[str, int]:
-    """{ready, total}: images with a context, and those of them with a current embedding of the model."""
+def coverage_txn(
+    conn: Connection, scope_id: str, kind: str, model: str, dims: int, preprocess_version: str | None = None
+) -> dict[str, int]:
+    """{ready, total}: the scope's images that need an embedding of the kind (text: those with a
+    context), and those of them with a current embedding of the model."""
     row = conn.execute(
         sql(
-            "SELECT count(*) AS total, count(*) FILTER (WHERE " + _CURRENT_ROW.format(m=":m", d=":d") + ") AS ready"
-            f" FROM images i WHERE i.scope_id = :s AND {_NEEDS_TEXT}"
+            "SELECT count(*) AS total, count(*) FILTER (WHERE "
+            + _CURRENT[kind].format(m=":m", d=":d", p=":p") + ") AS ready"
+            f" FROM images i WHERE i.scope_id = :s AND {_NEEDS[kind]}"
         ),
-        {"s": scope_id, "m": model, "d": int(dims)},
+        {"s": scope_id, "m": model, "d": int(dims), "p": preprocess_version},
     ).one()
     return {"ready": int(row.ready), "total": int(row.total)}
 
 
-_MISSING_ANY = (
-    "EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int) WHERE NOT "
-    + _CURRENT_ROW.format(m="fm.model", d="fm.dims") + ")"
-)
+def text_coverage_txn(conn: Connection, scope_id: str, model: str, dims: int) -> dict[str, int]:
+    """:func:`coverage_txn` of a text model."""
+    return coverage_txn(conn, scope_id, "text", model, dims)
+
+
+def _missing_any(kind: str) -> str:
+    """The image lacks a current embedding of one of the fill models (``:models``)."""
+    return ("EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)"
+            " WHERE NOT " + _CURRENT[kind].format(m="fm.model", d="fm.dims", p="fm.pv") + ")")
+
+
+def fill_kind(models: list[dict[str, Any]]) -> str:
+    """The kind of a fill batch's models (one kind per batch; entries without one are text)."""
+    return str(models[0].get("kind", "text")) if models else "text"
 
 
 def count_needing_fill_txn(conn: Connection, scope_id: str, models: list[dict[str, Any]], until: datetime) -> int:
+    kind = fill_kind(models)
     return conn.execute(
-        sql(f"SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND {_NEEDS_TEXT}"
-            f" AND {_MISSING_ANY}"),
+        sql(f"SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND {_NEEDS[kind]}"
+            f" AND {_missing_any(kind)}"),
         {"s": scope_id, "u": until, "models": _models_doc(models)},
     ).scalar_one()
 
@@ -292,14 +330,15 @@ def fill_page_txn(
     conn: Connection, scope_id: str, models: list[dict[str, Any]], until: datetime,
     after: tuple[datetime, uuid.UUID] | None, n: int,
 ) -> tuple[list[RowMapping], tuple[datetime, uuid.UUID] | None]:
-    """The next images (keyset over (created_at, id), up to ``n`` scanned) lacking a current text
+    """The next images (keyset over (created_at, id), up to ``n`` scanned) lacking a current
     embedding of one of ``models``, each with the reverse_image_policy its context was made with;
     and the keyset position reached (None: the scan is done)."""
+    kind = fill_kind(models)
     rows = conn.execute(
         sql(
             "SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,"
-            f" ({_NEEDS_TEXT} AND {_MISSING_ANY}) AS needs FROM images i WHERE i.scope_id = :s AND i.created_at <= :u"
-            " AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))"
+            f" ({_NEEDS[kind]} AND {_missing_any(kind)}) AS needs FROM images i WHERE i.scope_id = :s"
+            " AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))"
             " ORDER BY i.created_at, i.id LIMIT :n"
         ),
         {"s": scope_id, "u": until, "ac": after[0] if after else None, "aid": after[1] if after else None,
@@ -310,17 +349,8 @@ def fill_page_txn(
 
 
 def _models_doc(models: list[dict[str, Any]]) -> str:
-    return json.dumps([{"model": m["model"], "dims": int(m["dims"])} for m in models])
-
-
-def missing_models_txn(
-    conn: Connection, scope_id: str, image_id: uuid.UUID, models: list[dict[str, Any]]
-) -> bool:
-    """Does the image lack a current embedding of one of ``models``?"""
-    return conn.execute(
-        sql(f"SELECT {_MISSING_ANY} FROM images i WHERE i.scope_id = :s AND i.id = :i"),
-        {"s": scope_id, "i": image_id, "models": _models_doc(models)},
-    ).scalar_one_or_none() or False
+    return json.dumps([{"model": m["model"], "dims": int(m["dims"]), "pv": m.get("preprocess_version")}
+                       for m in models])
 
 
 def prunable_text_embeddings_txn(conn: Connection, keep_after: datetime, limit: int) -> list[int]:
@@ -347,3 +377,44 @@ def current_text_models_many_txn(conn: Connection, image_ids: list[uuid.UUID]) -
     for image_id, model, dims in rows:
         out.setdefault(image_id, set()).add((model, int(dims)))
     return out
+
+
+def current_visual_models_many_txn(
+    conn: Connection, image_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, set[tuple[str, int, str]]]:
+    """(model, dims, preprocess_version) of every current visual embedding of each image."""
+    rows = conn.execute(
+        sql(
+            "SELECT i.id, v.model, v.dims, v.preprocess_version FROM images i JOIN visual_embeddings v"
+            " ON v.scope_id = i.scope_id AND v.image_id = i.id AND v.image_sha256 = i.sha256 WHERE i.id = ANY(:ids)"
+        ),
+        {"ids": list(image_ids)},
+    ).all()
+    out: dict[uuid.UUID, set[tuple[str, int, str]]] = {}
+    for image_id, model, dims, pv in rows:
+        out.setdefault(image_id, set()).add((model, int(dims), pv))
+    return out
+
+
+#: Visual retention hook (alias ``ve`` for visual_embeddings), as PRUNABLE_MODEL_PREDICATE.
+PRUNABLE_VISUAL_MODEL_PREDICATE = (
+    "EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = ve.scope_id AND ss.kind = 'visual'"
+    " AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
+    "  (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')"
+    " AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
+    "  (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')"
+    " AND ((ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
+    "  (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')"
+    "  OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))"
+)
+
+
+def prunable_visual_embeddings_txn(conn: Connection, keep_after: datetime, limit: int) -> list[tuple]:
+    """Keys (scope_id, image_id, model, preprocess_version, image_sha256) of up to ``limit`` visual
+    embeddings superseded by a model change, locked SKIP LOCKED for the caller's DELETE."""
+    return [tuple(r) for r in conn.execute(
+        sql(f"SELECT ve.scope_id, ve.image_id, ve.model, ve.preprocess_version, ve.image_sha256"
+            f" FROM visual_embeddings ve WHERE {PRUNABLE_VISUAL_MODEL_PREDICATE}"
+            " LIMIT :n FOR UPDATE OF ve SKIP LOCKED"),
+        {"keep_after": keep_after, "n": limit},
+    )]
