@@ -29,8 +29,10 @@ _CURRENT = {
         " AND v.image_sha256 = i.sha256 AND v.model = {m} AND v.dims = {d} AND v.preprocess_version = {p})"
     ),
 }
-#: Images that need an embedding of the kind: text needs a context (images without one have no text yet).
-_NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "TRUE"}
+#: Images a model change waits for: text needs a context (images without one have no text yet); visual
+#: waits for images whose agent stage is done too, so a fill job never re-runs (pays for) a failed or
+#: unfinished agent — such an image gets the new vector from its own job (which embeds with both).
+_NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "i.context_status <> 'pending'"}
 
 #: Validity of the text stage (app/orchestrator/planner.py) during a model change: besides the job's own
 #: model, an image needs a current embedding of its scope's serving and target text models, so uploads
