@@ -248,3 +248,31 @@ def test_visual_model_change_backfills_dual_writes_and_cuts_over(engine, setting
     st, _ = new.search_rollback("s1", "visual")
     assert (st["kind"], st["model"], st["epoch"]) == ("visual", "deterministic-v1", 2)
     assert look_alike(new)[0].model == "deterministic-v1" and len(look_alike(new)[1]) == 4
+
+
+def test_fill_batch_seeds_only_what_the_new_model_lacks_with_back_pressure(engine, settings):
+    from app.orchestrator.batches import get_batch
+
+    pub = RecordingPublisher()
+    old = Orchestrator(engine, settings)
+    _processed(old, pub, "s1", 5)
+    store_and_ingest(old, "s1", png_bytes(77), process=False)  # no context yet: no text to wait for
+    _sweep(old, pub)
+    new = Orchestrator(engine, settings.replace(text_provider=SPEC_B, batch_page_size=2, batch_backlog_threshold=1,
+                                                search_cutover_check_s=0.0))
+    new.sweep()  # backfill starts; the fill batch seeds its first item (hints dropped: no worker yet)
+    new.sweep()  # one more page, then back-pressure: the scope's queued backlog is above the threshold
+    new.sweep()
+    batch_id = new.search_serving_status("s1")["target"]["batch_id"]
+    batch = get_batch(new, "s1", batch_id)
+    assert batch["status"] == "seeding" and batch["total"] == 5 and sum(batch["counts"].values()) == 3
+    with Workers(new, pub, n=2):
+        def done():
+            report = new.sweep()
+            pub.publish(report.hints)
+            return new.search_serving_status("s1")["model"] == B
+
+        poll_until(done, timeout=60, interval=0.1, what="fill resumed and cut over")
+    batch = get_batch(new, "s1", batch_id)
+    assert batch["total"] == 5 and batch["counts"] == {"succeeded": 5}
+    assert _rows(engine, "SELECT count(*) FROM processing_jobs WHERE batch_id = :b", b=batch_id)[0][0] == 5
