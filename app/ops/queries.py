@@ -204,12 +204,12 @@ def overview(
 def search_serving(conn: Connection, scope_id: str) -> list[dict[str, Any]]:
     """The scope's search serving states (text, visual) with the live coverage of their serving and
     target models, and a model change's progress."""
-    from app.orchestrator import serving
+    from app.orchestrator.serving_reads import describe_live_txn
     from app.orchestrator.store import serving as q
 
     out = []
     for row in q.all_serving_txn(conn, scope_id):
-        doc = serving.describe_live_txn(conn, row)
+        doc = describe_live_txn(conn, row)
         if doc["target"]:
             cov = doc["target"]["coverage"]
             doc["target"]["progress"] = cov["ready"] / cov["total"] if cov["total"] else 1.0

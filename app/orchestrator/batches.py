@@ -20,7 +20,7 @@ from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, No
 from app.orchestrator.hints import Hint
 from app.orchestrator.store import batches as store
 from app.orchestrator.store import images, jobs
-from app.orchestrator.store import serving as serving_q
+from app.orchestrator.store import serving_fill as serving_q
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator

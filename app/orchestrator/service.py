@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, execution, grants, lanes, limits, serving
+from app.orchestrator import batches, changes, execution, grants, lanes, limits, serving, serving_reads
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -133,7 +133,7 @@ class Orchestrator:
                 for extra in getattr(artifact, "extra", ()):
                     self.ensure_vector_index(table, extra.model, extra.dims)
         hints = execution.complete_tasks(self, results)
-        kind = {"embedding": serving.TEXT, "visual": serving.VISUAL}.get(results[0][0].lane) if results else None
+        kind = {"embedding": serving_reads.TEXT, "visual": serving_reads.VISUAL}.get(results[0][0].lane) if results else None
         if kind is not None:
             serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind)
         return hints
@@ -141,16 +141,16 @@ class Orchestrator:
     def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
         """The other visual models each claim's image needs for its scope's serving state (model refs)."""
         with self.engine.connect() as conn:
-            return serving.extra_models_txn(self, conn, claims, serving.VISUAL)
+            return serving_reads.extra_models_txn(self, conn, claims, serving_reads.VISUAL)
 
     def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
         """What each claim's semantic document is rendered from, in one query, by image id (rows of
         another scope dropped; the worker re-checks the metadata hash at completion), with the
-        ``extra_models`` its scope's search serving state also needs (model refs, app/orchestrator/serving.py)."""
+        ``extra_models`` its scope's search serving state also needs (model refs, app/orchestrator/serving_reads.py)."""
         scopes = {c.image_id: c.scope_id for c in claims}
         with self.engine.connect() as conn:
             rows = reads.text_inputs_many_txn(conn, list(scopes))
-            extra = serving.extra_text_models_txn(self, conn, claims)
+            extra = serving_reads.extra_models_txn(self, conn, claims, serving_reads.TEXT)
         return {iid: {**dict(r), "extra_models": extra.get(iid, [])}
                 for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
 
@@ -196,8 +196,8 @@ class Orchestrator:
     search_cutover = serving.cutover_early
     search_rollback = serving.rollback
     search_resume = serving.resume
-    search_serving_status = serving.status
-    search_serving_overview = serving.overview
+    search_serving_status = serving_reads.status
+    search_serving_overview = serving_reads.overview
 
     # ------------------------------------------------------------------ tenant limits (issue 17)
     take_request = limits.take_request

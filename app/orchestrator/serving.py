@@ -1,117 +1,56 @@
 """Changing a text (or visual) model without a search outage: each scope's search serving state
 (migration 0017), one row per (scope, kind).
 
-Per scope, ``search_serving`` names the model its text search reads (*serving*). When the configured
+Per scope and kind (text, visual), ``search_serving`` names the model its search reads (*serving*). When the configured
 model differs, the sweep starts a *backfill*: the configured model becomes the *target*, a fill
 batch (a library batch seeding only the images that lack it, resumable, with the batches'
 back-pressure) computes it, and meanwhile
 
 - search keeps answering from the serving model — only rows current for the image's sha256 and
   metadata_hash, as always;
-- every text task of the scope embeds its document with the serving and the target model (the
-  text stage is valid only when both exist: ``store.serving.SERVING_TEXT_MISSING``), so uploads
-  and context edits during the backfill land in both.
+- every text (visual) task of the scope embeds with the serving and the target model (the stage is
+  valid only when both exist: ``store.serving_fill.SERVING_TEXT_MISSING``/``SERVING_VISUAL_MISSING``),
+  so uploads and context edits during the backfill land in both.
 
 When every image with a context has a current row of the target, the reads switch in ONE
 conditional UPDATE (``store.serving.cutover_txn``: epoch + 1; racing workers and sweeps — exactly
 one wins). An operator can cut over early, roll back (serve the previous model again, pinned), or
 resume. Rows of a model that is none of serving/target/previous-in-window are prunable
-(``store.serving.PRUNABLE_MODEL_PREDICATE``).
+(``store.serving_fill.PRUNABLE_MODEL_PREDICATE``; the retention hooks are in serving_reads.py).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from app.db.enums import ServingAction, ServingKind, ServingState
+from app.db.enums import ServingAction, ServingState
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
+from app.orchestrator.serving_reads import (
+    KINDS,
+    TEXT,
+    check_kind,
+    configured_ref,
+    coverage_txn,
+    same,
+    slot,
+    status,
+)
 from app.orchestrator.store import batches as batches_q
 from app.orchestrator.store import serving as q
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
-    from app.orchestrator.types import Claim
 
 log = logging.getLogger(__name__)
-TEXT, VISUAL = ServingKind.TEXT.value, ServingKind.VISUAL.value
-KINDS = (TEXT, VISUAL)
 SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
 
 
-def configured_ref(orch: Orchestrator, kind: str) -> dict[str, Any]:
-    """The model new jobs are configured with, as a model ref (spec + options rebuild it anywhere)."""
-    from app.worker.providers import text_options, visual_options
-
-    if kind == TEXT:
-        cfg = dict(orch.stage_configs.text)
-        return {"spec": orch.settings.text_provider, "options": text_options(orch.settings),
-                "model": str(cfg["model"]), "dims": int(cfg["dims"]), "config": cfg}
-    cfg = dict(orch.stage_configs.visual)
-    return {"spec": orch.settings.visual_provider, "options": visual_options(orch.settings),
-            "model": str(cfg["model"]), "dims": int(cfg["dims"]),
-            "preprocess_version": str(cfg["preprocess_version"]), "config": cfg}
-
-
-def configured_text_ref(orch: Orchestrator) -> dict[str, Any]:
-    return configured_ref(orch, TEXT)
-
-
-def ref_key(ref: dict[str, Any] | None) -> tuple | None:
-    """What identifies a model's stored rows: (model, dims, preprocess_version or None)."""
-    if not ref:
-        return None
-    return (str(ref["model"]), int(ref["dims"]), ref.get("preprocess_version"))
-
-
-def _slot(row: Any, slot: str) -> dict[str, Any] | None:
-    """The model ref held in ``serving``/``target``/``previous`` of a row."""
-    return row[f"{slot}_ref"] if row[f"{slot}_model"] else None
-
-
-def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    return a is not None and b is not None and ref_key(a) == ref_key(b)
-
-
-# ---------------------------------------------------------------------------- workers
-def extra_models_txn(
-    orch: Orchestrator, conn: Connection, claims: list[Claim], kind: str
-) -> dict[uuid.UUID, list[dict]]:
-    """For each claim's image, the model refs its scope's serving state needs (serving, and target
-    during a model change) that the image has no current embedding of yet; the executor drops the
-    one its own provider computes anyway."""
-    rows = q.serving_many_txn(conn, sorted({c.scope_id for c in claims}), kind)
-    if not rows:
-        return {}
-    image_ids = [c.image_id for c in claims if c.scope_id in rows]
-    if kind == TEXT:
-        have: dict = {k: {(m, d, None) for m, d in v} for k, v in q.current_text_models_many_txn(conn, image_ids).items()}
-    else:
-        have = q.current_visual_models_many_txn(conn, image_ids)
-    out: dict[uuid.UUID, list[dict]] = {}
-    for claim in claims:
-        row = rows.get(claim.scope_id)
-        if row is None:
-            continue
-        needed: list[dict] = []
-        for ref in (_slot(row, "serving"), _slot(row, "target")):
-            if ref is None or ref_key(ref) in have.get(claim.image_id, set()) or any(_same(ref, r) for r in needed):
-                continue
-            needed.append(ref)
-        if needed:
-            out[claim.image_id] = needed
-    return out
-
-
-def extra_text_models_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
-    return extra_models_txn(orch, conn, claims, TEXT)
-
-
+# ---------------------------------------------------------------------------- the switch
 def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
     """After completions committed: a scope in backfill may be covered now — try its cutover
     (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
@@ -125,15 +64,6 @@ def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> No
                 log.exception("cutover check failed", extra={"scope_id": scope_id})
 
 
-def after_text_completions(orch: Orchestrator, scope_ids: list[str]) -> None:
-    after_completions(orch, scope_ids, TEXT)
-
-
-# ---------------------------------------------------------------------------- the switch
-def _coverage_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any]) -> dict[str, int]:
-    return q.coverage_txn(conn, scope_id, kind, ref["model"], ref["dims"], ref.get("preprocess_version"))
-
-
 def try_cutover(orch: Orchestrator, scope_id: str, *, kind: str = TEXT, force_check: bool = False) -> bool:
     """Switch the scope's reads to its target if the target covers every image that needs it.
     True only for the one call that switched."""
@@ -143,8 +73,8 @@ def try_cutover(orch: Orchestrator, scope_id: str, *, kind: str = TEXT, force_ch
         row = q.claim_check_txn(conn, scope_id, kind, now, interval)
         if row is None:
             return False
-        target = _slot(row, "target")
-        coverage = _coverage_txn(conn, scope_id, kind, target)
+        target = slot(row, "target")
+        coverage = coverage_txn(conn, scope_id, kind, target)
         q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
         if coverage["ready"] < coverage["total"]:
             return False
@@ -201,7 +131,7 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
                 hints += _start_fill(orch, scope_id, kind, ref)
             continue
         # backfill
-        if not _same(ref, _slot(row, "target")):
+        if not same(ref, slot(row, "target")):
             hints += _target_changed(orch, row, ref)
             continue
         if row["batch_id"] is None:
@@ -216,9 +146,9 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
 
 def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any]]:
     models = [ref]
-    for slot in ("serving", "target"):
-        other = _slot(row, slot) if row is not None else None
-        if other and not any(_same(m, other) for m in models):
+    for name in ("serving", "target"):
+        other = slot(row, name) if row is not None else None
+        if other and not any(same(m, other) for m in models):
             models.append(other)
     return [{"kind": kind, "model": m["model"], "dims": int(m["dims"]),
              "preprocess_version": m.get("preprocess_version")} for m in models]
@@ -229,13 +159,13 @@ def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any
     state leaves it unattached: it is cancelled)."""
     with orch.engine.connect() as conn:
         row = q.serving_txn(conn, scope_id, kind)
-    if row is None or not _same(ref, _slot(row, "target")):
+    if row is None or not same(ref, slot(row, "target")):
         return []
     batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
     with orch.engine.begin() as conn:
         attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
         if attached:  # the progress /ops and the CLI overview show until the first cutover check
-            cov = _coverage_txn(conn, scope_id, kind, ref)
+            cov = coverage_txn(conn, scope_id, kind, ref)
             q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
     if not attached:
         orch.cancel_batch(scope_id, batch["id"])
@@ -265,7 +195,7 @@ def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[H
     again (abort), else towards the new model (retarget). The old fill batch is cancelled."""
     scope_id, kind, now = row["scope_id"], row["kind"], orch.now()
     with orch.engine.begin() as conn:
-        if _same(ref, _slot(row, "serving")):
+        if same(ref, slot(row, "serving")):
             done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.SERVING,
                                       from_target=row["target_model"], now=now)
             action = ServingAction.ABORT
@@ -287,23 +217,15 @@ def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> No
 
 
 # ---------------------------------------------------------------------------- operators
-def _kind(kind: str) -> str:
-    if kind not in KINDS:
-        from app.orchestrator.errors import InvalidRequest
-
-        raise InvalidRequest(f"kind must be one of {', '.join(KINDS)}", code="invalid_kind")
-    return kind
-
-
 def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
     """Serve the target now, whatever its coverage (images it lacks are found by words only)."""
-    kind, now = _kind(kind), orch.now()
+    kind, now = check_kind(kind), orch.now()
     with orch.engine.begin() as conn:
         row = q.serving_txn(conn, scope_id, kind)
         if row is None or row["state"] != ServingState.BACKFILL:
             raise ServingStateConflict("the scope's search is not in a backfill; nothing to cut over to")
-        target = _slot(row, "target")
-        coverage = _coverage_txn(conn, scope_id, kind, target)
+        target = slot(row, "target")
+        coverage = coverage_txn(conn, scope_id, kind, target)
         switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
                                  target_pv=target.get("preprocess_version"), early=True, now=now)
         if switched is None:
@@ -317,7 +239,7 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
     """During a backfill: abort it (the reads never moved). After a cutover: serve the previous model
     again (epoch + 1) and fill it for images added since. Either way the scope is pinned: no new
     backfill starts until ``resume``."""
-    kind, now = _kind(kind), orch.now()
+    kind, now = check_kind(kind), orch.now()
     hints: list[Hint] = []
     with orch.engine.begin() as conn:
         row = q.serving_txn(conn, scope_id, kind)
@@ -334,7 +256,7 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
             done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now)
             if done is None:
                 raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
-            coverage = _coverage_txn(conn, scope_id, kind, _slot(done, "serving"))
+            coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
             _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
             cancel = None
             fill = done if coverage["ready"] < coverage["total"] else None
@@ -347,7 +269,7 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
 
 def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
     """Unpin: the sweep starts a backfill towards the configured model if it differs."""
-    kind, now = _kind(kind), orch.now()
+    kind, now = check_kind(kind), orch.now()
     with orch.engine.begin() as conn:
         done = q.resume_txn(conn, scope_id, kind, now)
         if done is None:
@@ -357,69 +279,3 @@ def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any
     return status(orch, scope_id, kind)
 
 
-# ---------------------------------------------------------------------------- retention hook
-def superseded_text_embeddings_txn(orch: Orchestrator, conn: Connection, limit: int) -> list[int]:
-    """Ids of up to ``limit`` text embeddings no scope reads or may roll back to any more (a replaced
-    model past ``search_rollback_window_s``), locked SKIP LOCKED for the caller's DELETE in the same
-    transaction — what the retention sweep prunes after a model change."""
-    keep_after = orch.now() - timedelta(seconds=orch.settings.search_rollback_window_s)
-    return q.prunable_text_embeddings_txn(conn, keep_after, limit)
-
-
-def superseded_visual_embeddings_txn(orch: Orchestrator, conn: Connection, limit: int) -> list[tuple]:
-    """The same for visual embeddings: their keys (scope_id, image_id, model, preprocess_version, image_sha256)."""
-    keep_after = orch.now() - timedelta(seconds=orch.settings.search_rollback_window_s)
-    return q.prunable_visual_embeddings_txn(conn, keep_after, limit)
-
-
-# ---------------------------------------------------------------------------- reads
-def describe(row: Any, *, serving_coverage: dict | None = None, target_coverage: dict | None = None) -> dict[str, Any]:
-    """A serving row as the API, /ops and the CLI show it."""
-    target = None
-    if row["target_model"]:
-        target = {"model": row["target_model"], "dims": row["target_dims"],
-                  "coverage": target_coverage or {"ready": row["ready"], "total": row["total"]},
-                  "batch_id": str(row["batch_id"]) if row["batch_id"] else None, "fill_rounds": row["fill_rounds"]}
-    return {
-        "scope_id": row["scope_id"], "kind": row["kind"], "state": row["state"], "epoch": int(row["epoch"]),
-        "model": row["serving_model"], "dims": row["serving_dims"],
-        "coverage": serving_coverage,
-        "target": target,
-        "previous": {"model": row["previous_model"], "dims": row["previous_dims"]} if row["previous_model"] else None,
-        "started_at": row["started_at"].isoformat() if row["started_at"] else None,
-        "switched_at": row["switched_at"].isoformat() if row["switched_at"] else None,
-    }
-
-
-def describe_live_txn(conn: Connection, row: Any) -> dict[str, Any]:
-    """:func:`describe` with the live coverage of the serving and target models."""
-    kind = row["kind"]
-    serving_cov = _coverage_txn(conn, row["scope_id"], kind, _slot(row, "serving"))
-    target = _slot(row, "target")
-    target_cov = _coverage_txn(conn, row["scope_id"], kind, target) if target else None
-    return describe(row, serving_coverage=serving_cov, target_coverage=target_cov)
-
-
-def status(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
-    """One scope's serving state of ``kind`` with live coverage and its recent switches."""
-    kind = _kind(kind)
-    with orch.engine.connect() as conn:
-        row = q.serving_txn(conn, scope_id, kind)
-        if row is None:
-            ref = configured_ref(orch, kind)
-            cov = _coverage_txn(conn, scope_id, kind, ref)
-            return {"scope_id": scope_id, "kind": kind, "state": "unset", "epoch": 0, "model": ref["model"],
-                    "dims": ref["dims"], "coverage": cov, "target": None, "previous": None, "started_at": None,
-                    "switched_at": None, "events": []}
-        doc = describe_live_txn(conn, row)
-        events = q.events_txn(conn, scope_id, kind, 10)
-    doc["events"] = [{"action": e["action"], "epoch": int(e["epoch"]), "from_model": e["from_model"],
-                      "to_model": e["to_model"], "at": e["at"].isoformat()} for e in events]
-    return doc
-
-
-def overview(orch: Orchestrator, scope_id: str | None = None) -> list[dict[str, Any]]:
-    """Every scope's serving rows (stored coverage of the target, as of the last check)."""
-    with orch.engine.connect() as conn:
-        rows = q.all_serving_txn(conn, scope_id)
-    return [describe(r) for r in rows]

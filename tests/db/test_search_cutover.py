@@ -170,8 +170,8 @@ def test_configuration_changing_again_retargets_then_aborts(engine, settings):
 def test_early_cutover_serves_the_target_and_old_rows_become_prunable(engine, settings):
     from datetime import timedelta
 
-    from app.orchestrator import serving
-    from app.orchestrator.store import serving as q
+    from app.orchestrator import serving_reads as serving
+    from app.orchestrator.store import serving_fill as q
 
     pub = RecordingPublisher()
     old = Orchestrator(engine, settings)

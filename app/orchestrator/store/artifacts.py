@@ -8,7 +8,7 @@ import uuid
 from sqlalchemy.engine import Connection
 
 from app.orchestrator.store._sql import sql
-from app.orchestrator.store.serving import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
+from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
 
 def visual_exists_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, config: dict) -> bool:

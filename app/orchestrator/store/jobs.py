@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.db.enums import STAGE_ORDER
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
-from app.orchestrator.store.serving import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
+from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
 ACTIVE = "('queued', 'running')"
 
