@@ -84,13 +84,14 @@ def needing_attention_txn(
     conn: Connection, kind: str, model: str, dims: int, limit: int, preprocess_version: str | None = None
 ) -> list[RowMapping]:
     """Rows the sweep must act on: in backfill, or served by a model other than the configured one
-    (and not pinned by an operator)."""
+    (and not pinned by an operator) — least recently checked first, so with more than ``limit`` such
+    scopes each gets its turn."""
     return list(conn.execute(
         sql(
             "SELECT * FROM search_serving WHERE kind = :k AND (state = 'backfill'"
             " OR (state = 'serving' AND (serving_model <> :m OR serving_dims <> :d"
             "  OR coalesce(serving_ref->>'preprocess_version', '') <> coalesce(CAST(:p AS text), ''))))"
-            " ORDER BY updated_at LIMIT :n"
+            " ORDER BY checked_at NULLS FIRST, updated_at LIMIT :n"
         ),
         {"k": kind, "m": model, "d": int(dims), "p": preprocess_version, "n": limit},
     ).mappings())
