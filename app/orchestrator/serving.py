@@ -67,24 +67,37 @@ def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> No
 def try_cutover(orch: Orchestrator, scope_id: str, *, kind: str = TEXT, force_check: bool = False) -> bool:
     """Switch the scope's reads to its target if the target covers every image that needs it.
     True only for the one call that switched."""
+    return _check(orch, scope_id, kind, force_check) == SWITCHED
+
+
+SWITCHED, GAP, SKIPPED = "switched", "gap", "skipped"
+
+
+def _check(orch: Orchestrator, scope_id: str, kind: str, force_check: bool = False) -> str:
+    """One cutover check: SWITCHED (this call switched the reads), GAP (checked: an image still
+    lacks the target) or SKIPPED (throttled, seeding, or not in a backfill any more)."""
     now = orch.now()
     interval = 0.0 if force_check else orch.settings.search_cutover_check_s
     with orch.engine.begin() as conn:
         row = q.claim_check_txn(conn, scope_id, kind, now, interval)
         if row is None:
-            return False
+            return SKIPPED
         target = slot(row, "target")
-        coverage = coverage_txn(conn, scope_id, kind, target)
-        q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
-        if coverage["ready"] < coverage["total"]:
-            return False
+        # the conditional UPDATE first: its NOT EXISTS stops at the first image still lacking the target
         switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
                                  target_pv=target.get("preprocess_version"), early=False, now=now)
         if switched is None:
-            return False
+            # the stored progress (search responses, the overview) is refreshed at a tenth of the rate:
+            # counting is a whole-scope scan even when the gap is found at once
+            stale = row["coverage_at"] is None or (now - row["coverage_at"]).total_seconds() >= 10 * interval
+            if stale:
+                coverage = coverage_txn(conn, scope_id, kind, target)
+                q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
+            return GAP
+        coverage = coverage_txn(conn, scope_id, kind, target)
         _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
     log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{switched['serving_model']}"})
-    return True
+    return SWITCHED
 
 
 def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) -> None:
@@ -137,10 +150,11 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
         if row["batch_id"] is None:
             hints += _start_fill(orch, scope_id, kind, ref)
             continue
-        if try_cutover(orch, scope_id, kind=kind):
+        outcome = _check(orch, scope_id, kind)
+        if outcome == SWITCHED:
             counts["cutovers"] += 1
-            continue
-        hints += _maybe_refill(orch, row, ref)
+        elif outcome == GAP:  # verified just now: the fill, if finished, left images uncovered
+            hints += _maybe_refill(orch, row, ref)
     return hints
 
 

@@ -160,11 +160,14 @@ def set_batch_txn(conn: Connection, scope_id: str, kind: str, batch_id: uuid.UUI
 
 def claim_check_txn(conn: Connection, scope_id: str, kind: str, now: datetime, min_interval_s: float) -> RowMapping | None:
     """Take the right to run the (whole-scope) coverage check now: at most one process per
-    ``min_interval_s`` per scope, so racing completions do not each scan the scope."""
+    ``min_interval_s`` per scope, so racing completions do not each scan the scope; and not while
+    the scope's fill batch is still seeding (some images are not even queued yet)."""
     return conn.execute(
         sql(
-            "UPDATE search_serving SET checked_at = :now WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
-            " AND (checked_at IS NULL OR checked_at <= :now - make_interval(secs => :iv)) RETURNING *"
+            "UPDATE search_serving ss SET checked_at = :now WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
+            " AND (checked_at IS NULL OR checked_at <= :now - make_interval(secs => :iv))"
+            " AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = ss.batch_id AND b.status = 'seeding')"
+            " RETURNING *"
         ),
         {"s": scope_id, "k": kind, "now": now, "iv": float(min_interval_s)},
     ).mappings().first()
