@@ -276,3 +276,38 @@ def test_fill_batch_seeds_only_what_the_new_model_lacks_with_back_pressure(engin
     batch = get_batch(new, "s1", batch_id)
     assert batch["total"] == 5 and batch["counts"] == {"succeeded": 5}
     assert _rows(engine, "SELECT count(*) FROM processing_jobs WHERE batch_id = :b", b=batch_id)[0][0] == 5
+
+
+def test_a_gap_the_fill_cannot_close_is_refilled_then_waits_for_an_early_cutover(engine, settings):
+    from tests.support.textmodels import SPEC_B_POISONED
+
+    pub = RecordingPublisher()
+    old = Orchestrator(engine, settings)
+    ids = _processed(old, pub, "s1", 3)
+    with Workers(old, pub, n=1):
+        res = old.edit_context("s1", ids[0], context={"title": "poison pill"})
+        pub.publish(res.hints)
+        poll_until(lambda: _rows(engine, "SELECT count(*) FROM text_embeddings WHERE model = :m", m=A)[0][0] == 4,
+                   timeout=30, what="edit embedded with A")
+    _sweep(old, pub)
+    new = Orchestrator(engine, settings.replace(text_provider=SPEC_B_POISONED, search_cutover_check_s=0.0,
+                                                max_attempts=1, search_fill_rounds=2))
+    with Workers(new, pub, n=2):
+        def rounds_spent():
+            _sweep(new, pub)
+            st = new.search_serving_status("s1")
+            batch = st["target"] and st["target"]["batch_id"]
+            done = batch and new.get_batch("s1", batch)["status"] == "completed"
+            return st["target"]["fill_rounds"] == 2 and done and st
+
+        st = poll_until(rounds_spent, timeout=60, interval=0.1, what="two fill rounds")
+        for _ in range(3):  # no third round: the scope waits for an operator
+            _sweep(new, pub)
+    st = new.search_serving_status("s1")
+    assert (st["state"], st["model"], st["target"]["fill_rounds"]) == ("backfill", A, 2)
+    assert st["target"]["coverage"] == {"ready": 2, "total": 3}
+    assert [a for a, _ in _events(engine, "s1")] == ["bootstrap", "backfill", "refill"]
+    assert len(_search(new, "s1")["items"]) == 3  # still served by A, the poisoned image included
+    st = new.search_cutover("s1")
+    assert (st["state"], st["model"], st["epoch"]) == ("serving", B, 1)
+    assert len(_search(new, "s1")["items"]) == 2  # B lacks the poisoned image: found by its words only

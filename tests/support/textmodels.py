@@ -79,3 +79,19 @@ class DeterministicVisualB:
             seed = b"b" + f"{img.width}x{img.height}:".encode() + img.image.tobytes()
             out.append(hash_vector(hashlib.sha256(seed).digest(), 48).tolist())
         return out
+
+
+SPEC_B_POISONED = "tests.support.textmodels:PoisonedTextB"
+
+
+class PoisonedTextB(DeterministicTextB):
+    """``DeterministicTextB`` that fails for good on any document containing "poison"."""
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        from app.stages.errors import PermanentError
+
+        if any("poison" in d for d in documents):
+            if len(documents) == 1:
+                raise PermanentError("this document poisons the model", code="poisoned")
+            raise RuntimeError("a poisoned document in the batch")  # bisected by the executor
+        return super().embed(documents)
