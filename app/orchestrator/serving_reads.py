@@ -43,12 +43,13 @@ def ref_key(ref: dict[str, Any] | None) -> tuple | None:
     return (str(ref["model"]), int(ref["dims"]), ref.get("preprocess_version"))
 
 
-def slot(row: Any, slot: str) -> dict[str, Any] | None:
+def slot(row: Any, name: str) -> dict[str, Any] | None:
     """The model ref held in ``serving``/``target``/``previous`` of a row."""
-    return row[f"{slot}_ref"] if row[f"{slot}_model"] else None
+    return row[f"{name}_ref"] if row[f"{name}_model"] else None
 
 
 def same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Do two model refs name the same stored rows?"""
     return a is not None and b is not None and ref_key(a) == ref_key(b)
 
 
