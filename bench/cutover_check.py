@@ -86,16 +86,16 @@ def main() -> None:
                         conn.execute(text(statement), {"n": size})
             now = datetime.now(timezone.utc)
 
-            def coverage(engine=engine):
+            def coverage(engine=engine, size=size):
                 with engine.connect() as conn:
                     assert q.coverage_txn(conn, "bench", "text", "model-b", 4)["ready"] == size - 1
 
-            def cutover(engine=engine):
+            def cutover(engine=engine, now=now):
                 with engine.begin() as conn:
                     assert q.cutover_txn(conn, "bench", target="model-b", target_dims=4, early=False,
                                          now=now) is None
 
-            def fill_page(engine=engine):
+            def fill_page(engine=engine, now=now):
                 with engine.connect() as conn:
                     serving_fill.fill_page_txn(conn, "bench", [{"model": "model-b", "dims": 4}], now, None, 500)
 
