@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
+from app import metrics
 from app.db.enums import ServingAction, ServingState
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
@@ -96,6 +97,7 @@ def _check(orch: Orchestrator, scope_id: str, kind: str, force_check: bool = Fal
             return GAP
         coverage = coverage_txn(conn, scope_id, kind, target)
         _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
+    metrics.SEARCH_SWITCHES.labels(kind, ServingAction.CUTOVER.value).inc()
     log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{switched['serving_model']}"})
     return SWITCHED
 
@@ -245,6 +247,7 @@ def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[s
         if switched is None:
             raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
         _switched_txn(conn, switched, ServingAction.EARLY_CUTOVER, coverage, now)
+    metrics.SEARCH_SWITCHES.labels(kind, ServingAction.EARLY_CUTOVER.value).inc()
     _cancel(orch, scope_id, row["batch_id"])
     return status(orch, scope_id, kind)
 
@@ -265,15 +268,17 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
                 raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
             q.record_event_txn(conn, scope_id, kind, ServingAction.ABORT, done["epoch"],
                                from_model=row["target_model"], to_model=row["serving_model"], now=now)
-            cancel, fill = row["batch_id"], None
+            cancel, fill, switched_back = row["batch_id"], None, False
         else:
             done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now)
             if done is None:
                 raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
             coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
             _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
-            cancel = None
+            cancel, switched_back = None, True
             fill = done if coverage["ready"] < coverage["total"] else None
+    if switched_back:
+        metrics.SEARCH_SWITCHES.labels(kind, ServingAction.ROLLBACK.value).inc()
     _cancel(orch, scope_id, cancel)
     if fill is not None:  # images added since the cutover: embed them with the old model too
         models = _fill_models(fill, kind, configured_ref(orch, kind))
