@@ -209,9 +209,15 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
         now = orch.now()
         store.update_batch_txn(conn, bid, now, from_statuses=(SEEDING, RUNNING), status=CANCELLED, completed_at=now)
     while True:  # page by page, through the same path as POST /jobs/{id}/cancel
-        with orch.engine.begin() as conn:
+        with orch.engine.connect() as conn:
             job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
-            for job_id in job_ids:
+        for job_id in job_ids:
+            # one job per transaction, its image locked before it (the lock order of every writer): a
+            # page of jobs locked together deadlocked with completions of the same jobs' tasks
+            with orch.engine.begin() as conn:
+                ref = jobs.image_ref_txn(conn, job_id)
+                if ref is None or images.lock_image_txn(conn, ref["scope_id"], ref["image_id"]) is None:
+                    continue
                 job = jobs.lock_job_txn(conn, job_id)
                 if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
                     _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
