@@ -80,6 +80,11 @@ class Settings:
     sweep_lookback_s: float = 3600.0
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000
+    # model changes (docs/operations.md): a scope in backfill checks whether the new model covers every
+    # image at most this often (one whole-scope scan); a fill that leaves gaps is seeded again this many times
+    search_cutover_check_s: float = 5.0
+    search_fill_rounds: int = 3
+    search_rollback_window_s: float = 7 * 24 * 3600.0  # a replaced model's rows stay (for a rollback) this long
     # tenant limits (0 = unlimited); per-scope overrides: ``memeflow scopes limits``
     scope_max_bytes: int = 0
     scope_max_images: int = 0

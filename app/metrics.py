@@ -19,6 +19,9 @@ FENCING_REJECTIONS = Counter(
     "memeflow_fencing_rejections_total", "Fenced writes rejected (zero rows updated)", ["operation"]
 )
 REHINTS = Counter("memeflow_rehints_total", "Hints re-published by the sweep", ["reason"])
+SEARCH_SWITCHES = Counter("memeflow_search_switches_total",
+                          "Switches of a scope's search serving model (cutover, early_cutover, rollback)",
+                          ["kind", "action"])
 HINTS_PUBLISHED = Counter("memeflow_hints_published_total", "Hints published to the broker", ["lane"])
 HINT_PUBLISH_FAILURES = Counter("memeflow_hint_publish_failures_total", "Hints the broker did not take", ["lane"])
 STAGE_DURATION = Histogram(

@@ -104,9 +104,9 @@ def create_app(
         "bearer": {"type": "http", "scheme": "bearer"}}}})
     api.spec.components.schema("VisualSearchJson", schema=_visual_json_schema())
 
-    from app.api import batches, events, health, images, jobs, search, webhooks
+    from app.api import batches, events, health, images, jobs, search, serving, webhooks
 
-    for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, events.blp, webhooks.blp,
+    for blp in (images.blp, jobs.blp, jobs.tasks_blp, batches.blp, search.blp, serving.blp, events.blp, webhooks.blp,
                 health.blp):
         api.register_blueprint(blp)
     _mount_ops(app)

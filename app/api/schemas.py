@@ -372,6 +372,24 @@ class LexicalInfoSchema(Schema):
     coverage = fields.Nested(CoverageSchema, required=True)
 
 
+class ServingTargetSchema(Schema):
+    model = fields.String(required=True)
+    coverage = fields.Nested(CoverageSchema, required=True,
+                             metadata={"description": "images with a context, and those with a current "
+                                                      "embedding of the target (as of the last check)"})
+
+
+class ServingInfoSchema(Schema):
+    state = fields.String(required=True, metadata={"description": "serving | backfill | pinned | unset"})
+    epoch = fields.Integer(required=True, metadata={"description": "bumped by every switch of the scope's reads"})
+    model = fields.String(required=True, metadata={"description": "the model that answered this query"})
+    target = fields.Nested(ServingTargetSchema, allow_none=True,
+                           metadata={"description": "the model being filled during a model change"})
+    switched_at = fields.String(allow_none=True)
+    fallback = fields.Boolean(metadata={"description": "true: the serving model could not be built here; "
+                                                       "the configured one answered"})
+
+
 class TextSearchResultSchema(Schema):
     items = fields.List(fields.Nested(TextSearchHitSchema), required=True)
     mode = fields.String(required=True)
@@ -379,6 +397,7 @@ class TextSearchResultSchema(Schema):
     models = fields.List(fields.Nested(SearchModelSchema), required=True)
     coverage = fields.Nested(CoverageSchema, required=True)
     lexical = fields.Nested(LexicalInfoSchema, allow_none=True)
+    serving = fields.Nested(ServingInfoSchema, metadata={"description": "the scope's search serving state"})
 
 
 class VisualSearchHitSchema(SearchHitSchema):
@@ -392,6 +411,47 @@ class VisualSearchResultSchema(Schema):
     items = fields.List(fields.Nested(VisualSearchHitSchema), required=True)
     model = fields.String()
     coverage = fields.Nested(CoverageSchema)
+    serving = fields.Nested(ServingInfoSchema, metadata={"description": "the scope's visual serving state"})
+
+
+class ServingArgsSchema(Schema):
+    kind = fields.String(load_default="text", validate=validate.OneOf(["text", "visual"]),
+                         metadata={"description": "which search: text (default) or visual"})
+
+
+class ServingModelSchema(Schema):
+    model = fields.String(required=True)
+    dims = fields.Integer(allow_none=True)
+
+
+class ServingFillSchema(ServingModelSchema):
+    coverage = fields.Nested(CoverageSchema, required=True)
+    batch_id = fields.String(allow_none=True, metadata={"description": "the fill batch (GET /batches/{id})"})
+    fill_rounds = fields.Integer()
+
+
+class ServingEventSchema(Schema):
+    action = fields.String(required=True)
+    epoch = fields.Integer(required=True)
+    from_model = fields.String(allow_none=True)
+    to_model = fields.String(allow_none=True)
+    at = fields.String(required=True)
+
+
+class ServingStateSchema(Schema):
+    scope_id = fields.String(required=True)
+    kind = fields.String(required=True)
+    state = fields.String(required=True, metadata={"description": "serving | backfill | pinned | unset"})
+    epoch = fields.Integer(required=True)
+    model = fields.String(required=True, metadata={"description": "the model search reads"})
+    dims = fields.Integer()
+    coverage = fields.Nested(CoverageSchema, allow_none=True,
+                             metadata={"description": "images with a context / with a current embedding of it"})
+    target = fields.Nested(ServingFillSchema, allow_none=True)
+    previous = fields.Nested(ServingModelSchema, allow_none=True, metadata={"description": "the rollback target"})
+    started_at = fields.String(allow_none=True)
+    switched_at = fields.String(allow_none=True)
+    events = fields.List(fields.Nested(ServingEventSchema))
 
 
 # --- health ---------------------------------------------------------------------------------

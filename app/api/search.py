@@ -17,6 +17,7 @@ from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import lookalike
 from app.search import service as text_search
+from app.search.serving import text_source, visual_source
 from app.stages.errors import PermanentError
 from app.stages.images import decode_image
 
@@ -44,15 +45,20 @@ class TextSearch(MethodView):
     @blp.doc(responses=_error_docs({422: "validation_error / unknown_model"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
-        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone."""
+        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone.
+        The meaning comes from the scope's serving text model (``serving``; during a model change,
+        the previous model until the scope's cutover)."""
         svc = services()
+        scope = scope_id()
+        source = text_source(svc.engine, scope, _text_provider(), svc.settings)
         try:
-            return text_search.search_text(
-                svc.engine, _text_provider(), scope_id(), args["q"], limit=args["limit"], mode=args["mode"],
+            result = text_search.search_text(
+                svc.engine, source.provider, scope, args["q"], limit=args["limit"], mode=args["mode"],
                 model=args["model"],
             )
         except text_search.UnknownModel as exc:
             raise ApiError(422, "unknown_model", str(exc)) from None
+        return {**result, "serving": source.info}
 
 
 _VISUAL_BODY = {
@@ -87,12 +93,11 @@ class VisualSearch(MethodView):
 
         The visual index's nearest images are re-ranked by a pixel comparison with the stored
         originals (``pixels``, ``lookalike``; app/search/lookalike.py); ``score`` stays the
-        visual descriptor's cosine."""
+        visual descriptor's cosine. Reads the scope's serving visual model (``serving``)."""
         svc = services()
         scope = scope_id()
-        provider = _visual_provider()
-        config = provider.config()
-        model, version, dims = str(config["model"]), str(config["preprocess_version"]), int(config["dims"])
+        source = visual_source(svc.engine, scope, _visual_provider(), svc.settings)
+        provider, model, version, dims = source.provider, source.model, source.preprocess_version, source.dims
         exclude = None
         if request.mimetype == "application/json":
             args = S.VisualSearchJsonSchema().load(_json_body())
@@ -128,7 +133,7 @@ class VisualSearch(MethodView):
             items = lookalike.rerank(hits, query_thumbs, _candidate_thumbnails(scope, hits[: lookalike.RERANK_DEPTH]))
         items = items[: args["limit"]]
         coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
-        return {"items": items, "model": model, "coverage": coverage}
+        return {"items": items, "model": model, "coverage": coverage, "serving": source.info}
 
 
 def _load_stored(storage_key: str) -> Any:

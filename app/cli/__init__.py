@@ -36,10 +36,12 @@ main.add_command(_admin.tokens)
 from app.cli import batch as _batch
 from app.cli import maintenance as _maintenance
 from app.cli import search as _search
+from app.cli import search_model as _search_model
 from app.cli import status as _status
 
 main.add_command(_status.status)
 main.add_command(_search.search)
+main.add_command(_search_model.search_model)
 main.add_command(_maintenance.sweep)
 main.add_command(_maintenance.gc)
 main.add_command(_batch.process_all)

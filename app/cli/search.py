@@ -15,9 +15,12 @@ from app.cli.safe_text import cell, printable
 def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: str = "hybrid") -> dict:
     """Exactly ``GET /api/v1/search/text``: the configured text provider and the API's search code."""
     from app.search.service import search_text
+    from app.search.serving import text_source
     from app.worker.providers import Providers
 
-    return search_text(engine, Providers(settings).text, scope_id, query, limit=limit, mode=mode)
+    source = text_source(engine, scope_id, Providers(settings).text, settings)
+    result = search_text(engine, source.provider, scope_id, query, limit=limit, mode=mode)
+    return {**result, "serving": source.info}
 
 
 def highlighted(hit: dict):

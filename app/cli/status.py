@@ -67,6 +67,21 @@ def _sweep_caption(liveness) -> str | None:
     return f"{line}; degraded: {problems}" if problems else line
 
 
+def serving_line(doc: dict) -> Any:
+    """The scope's search serving model (and a model change's progress) in one line (no markup)."""
+    from rich.text import Text
+
+    cov = doc.get("coverage") or {}
+    label, needs = ("search", "images with a context") if doc["kind"] == "text" else ("visual search", "images")
+    line = (f"{label}: {printable(doc['model'])} ({doc['state']}, epoch {doc['epoch']}, "
+            f"{cov.get('ready', 0)}/{cov.get('total', 0)} {needs} embedded)")
+    target = doc.get("target")
+    if target:
+        tc = target["coverage"]
+        line += f"; backfilling {printable(target['model'])}: {tc['ready']}/{tc['total']}"
+    return Text(line)
+
+
 def job_table(job: dict) -> Any:
     """One job's stages, in pipeline order (error texts printed literally: they may quote
     provider responses or file contents)."""
@@ -114,7 +129,12 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
                 return job_table(job), job
             jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_lane_limit,
                                                             ctx.settings)
-            return Group(jobs_table, lanes_table), data
+            data["search_serving"] = ctx.orch.search_serving_status(scope_id)
+            data["search_serving"].pop("events", None)
+            data["visual_serving"] = ctx.orch.search_serving_status(scope_id, "visual")
+            data["visual_serving"].pop("events", None)
+            return Group(jobs_table, lanes_table, serving_line(data["search_serving"]),
+                         serving_line(data["visual_serving"])), data
 
         renderable, data = render()
         if as_json:

@@ -127,3 +127,34 @@ class EventType(StrEnum):
 EVENT_JOB_STATUSES: tuple[JobStatus, ...] = (
     JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION,
 )
+
+
+class ServingKind(StrEnum):
+    """Which embeddings a ``search_serving`` row governs (migration 0017)."""
+
+    TEXT = "text"
+    VISUAL = "visual"
+
+
+class ServingState(StrEnum):
+    """A scope's search serving state: ``serving`` (one model, steady), ``backfill`` (reads from the
+    serving model while the target model is filled), ``pinned`` (an operator rolled back or pinned the
+    serving model: no automatic backfill until ``resume``)."""
+
+    SERVING = "serving"
+    BACKFILL = "backfill"
+    PINNED = "pinned"
+
+
+class ServingAction(StrEnum):
+    """What a ``search_serving_events`` row records."""
+
+    BOOTSTRAP = "bootstrap"
+    BACKFILL = "backfill"
+    RETARGET = "retarget"
+    REFILL = "refill"
+    CUTOVER = "cutover"
+    EARLY_CUTOVER = "early_cutover"
+    ROLLBACK = "rollback"
+    ABORT = "abort"
+    RESUME = "resume"

@@ -65,6 +65,7 @@ class Overview:
     liveness: Liveness | None = None
     webhooks: list[dict[str, Any]] = field(default_factory=list)
     webhook_failures: list[dict[str, Any]] = field(default_factory=list)
+    serving: list[dict[str, Any]] | None = None  # the scope's search serving models and a model change's progress
 
     @property
     def total_jobs(self) -> int:
@@ -217,7 +218,24 @@ def overview(
                 liveness=liveness,
                 webhooks=webhooks(conn, scope_id),
                 webhook_failures=webhook_failures(conn, scope_id),
+                serving=search_serving(conn, scope_id),
             )
+
+
+def search_serving(conn: Connection, scope_id: str) -> list[dict[str, Any]]:
+    """The scope's search serving states (text, visual) with the live coverage of their serving and
+    target models, and a model change's progress."""
+    from app.orchestrator.serving_reads import describe_live_txn
+    from app.orchestrator.store import serving as q
+
+    out = []
+    for row in q.all_serving_txn(conn, scope_id):
+        doc = describe_live_txn(conn, row)
+        if doc["target"]:
+            cov = doc["target"]["coverage"]
+            doc["target"]["progress"] = cov["ready"] / cov["total"] if cov["total"] else 1.0
+        out.append(doc)
+    return out
 
 
 @dataclass

@@ -21,6 +21,7 @@ from app.orchestrator.events import emit_batch_progress
 from app.orchestrator.hints import Hint
 from app.orchestrator.store import batches as store
 from app.orchestrator.store import images, jobs
+from app.orchestrator.store import serving_fill as serving_q
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
@@ -52,12 +53,17 @@ def _uuid_list(values: Iterable) -> list[uuid.UUID]:
 def create_batch(
     orch: Orchestrator, scope_id: str, *, all: bool = False, image_ids: list | None = None,
     reverse_image_policy: str = "forbid", first_page_size: int | None = None,
+    fill_models: list[dict] | None = None,
 ) -> tuple[dict, list[Hint]]:
     """Create a batch and seed a first page (``first_page_size``, default ``batch_page_size``; the
     API asks for ``REQUEST_PAGE`` to answer fast); the sweep seeds the rest.
 
     The snapshot is set-based whatever the list's length: ids deduplicated in one pass, their
-    existence checked by one statement, the list stored once on the batch row. Returns (batch, hints)."""
+    existence checked by one statement, the list stored once on the batch row. Returns (batch, hints).
+
+    ``fill_models`` (with ``all``; a model backfill, app/orchestrator/serving.py): only images with a
+    context that lack a current text embedding of one of these models ``{model, dims}`` are seeded,
+    each with the reverse_image_policy its context was made with (so its valid agent stage is reused)."""
     if reverse_image_policy not in ("forbid", "auto"):
         raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
     if bool(all) == bool(image_ids):
@@ -72,11 +78,15 @@ def create_batch(
                 raise NotFound(f"image not found: {', '.join(map(str, missing))}")
             cursor: dict = {"offset": 0}
             total = len(ids)
+        elif fill_models:
+            cursor = {"until": now.isoformat(), "after": None}
+            total = serving_q.count_needing_fill_txn(conn, scope_id, fill_models, now)
         else:
             cursor = {"until": now.isoformat(), "after": None}
             total = store.count_images_until_txn(conn, scope_id, now)
         batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
-                                       policy=reverse_image_policy, cursor=cursor, total=total, now=now)
+                                       policy=reverse_image_policy, cursor=cursor, total=total, now=now,
+                                       fill_models=fill_models)
     _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
     return get_batch(orch, scope_id, batch["id"]), hints
 
@@ -108,7 +118,18 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
             return 0, [], False  # back-pressure: the sweep continues later
         now = orch.now()
         cursor = dict(batch["seed_cursor"] or {})
-        if batch["select_all"]:
+        policies: dict[uuid.UUID, str] = {}
+        if batch["fill_models"]:
+            after = cursor.get("after")
+            after_key = (datetime.fromisoformat(after[0]), uuid.UUID(after[1])) if after else None
+            rows, reached = serving_q.fill_page_txn(conn, batch["scope_id"], batch["fill_models"],
+                                                    datetime.fromisoformat(cursor["until"]), after_key, page_size)
+            page_ids = [r["id"] for r in rows]
+            policies = {r["id"]: r["policy"] for r in rows}
+            if reached:
+                cursor["after"] = [reached[0].isoformat(), str(reached[1])]
+            done = reached is None
+        elif batch["select_all"]:
             after = cursor.get("after")
             after_key = (datetime.fromisoformat(after[0]), uuid.UUID(after[1])) if after else None
             rows = store.image_page_txn(conn, batch["scope_id"], datetime.fromisoformat(cursor["until"]), after_key,
@@ -130,8 +151,9 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
                 gone += 1  # deleted since the snapshot: no longer part of the target set
                 continue
             try:
+                policy = policies.get(image_id, batch["reverse_image_policy"])
                 job, _, job_hints = create_or_reuse_job_txn(
-                    orch, conn, image, mode=JobMode.EXPLICIT, policy=batch["reverse_image_policy"], batch_id=batch_id
+                    orch, conn, image, mode=JobMode.EXPLICIT, policy=policy, batch_id=batch_id
                 )
                 job_id = job["id"] if job else None
                 hints += job_hints
@@ -142,6 +164,12 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
                           "job_id": job_id, "now": now})
         store.insert_items_txn(conn, items)
         fields: dict = {"seed_cursor": cursor, "total": batch["total"] - gone}
+        if batch["fill_models"]:
+            # the total counted the images needing a model when the batch was made; one that got it
+            # meanwhile (its own upload or edit job) is not seeded, so once seeded the items are the total
+            cursor["seeded"] = int(cursor.get("seeded", 0)) + len(items)
+            if done:
+                fields["total"] = cursor["seeded"]
         if done:
             fields["status"] = RUNNING
         store.update_batch_txn(conn, batch_id, now, from_statuses=(SEEDING,), **fields)
@@ -182,9 +210,15 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
         now = orch.now()
         store.update_batch_txn(conn, bid, now, from_statuses=(SEEDING, RUNNING), status=CANCELLED, completed_at=now)
     while True:  # page by page, through the same path as POST /jobs/{id}/cancel
-        with orch.engine.begin() as conn:
+        with orch.engine.connect() as conn:
             job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
-            for job_id in job_ids:
+        for job_id in job_ids:
+            # one job per transaction, its image locked before it (the lock order of every writer): a
+            # page of jobs locked together deadlocked with completions of the same jobs' tasks
+            with orch.engine.begin() as conn:
+                ref = jobs.image_ref_txn(conn, job_id)
+                if ref is None or images.lock_image_txn(conn, ref["scope_id"], ref["image_id"]) is None:
+                    continue
                 job = jobs.lock_job_txn(conn, job_id)
                 if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
                     _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")

@@ -99,3 +99,10 @@ class TooManyWebhooks(OrchestratorError):
 
     code = "too_many_webhooks"
     status = 409
+
+
+class ServingStateConflict(OrchestratorError):
+    """The scope's search serving state does not allow this change now."""
+
+    code = "serving_state_conflict"
+    status = 409

@@ -268,13 +268,13 @@ def _write_embeddings_txn(conn: Connection, results: list[tuple[Claim, Any]]) ->
     artifacts.insert_visual_many_txn(conn, [
         {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "model": a.model,
          "preprocess_version": a.preprocess_version, "dims": a.dims, "vector": a.vector, "task_id": c.task_id}
-        for c, a in results if isinstance(a, VisualArtifact)
+        for c, v in results if isinstance(v, VisualArtifact) for a in (v, *v.extra)
     ])
     artifacts.insert_text_many_txn(conn, [
         {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "metadata_hash": a.metadata_hash,
          "model": a.model, "dims": a.dims, "document_version": a.document_version, "document": a.document,
          "vector": a.vector, "task_id": c.task_id}
-        for c, a in results if isinstance(a, TextArtifact)
+        for c, t in results if isinstance(t, TextArtifact) for a in (t, *t.extra)
     ])
     unknown = [a for _, a in results if not isinstance(a, (VisualArtifact, TextArtifact, AgentArtifact))]
     if unknown:

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
-from app.orchestrator import batches, changes, events, execution, grants, lanes, limits, webhooks
+from app.orchestrator import batches, changes, events, execution, grants, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -130,15 +130,29 @@ class Orchestrator:
             table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
             if table is not None:
                 self.ensure_vector_index(table, artifact.model, artifact.dims)
-        return execution.complete_tasks(self, results)
+                for extra in getattr(artifact, "extra", ()):
+                    self.ensure_vector_index(table, extra.model, extra.dims)
+        hints = execution.complete_tasks(self, results)
+        kind = {"embedding": serving_reads.TEXT, "visual": serving_reads.VISUAL}.get(results[0][0].lane) if results else None
+        if kind is not None:
+            serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind)
+        return hints
+
+    def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
+        """The other visual models each claim's image needs for its scope's serving state (model refs)."""
+        with self.engine.connect() as conn:
+            return serving_reads.extra_models_txn(self, conn, claims, serving_reads.VISUAL)
 
     def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
         """What each claim's semantic document is rendered from, in one query, by image id (rows of
-        another scope dropped; the worker re-checks the metadata hash at completion)."""
+        another scope dropped; the worker re-checks the metadata hash at completion), with the
+        ``extra_models`` its scope's search serving state also needs (model refs, app/orchestrator/serving_reads.py)."""
         scopes = {c.image_id: c.scope_id for c in claims}
         with self.engine.connect() as conn:
             rows = reads.text_inputs_many_txn(conn, list(scopes))
-        return {iid: dict(r) for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
+            extra = serving_reads.extra_models_txn(self, conn, claims, serving_reads.TEXT)
+        return {iid: {**dict(r), "extra_models": extra.get(iid, [])}
+                for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
 
     def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
         """Make sure the per-model HNSW index exists before the first vector of a model lands."""
@@ -190,6 +204,14 @@ class Orchestrator:
     release_webhook = webhooks.release_webhook
     webhook_hints = webhooks.webhook_hints
     recent_webhook_failures = webhooks.recent_webhook_failures
+    # ------------------------------------------------------------------ search serving (model changes)
+    reconcile_serving = serving.reconcile
+    try_cutover = serving.try_cutover
+    search_cutover = serving.cutover_early
+    search_rollback = serving.rollback
+    search_resume = serving.resume
+    search_serving_status = serving_reads.status
+    search_serving_overview = serving_reads.overview
 
     # ------------------------------------------------------------------ tenant limits (issue 17)
     take_request = limits.take_request

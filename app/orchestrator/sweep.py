@@ -100,6 +100,10 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     seeded, hints = orch.continue_batches()
     report.counts["batches_seeded"] = seeded
     report.hints += hints
+    # 5b. search serving: new scopes, model changes (backfills), cutovers (app/orchestrator/serving.py)
+    counts, hints = orch.reconcile_serving()
+    report.counts.update(counts)
+    report.hints += hints
     # 6. worker registrations whose process died without a clean shutdown
     with orch.engine.begin() as conn:
         report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))

@@ -78,6 +78,8 @@ class VisualArtifact:
     model: str
     preprocess_version: str
     dims: int
+    # the same image embedded with the other models its scope's visual serving state needs
+    extra: tuple[VisualArtifact, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class TextArtifact:
     document: str
     document_version: str
     metadata_hash: str
+    # the same document embedded with the other models its scope's search serving state needs (a
+    # model change: the serving and target models), written with this one
+    extra: tuple[TextArtifact, ...] = ()
 
 
 @dataclass

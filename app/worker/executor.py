@@ -10,6 +10,7 @@ bisected until each failure belongs to the one item that fails alone (``embed_is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -91,7 +92,7 @@ def execute_visual(settings: Settings, providers: Providers, claim: Claim) -> Vi
 
 
 def execute_visual_batch(
-    settings: Settings, providers: Providers, claims: list[Claim]
+    settings: Settings, providers: Providers, claims: list[Claim], orch: Any = None,
 ) -> list[VisualArtifact | StageError]:
     """One provider call for every claim whose image decodes (aligned with ``claims``); a claim's
     own bad input, and an item the provider fails on, is that claim's failure alone."""
@@ -109,7 +110,58 @@ def execute_visual_batch(
         for (i, _), vector in zip(todo, vectors, strict=True):
             out[i] = vector if isinstance(vector, StageError) else VisualArtifact(
                 [float(x) for x in vector], cfg["model"], cfg["preprocess_version"], int(cfg["dims"]))
+        if orch is not None:
+            extras = orch.visual_extra_models([claims[i] for i, _ in todo])
+            if extras:
+                _embed_extra_visual(providers, claims, dict(todo), extras, cfg, out)
     return out  # type: ignore[return-value]
+
+
+def _embed_extra_visual(providers: Providers, claims: list[Claim], images: dict[int, DecodedImage],
+                        extras: dict, cfg: dict, out: list) -> None:
+    """During a visual model change, each image is also embedded with the other models its scope's
+    serving state needs (as ``_embed_extra_models`` for text; the decoded image is reused)."""
+    own = (cfg["model"], int(cfg["dims"]), cfg["preprocess_version"])
+    by_model: dict[tuple, tuple[dict, list[int]]] = {}
+    for i in images:
+        if not isinstance(out[i], VisualArtifact):
+            continue
+        for ref in extras.get(claims[i].image_id, []):
+            key = (ref["model"], int(ref["dims"]), ref.get("preprocess_version"))
+            if key != own:
+                by_model.setdefault(key, (ref, []))[1].append(i)
+    for key, (ref, indexes) in by_model.items():
+        provider = _extra_provider(lambda r=ref: providers.visual_for(r), key,
+                                   lambda got: (str(got["model"]), int(got["dims"]), str(got["preprocess_version"])))
+        if isinstance(provider, StageError):
+            for i in indexes:
+                out[i] = provider
+            continue
+        vectors = embed_isolated(provider.embed, [images[i] for i in indexes], "visual")
+        for i, v in zip(indexes, vectors, strict=True):
+            current = out[i]
+            if isinstance(v, StageError):
+                out[i] = v
+            elif isinstance(current, VisualArtifact):
+                extra = VisualArtifact([float(x) for x in v], key[0], str(key[2]), key[1])
+                out[i] = dataclasses.replace(current, extra=(*current.extra, extra))
+
+
+def _extra_provider(build, key: tuple, identity) -> Any:
+    """The provider of a serving/target model ref, or the StageError that fails its claims: a model
+    this worker cannot build, or one whose spec now builds another model."""
+    try:
+        provider = build()
+        got = identity(provider.config())
+    except StageError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - a model that cannot load fails these claims, not the batch
+        log.warning("cannot build the serving model %s: %s", key[0], exc)
+        return PermanentError(f"the search's serving model {key[0]!r} cannot be built in this worker",
+                              code="serving_model_unavailable")
+    if got != key:
+        return PermanentError(f"the provider for {key[0]!r} now builds {got[0]!r}", code="serving_model_unavailable")
+    return provider
 
 
 def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact:
@@ -162,4 +214,41 @@ def execute_text_batch(
             out[i] = v if isinstance(v, StageError) else TextArtifact(
                 [float(x) for x in v], cfg["model"], int(cfg["dims"]), doc, str(cfg.get("document_version", "1")),
                 mhash)
+        _embed_extra_models(providers, claims, inputs, cfg, out)
     return out  # type: ignore[return-value]
+
+
+def _embed_extra_models(providers: Providers, claims: list[Claim], inputs: dict, cfg: dict, out: list) -> None:
+    """During a model change, each document is also embedded with the other models its scope's
+    search serving state needs (``extra_models``: the serving and target models); one call per
+    model. A claim whose extra model cannot be built or fails is that claim's failure (the stage
+    is valid only with every model's row, so skipping it would only plan the same task again)."""
+    own = (cfg["model"], int(cfg["dims"]))
+    by_model: dict[tuple[str, int], tuple[dict, list[int]]] = {}
+    for i, claim in enumerate(claims):
+        if not isinstance(out[i], TextArtifact):
+            continue
+        for ref in (inputs.get(claim.image_id) or {}).get("extra_models", []):
+            key = (ref["model"], int(ref["dims"]))
+            if key != own:
+                by_model.setdefault(key, (ref, []))[1].append(i)
+    for (model, dims), (ref, indexes) in by_model.items():
+        provider = _extra_provider(lambda r=ref: providers.text_for(r), (model, dims),
+                                   lambda got: (str(got["model"]), int(got["dims"])))
+        if isinstance(provider, StageError):
+            for i in indexes:
+                out[i] = provider
+            continue
+        version = str(provider.config().get("document_version", "1"))
+        docs = []
+        for i in indexes:
+            info = inputs[claims[i].image_id]
+            docs.append(semantic_document(info["display_name"], info["context"], version))
+        vectors = embed_isolated(provider.embed, docs, "embedding")
+        for i, doc, v in zip(indexes, docs, vectors, strict=True):
+            current = out[i]
+            if isinstance(v, StageError):
+                out[i] = v
+            elif isinstance(current, TextArtifact):
+                extra = TextArtifact([float(x) for x in v], model, dims, doc, version, current.metadata_hash)
+                out[i] = dataclasses.replace(current, extra=(*current.extra, extra))

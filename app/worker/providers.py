@@ -67,6 +67,23 @@ class Providers:
         ))
 
 
+    def text_for(self, ref: dict[str, Any]):
+        """The text provider of a model ref (``{"spec", "options", …}``, app/orchestrator/serving.py): the
+        configured one when it is that spec and those options, else one built from the ref (cached)."""
+        options = dict(ref.get("options") or {})
+        if ref["spec"] == self.settings.text_provider and options == text_options(self.settings):
+            return self.text
+        return registry.get_text_provider(ref["spec"], **options)
+
+
+    def visual_for(self, ref: dict[str, Any]):
+        """The visual provider of a model ref, as :meth:`text_for`."""
+        options = dict(ref.get("options") or {})
+        if ref["spec"] == self.settings.visual_provider and options == visual_options(self.settings):
+            return self.visual
+        return registry.get_visual_provider(ref["spec"], **options)
+
+
 def provider_configs(settings: Settings):
     """The configs frozen into new jobs. Providers load their models lazily, so this is cheap."""
     from app.orchestrator.types import StageConfigs

@@ -90,7 +90,7 @@ def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object |
 
 def _compute_batch(orch: Orchestrator, lane: str, claims: list[Claim], providers: Providers) -> list:
     if lane == Lane.VISUAL:
-        return executor.execute_visual_batch(orch.settings, providers, claims)
+        return executor.execute_visual_batch(orch.settings, providers, claims, orch)
     if lane == Lane.EMBEDDING:
         return executor.execute_text_batch(orch, orch.settings, providers, claims)
     raise ValueError(f"the {lane} lane runs one claim at a time")

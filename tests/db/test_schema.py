@@ -34,6 +34,9 @@ STATUS_CHECKS = {
     ("lane_slots", "lane"): E.Lane,
     ("lane_fairness", "lane"): E.Lane,
     ("events", "type"): E.EventType,
+    ("search_serving", "kind"): E.ServingKind,
+    ("search_serving", "state"): E.ServingState,
+    ("search_serving_events", "action"): E.ServingAction,
 }
 
 

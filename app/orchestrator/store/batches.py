@@ -17,16 +17,17 @@ ACTIVE_JOB = "('queued', 'running')"
 
 def insert_batch_txn(
     conn: Connection, scope_id: str, *, select_all: bool, requested_ids: list[uuid.UUID] | None, policy: str,
-    cursor: dict[str, Any], total: int, now: datetime,
+    cursor: dict[str, Any], total: int, now: datetime, fill_models: list[dict[str, Any]] | None = None,
 ) -> RowMapping:
     return conn.execute(
         sql(
             "INSERT INTO batches (id, scope_id, status, select_all, requested_ids, reverse_image_policy, seed_cursor,"
-            " total, created_at, updated_at) VALUES (:id, :s, 'seeding', :all, :ids, :p, CAST(:cur AS jsonb), :total,"
-            " :now, :now) RETURNING *"
+            " total, fill_models, created_at, updated_at) VALUES (:id, :s, 'seeding', :all, :ids, :p,"
+            " CAST(:cur AS jsonb), :total, CAST(:fill AS jsonb), :now, :now) RETURNING *"
         ),
         {"id": uuid.uuid4(), "s": scope_id, "all": select_all, "ids": requested_ids, "p": policy,
-         "cur": canonical_json(cursor), "total": total, "now": now},
+         "cur": canonical_json(cursor), "total": total, "now": now,
+         "fill": canonical_json(fill_models) if fill_models else None},
     ).mappings().one()
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.db.enums import STAGE_ORDER
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
+from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
 ACTIVE = "('queued', 'running')"
 
@@ -163,11 +164,15 @@ def job_facts_many_txn(
             " EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = j.scope_id AND v.image_id = j.image_id"
             "   AND v.image_sha256 = r.sha AND v.model = j.config->'visual'->>'model'"
             "   AND v.preprocess_version = j.config->'visual'->>'preprocess_version'"
-            "   AND v.dims = (j.config->'visual'->>'dims')::int) AS visual_exists,"
+            "   AND v.dims = (j.config->'visual'->>'dims')::int)"
+            f" AND NOT {SERVING_VISUAL_MISSING.format(scope='j.scope_id', image='j.image_id', sha='r.sha')}"
+            " AS visual_exists,"
             " EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = j.scope_id AND x.image_id = j.image_id"
             "   AND x.image_sha256 = r.sha AND x.metadata_hash = r.mh AND x.status = 'ready'"
             "   AND x.model = j.config->'text_embedding'->>'model'"
-            "   AND x.dims = (j.config->'text_embedding'->>'dims')::int) AS text_exists"
+            "   AND x.dims = (j.config->'text_embedding'->>'dims')::int)"
+            f" AND NOT {SERVING_TEXT_MISSING.format(scope='j.scope_id', image='j.image_id', sha='r.sha', mh='r.mh')}"
+            " AS text_exists"
             " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, mh text)"
             " JOIN processing_jobs j ON j.id = r.id WHERE j.id = ANY(:ids) ORDER BY j.id FOR UPDATE OF j"
         ),

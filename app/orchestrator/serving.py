@@ -1,0 +1,300 @@
+"""Changing a text (or visual) model without a search outage: each scope's search serving state
+(migration 0017), one row per (scope, kind).
+
+Per scope and kind (text, visual), ``search_serving`` names the model its search reads (*serving*). When the configured
+model differs, the sweep starts a *backfill*: the configured model becomes the *target*, a fill
+batch (a library batch seeding only the images that lack it, resumable, with the batches'
+back-pressure) computes it, and meanwhile
+
+- search keeps answering from the serving model — only rows current for the image's sha256 and
+  metadata_hash, as always;
+- every text (visual) task of the scope embeds with the serving and the target model (the stage is
+  valid only when both exist: ``store.serving_fill.SERVING_TEXT_MISSING``/``SERVING_VISUAL_MISSING``),
+  so uploads and context edits during the backfill land in both.
+
+When every image with a context has a current row of the target, the reads switch in ONE
+conditional UPDATE (``store.serving.cutover_txn``: epoch + 1; racing workers and sweeps — exactly
+one wins). An operator can cut over early, roll back (serve the previous model again, pinned), or
+resume. Rows of a model that is none of serving/target/previous-in-window are prunable
+(``store.serving_fill.PRUNABLE_MODEL_PREDICATE``; the retention hooks are in serving_reads.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+
+from app import metrics
+from app.db.enums import ServingAction, ServingState
+from app.orchestrator.errors import ServingStateConflict
+from app.orchestrator.hints import Hint
+from app.orchestrator.serving_reads import (
+    KINDS,
+    TEXT,
+    check_kind,
+    configured_ref,
+    coverage_txn,
+    same,
+    slot,
+    status,
+)
+from app.orchestrator.store import batches as batches_q
+from app.orchestrator.store import serving as q
+
+if TYPE_CHECKING:
+    from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
+SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
+
+
+# ---------------------------------------------------------------------------- the switch
+def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
+    """After completions committed: a scope in backfill may be covered now — try its cutover
+    (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
+    with orch.engine.connect() as conn:
+        rows = q.serving_many_txn(conn, scope_ids, kind)
+    for scope_id, row in rows.items():
+        if row["state"] == ServingState.BACKFILL:
+            try:
+                try_cutover(orch, scope_id, kind=kind)
+            except Exception:  # noqa: BLE001 - never fail a completion that committed; the sweep retries
+                log.exception("cutover check failed", extra={"scope_id": scope_id})
+
+
+def try_cutover(orch: Orchestrator, scope_id: str, *, kind: str = TEXT, force_check: bool = False) -> bool:
+    """Switch the scope's reads to its target if the target covers every image that needs it.
+    True only for the one call that switched."""
+    return _check(orch, scope_id, kind, force_check) == SWITCHED
+
+
+SWITCHED, GAP, SKIPPED = "switched", "gap", "skipped"
+
+
+def _check(orch: Orchestrator, scope_id: str, kind: str, force_check: bool = False) -> str:
+    """One cutover check: SWITCHED (this call switched the reads), GAP (checked: an image still
+    lacks the target) or SKIPPED (throttled, seeding, or not in a backfill any more)."""
+    now = orch.now()
+    interval = 0.0 if force_check else orch.settings.search_cutover_check_s
+    with orch.engine.begin() as conn:
+        row = q.claim_check_txn(conn, scope_id, kind, now, interval)
+        if row is None:
+            return SKIPPED
+        target = slot(row, "target")
+        # the conditional UPDATE first: its NOT EXISTS stops at the first image still lacking the target
+        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                                 target_pv=target.get("preprocess_version"), early=False, now=now)
+        if switched is None:
+            # the stored progress (search responses, the overview) is refreshed at a tenth of the rate:
+            # counting is a whole-scope scan even when the gap is found at once
+            stale = row["coverage_at"] is None or (now - row["coverage_at"]).total_seconds() >= 10 * interval
+            if stale:
+                coverage = coverage_txn(conn, scope_id, kind, target)
+                q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
+            return GAP
+        coverage = coverage_txn(conn, scope_id, kind, target)
+        _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
+    metrics.SEARCH_SWITCHES.labels(kind, ServingAction.CUTOVER.value).inc()
+    log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{switched['serving_model']}"})
+    return SWITCHED
+
+
+def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) -> None:
+    q.record_event_txn(conn, row["scope_id"], row["kind"], action, row["epoch"], from_model=row["previous_model"],
+                       to_model=row["serving_model"], now=now, detail={"coverage": coverage})
+    q.set_coverage_txn(conn, row["scope_id"], row["kind"], coverage["ready"], coverage["total"], now)
+
+
+# ---------------------------------------------------------------------------- the sweep step
+def reconcile(orch: Orchestrator) -> tuple[dict[str, int], list[Hint]]:
+    """Sweep step, per kind: give new scopes a serving row (served by the configured model), start a
+    backfill where the configured model changed, retarget or abort one whose target is no longer
+    configured, attach fill batches, and try the cutover of scopes whose fill is done."""
+    counts = {"serving_bootstrapped": 0, "backfills_started": 0, "cutovers": 0}
+    hints: list[Hint] = []
+    for kind in KINDS:
+        hints += _reconcile_kind(orch, kind, counts)
+    return counts, hints
+
+
+def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> list[Hint]:
+    hints: list[Hint] = []
+    ref = configured_ref(orch, kind)
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        for scope_id in q.scopes_without_serving_txn(conn, kind, SWEEP_SCOPES):
+            if q.bootstrap_txn(conn, scope_id, kind, ref, now):
+                q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
+                                   to_model=ref["model"], now=now)
+                counts["serving_bootstrapped"] += 1
+    with orch.engine.connect() as conn:
+        rows = q.needing_attention_txn(conn, kind, ref["model"], ref["dims"], SWEEP_SCOPES,
+                                       ref.get("preprocess_version"))
+    for row in rows:
+        scope_id = row["scope_id"]
+        if row["state"] == ServingState.SERVING:
+            with orch.engine.begin() as conn:
+                started = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
+                if started is not None:
+                    q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
+                                       from_model=row["serving_model"], to_model=ref["model"], now=now)
+                    counts["backfills_started"] += 1
+            if started is not None:
+                hints += _start_fill(orch, scope_id, kind, ref)
+            continue
+        # backfill
+        if not same(ref, slot(row, "target")):
+            hints += _target_changed(orch, row, ref)
+            continue
+        if row["batch_id"] is None:
+            hints += _start_fill(orch, scope_id, kind, ref)
+            continue
+        outcome = _check(orch, scope_id, kind)
+        if outcome == SWITCHED:
+            counts["cutovers"] += 1
+        elif outcome == GAP:  # verified just now: the fill, if finished, left images uncovered
+            hints += _maybe_refill(orch, row, ref)
+    return hints
+
+
+def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any]]:
+    models = [ref]
+    for name in ("serving", "target"):
+        other = slot(row, name) if row is not None else None
+        if other and not any(same(m, other) for m in models):
+            models.append(other)
+    return [{"kind": kind, "model": m["model"], "dims": int(m["dims"]),
+             "preprocess_version": m.get("preprocess_version")} for m in models]
+
+
+def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any]) -> list[Hint]:
+    """Create the fill batch of a backfill towards ``ref`` and attach it (a concurrent change of the
+    state leaves it unattached: it is cancelled)."""
+    with orch.engine.connect() as conn:
+        row = q.serving_txn(conn, scope_id, kind)
+    if row is None or not same(ref, slot(row, "target")):
+        return []
+    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
+    with orch.engine.begin() as conn:
+        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
+        if attached:  # the progress /ops and the CLI overview show until the first cutover check
+            cov = coverage_txn(conn, scope_id, kind, ref)
+            q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
+    if not attached:
+        orch.cancel_batch(scope_id, batch["id"])
+    return hints
+
+
+def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
+    """A fill batch that finished but left images uncovered (their jobs failed, or were owned by an
+    older configuration's job) is seeded again, up to ``search_fill_rounds`` times; then the scope
+    waits for an operator (cut over early, or roll back)."""
+    with orch.engine.connect() as conn:
+        batch = batches_q.batch_txn(conn, row["batch_id"])
+    if batch is not None and batch["status"] in ("seeding", "running"):
+        return []
+    if row["fill_rounds"] >= orch.settings.search_fill_rounds:
+        return []
+    with orch.engine.begin() as conn:
+        q.record_event_txn(conn, row["scope_id"], row["kind"], ServingAction.REFILL, row["epoch"],
+                           from_model=row["serving_model"], to_model=row["target_model"], now=orch.now(),
+                           detail={"round": row["fill_rounds"] + 1, "coverage": {"ready": row["ready"],
+                                                                              "total": row["total"]}})
+    return _start_fill(orch, row["scope_id"], row["kind"], ref)
+
+
+def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
+    """The configuration changed again during a backfill: back to serving if it is the serving model
+    again (abort), else towards the new model (retarget). The old fill batch is cancelled."""
+    scope_id, kind, now = row["scope_id"], row["kind"], orch.now()
+    with orch.engine.begin() as conn:
+        if same(ref, slot(row, "serving")):
+            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.SERVING,
+                                      from_target=row["target_model"], now=now)
+            action = ServingAction.ABORT
+        else:
+            done = q.retarget_txn(conn, scope_id, kind, ref, from_target=row["target_model"], now=now)
+            action = ServingAction.RETARGET
+        if done is not None:
+            q.record_event_txn(conn, scope_id, kind, action, done["epoch"], from_model=row["target_model"],
+                               to_model=ref["model"], now=now)
+    if done is None:
+        return []
+    _cancel(orch, scope_id, row["batch_id"])
+    return _start_fill(orch, scope_id, kind, ref) if action == ServingAction.RETARGET else []
+
+
+def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> None:
+    if batch_id is not None:
+        orch.cancel_batch(scope_id, batch_id)
+
+
+# ---------------------------------------------------------------------------- operators
+def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
+    """Serve the target now, whatever its coverage (images it lacks are found by words only)."""
+    kind, now = check_kind(kind), orch.now()
+    with orch.engine.begin() as conn:
+        row = q.serving_txn(conn, scope_id, kind)
+        if row is None or row["state"] != ServingState.BACKFILL:
+            raise ServingStateConflict("the scope's search is not in a backfill; nothing to cut over to")
+        target = slot(row, "target")
+        coverage = coverage_txn(conn, scope_id, kind, target)
+        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                                 target_pv=target.get("preprocess_version"), early=True, now=now)
+        if switched is None:
+            raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
+        _switched_txn(conn, switched, ServingAction.EARLY_CUTOVER, coverage, now)
+    metrics.SEARCH_SWITCHES.labels(kind, ServingAction.EARLY_CUTOVER.value).inc()
+    _cancel(orch, scope_id, row["batch_id"])
+    return status(orch, scope_id, kind)
+
+
+def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[str, Any], list[Hint]]:
+    """During a backfill: abort it (the reads never moved). After a cutover: serve the previous model
+    again (epoch + 1) and fill it for images added since. Either way the scope is pinned: no new
+    backfill starts until ``resume``."""
+    kind, now = check_kind(kind), orch.now()
+    hints: list[Hint] = []
+    with orch.engine.begin() as conn:
+        row = q.serving_txn(conn, scope_id, kind)
+        if row is None:
+            raise ServingStateConflict("the scope has no search serving state yet")
+        if row["state"] == ServingState.BACKFILL:
+            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.PINNED, from_target=None, now=now)
+            if done is None:
+                raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
+            q.record_event_txn(conn, scope_id, kind, ServingAction.ABORT, done["epoch"],
+                               from_model=row["target_model"], to_model=row["serving_model"], now=now)
+            cancel, fill, switched_back = row["batch_id"], None, False
+        else:
+            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now)
+            if done is None:
+                raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
+            coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
+            _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
+            cancel, switched_back = None, True
+            fill = done if coverage["ready"] < coverage["total"] else None
+    if switched_back:
+        metrics.SEARCH_SWITCHES.labels(kind, ServingAction.ROLLBACK.value).inc()
+    _cancel(orch, scope_id, cancel)
+    if fill is not None:  # images added since the cutover: embed them with the old model too
+        models = _fill_models(fill, kind, configured_ref(orch, kind))
+        _, hints = orch.create_batch(scope_id, all=True, fill_models=models, first_page_size=1)
+    return status(orch, scope_id, kind), hints
+
+
+def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
+    """Unpin: the sweep starts a backfill towards the configured model if it differs."""
+    kind, now = check_kind(kind), orch.now()
+    with orch.engine.begin() as conn:
+        done = q.resume_txn(conn, scope_id, kind, now)
+        if done is None:
+            raise ServingStateConflict("the scope's search is not pinned")
+        q.record_event_txn(conn, scope_id, kind, ServingAction.RESUME, done["epoch"], from_model=None,
+                           to_model=done["serving_model"], now=now)
+    return status(orch, scope_id, kind)
+
+

@@ -1,0 +1,279 @@
+"""Search serving state (migration 0017): every statement that reads or switches which model a
+scope's search reads. Each switch is one conditional UPDATE that says whether it happened.
+
+A *model ref* is ``{"spec", "options", "model", "dims", "config"}``: the provider spec and options
+that rebuild the model in any process, and the identity its embeddings are stored under.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.engine import Connection, RowMapping
+
+from app.orchestrator.store._sql import sql
+
+# A current embedding of model ({m}, {d}[, preprocess version {p}]) for image ``i`` (its bytes — and
+# for text its context — as they are now), per kind.
+CURRENT = {
+    "text": (
+        "EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id"
+        " AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'"
+        " AND t.model = {m} AND t.dims = {d})"
+    ),
+    "visual": (
+        "EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id"
+        " AND v.image_sha256 = i.sha256 AND v.model = {m} AND v.dims = {d} AND v.preprocess_version = {p})"
+    ),
+}
+#: Images a model change waits for: text needs a context (images without one have no text yet); visual
+#: waits for images whose agent stage is done too, so a fill job never re-runs (pays for) a failed or
+#: unfinished agent — such an image gets the new vector from its own job (which embeds with both).
+NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "i.context_status <> 'pending'"}
+
+def ref_json(ref: dict[str, Any] | None) -> str | None:
+    return None if ref is None else json.dumps(ref, sort_keys=True)
+
+
+def serving_txn(conn: Connection, scope_id: str, kind: str, *, lock: bool = False) -> RowMapping | None:
+    statement = "SELECT * FROM search_serving WHERE scope_id = :s AND kind = :k" + (" FOR UPDATE" if lock else "")
+    return conn.execute(sql(statement), {"s": scope_id, "k": kind}).mappings().first()
+
+
+def serving_many_txn(conn: Connection, scope_ids: list[str], kind: str) -> dict[str, RowMapping]:
+    rows = conn.execute(
+        sql("SELECT * FROM search_serving WHERE scope_id = ANY(:s) AND kind = :k"), {"s": list(scope_ids), "k": kind}
+    ).mappings()
+    return {r["scope_id"]: r for r in rows}
+
+
+def all_serving_txn(conn: Connection, scope_id: str | None = None) -> list[RowMapping]:
+    return list(conn.execute(
+        sql("SELECT * FROM search_serving WHERE (CAST(:s AS text) IS NULL OR scope_id = :s) ORDER BY scope_id, kind"),
+        {"s": scope_id},
+    ).mappings())
+
+
+def scopes_without_serving_txn(conn: Connection, kind: str, limit: int) -> list[str]:
+    return list(conn.execute(
+        sql(
+            "SELECT s.id FROM scopes s WHERE NOT EXISTS (SELECT 1 FROM search_serving ss"
+            " WHERE ss.scope_id = s.id AND ss.kind = :k) ORDER BY s.id LIMIT :n"
+        ),
+        {"k": kind, "n": limit},
+    ).scalars())
+
+
+def bootstrap_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any], now: datetime) -> bool:
+    """Create the scope's row served by ``ref``; False when it already exists (a concurrent bootstrap)."""
+    row = conn.execute(
+        sql(
+            "INSERT INTO search_serving (scope_id, kind, state, epoch, serving_model, serving_dims, serving_ref,"
+            " updated_at) VALUES (:s, :k, 'serving', 0, :m, :d, CAST(:ref AS jsonb), :now)"
+            " ON CONFLICT (scope_id, kind) DO NOTHING RETURNING epoch"
+        ),
+        {"s": scope_id, "k": kind, "m": ref["model"], "d": int(ref["dims"]), "ref": ref_json(ref), "now": now},
+    ).first()
+    return row is not None
+
+
+def needing_attention_txn(
+    conn: Connection, kind: str, model: str, dims: int, limit: int, preprocess_version: str | None = None
+) -> list[RowMapping]:
+    """Rows the sweep must act on: in backfill, or served by a model other than the configured one
+    (and not pinned by an operator) — least recently checked first, so with more than ``limit`` such
+    scopes each gets its turn."""
+    return list(conn.execute(
+        sql(
+            "SELECT * FROM search_serving WHERE kind = :k AND (state = 'backfill'"
+            " OR (state = 'serving' AND (serving_model <> :m OR serving_dims <> :d"
+            "  OR coalesce(serving_ref->>'preprocess_version', '') <> coalesce(CAST(:p AS text), ''))))"
+            " ORDER BY checked_at NULLS FIRST, updated_at LIMIT :n"
+        ),
+        {"k": kind, "m": model, "d": int(dims), "p": preprocess_version, "n": limit},
+    ).mappings())
+
+
+def begin_backfill_txn(
+    conn: Connection, scope_id: str, kind: str, target: dict[str, Any], *, from_model: str, now: datetime
+) -> RowMapping | None:
+    """serving → backfill towards ``target``, only if still served by ``from_model`` and not pinned."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET state = 'backfill', target_model = :m, target_dims = :d,"
+            " target_ref = CAST(:ref AS jsonb), batch_id = NULL, fill_rounds = 0, ready = 0, total = 0,"
+            " coverage_at = NULL, checked_at = NULL, started_at = :now, updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'serving' AND serving_model = :from_"
+            " RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
+         "from_": from_model, "now": now},
+    ).mappings().first()
+
+
+def retarget_txn(
+    conn: Connection, scope_id: str, kind: str, target: dict[str, Any], *, from_target: str, now: datetime
+) -> RowMapping | None:
+    """backfill towards ``from_target`` → backfill towards ``target`` (the configuration changed again)."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb),"
+            " batch_id = NULL, fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL,"
+            " started_at = :now, updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :from_ RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
+         "from_": from_target, "now": now},
+    ).mappings().first()
+
+
+def end_backfill_txn(
+    conn: Connection, scope_id: str, kind: str, *, state: str, from_target: str | None, now: datetime
+) -> RowMapping | None:
+    """backfill → ``state`` (serving or pinned) without switching the reads (abort)."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET state = :st, target_model = NULL, target_dims = NULL, target_ref = NULL,"
+            " batch_id = NULL, checked_at = NULL, updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
+            " AND (CAST(:from_ AS text) IS NULL OR target_model = :from_) RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "st": state, "from_": from_target, "now": now},
+    ).mappings().first()
+
+
+def set_batch_txn(conn: Connection, scope_id: str, kind: str, batch_id: uuid.UUID, *, target: str,
+                  now: datetime) -> bool:
+    """Attach a fill batch to the backfill towards ``target`` (another round counts one more)."""
+    res = conn.execute(
+        sql(
+            "UPDATE search_serving SET batch_id = :b, fill_rounds = fill_rounds + 1, updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t"
+        ),
+        {"s": scope_id, "k": kind, "b": batch_id, "t": target, "now": now},
+    )
+    return res.rowcount > 0
+
+
+def claim_check_txn(conn: Connection, scope_id: str, kind: str, now: datetime, min_interval_s: float) -> RowMapping | None:
+    """Take the right to run the (whole-scope) coverage check now: at most one process per
+    ``min_interval_s`` per scope, so racing completions do not each scan the scope; and not while
+    the scope's fill batch is still seeding (some images are not even queued yet)."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving ss SET checked_at = :now WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
+            " AND (checked_at IS NULL OR checked_at <= :now - make_interval(secs => :iv))"
+            " AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = ss.batch_id AND b.status = 'seeding')"
+            " RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "now": now, "iv": float(min_interval_s)},
+    ).mappings().first()
+
+
+def cutover_txn(
+    conn: Connection, scope_id: str, *, target: str, target_dims: int, early: bool, now: datetime,
+    kind: str = "text", target_pv: str | None = None,
+) -> RowMapping | None:
+    """Switch the scope's reads of ``kind`` to ``target`` in one statement, epoch + 1 — only while
+    the scope is still in backfill towards ``target`` and (unless ``early``) every image that needs
+    one (text: has a context) has a current embedding of it. Racing callers: exactly one matches."""
+    covered = (f"NOT EXISTS (SELECT 1 FROM images i WHERE i.scope_id = :s AND {NEEDS[kind]} AND NOT "
+               + CURRENT[kind].format(m=":t", d=":td", p=":tp") + ")")
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims,"
+            " previous_ref = serving_ref, serving_model = target_model, serving_dims = target_dims,"
+            " serving_ref = target_ref, target_model = NULL, target_dims = NULL, target_ref = NULL,"
+            " state = 'serving', epoch = epoch + 1, batch_id = NULL, switched_at = :now, updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td"
+            " AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')"
+            f" AND (:early OR {covered}) RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "t": target, "td": int(target_dims), "tp": target_pv, "early": bool(early),
+         "now": now},
+    ).mappings().first()
+
+
+def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now: datetime) -> RowMapping | None:
+    """Serve the previous model again (serving and previous swap), epoch + 1, pinned — only at ``epoch``."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET serving_model = previous_model, serving_dims = previous_dims,"
+            " serving_ref = previous_ref, previous_model = serving_model, previous_dims = serving_dims,"
+            " previous_ref = serving_ref, state = 'pinned', epoch = epoch + 1, switched_at = :now,"
+            " updated_at = :now WHERE scope_id = :s AND kind = :k AND state IN ('serving', 'pinned')"
+            " AND previous_model IS NOT NULL AND epoch = :e RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "e": epoch, "now": now},
+    ).mappings().first()
+
+
+def resume_txn(conn: Connection, scope_id: str, kind: str, now: datetime) -> RowMapping | None:
+    """pinned → serving: the sweep may start a backfill towards the configured model again."""
+    return conn.execute(
+        sql(
+            "UPDATE search_serving SET state = 'serving', updated_at = :now"
+            " WHERE scope_id = :s AND kind = :k AND state = 'pinned' RETURNING *"
+        ),
+        {"s": scope_id, "k": kind, "now": now},
+    ).mappings().first()
+
+
+def set_coverage_txn(conn: Connection, scope_id: str, kind: str, ready: int, total: int, now: datetime) -> None:
+    conn.execute(
+        sql(
+            "UPDATE search_serving SET ready = :r, total = :t, coverage_at = :now"
+            " WHERE scope_id = :s AND kind = :k"
+        ),
+        {"s": scope_id, "k": kind, "r": int(ready), "t": int(total), "now": now},
+    )
+
+
+def record_event_txn(
+    conn: Connection, scope_id: str, kind: str, action: str, epoch: int, *, from_model: str | None,
+    to_model: str | None, now: datetime, detail: dict[str, Any] | None = None,
+) -> None:
+    conn.execute(
+        sql(
+            "INSERT INTO search_serving_events (scope_id, kind, action, epoch, from_model, to_model, detail, at)"
+            " VALUES (:s, :k, :a, :e, :f, :t, CAST(:detail AS jsonb), :now)"
+        ),
+        {"s": scope_id, "k": kind, "a": action, "e": epoch, "f": from_model, "t": to_model,
+         "detail": None if detail is None else json.dumps(detail, sort_keys=True), "now": now},
+    )
+
+
+def events_txn(conn: Connection, scope_id: str, kind: str, limit: int) -> list[RowMapping]:
+    return list(conn.execute(
+        sql(
+            "SELECT action, epoch, from_model, to_model, detail, at FROM search_serving_events"
+            " WHERE scope_id = :s AND kind = :k ORDER BY id DESC LIMIT :n"
+        ),
+        {"s": scope_id, "k": kind, "n": limit},
+    ).mappings())
+
+
+def coverage_txn(
+    conn: Connection, scope_id: str, kind: str, model: str, dims: int, preprocess_version: str | None = None
+) -> dict[str, int]:
+    """{ready, total}: the scope's images that need an embedding of the kind (text: those with a
+    context), and those of them with a current embedding of the model."""
+    row = conn.execute(
+        sql(
+            "SELECT count(*) AS total, count(*) FILTER (WHERE "
+            + CURRENT[kind].format(m=":m", d=":d", p=":p") + ") AS ready"
+            f" FROM images i WHERE i.scope_id = :s AND {NEEDS[kind]}"
+        ),
+        {"s": scope_id, "m": model, "d": int(dims), "p": preprocess_version},
+    ).one()
+    return {"ready": int(row.ready), "total": int(row.total)}
+
+
+def text_coverage_txn(conn: Connection, scope_id: str, model: str, dims: int) -> dict[str, int]:
+    """:func:`coverage_txn` of a text model."""
+    return coverage_txn(conn, scope_id, "text", model, dims)
+
+
