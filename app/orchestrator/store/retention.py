@@ -56,8 +56,8 @@ DELETE FROM processing_jobs WHERE id = ANY(ARRAY(
   SELECT j.id FROM processing_jobs j
   WHERE j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled')
     AND j.completed_at < :cutoff
-    AND (SELECT true FROM processing_jobs n WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id
-         AND n.revision > j.revision LIMIT 1)
+    AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
+                      WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
     AND (SELECT true FROM tasks t WHERE t.job_id = j.id AND t.status IN ('queued', 'running') LIMIT 1) IS NULL
     AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
                                 FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))
