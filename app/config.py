@@ -89,7 +89,7 @@ class Settings:
     retention_old_models_s: float = 0.0  # embeddings of models no longer configured (0: kept; see docs)
     retention_ops_counters_s: float = 7 * 86400.0  # per-minute ops_counters buckets
     retention_batch_size: int = 1000
-    retention_max_batches: int = 5
+    retention_max_batches: int = 2
     retention_scan_rows: int = 5000
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000

@@ -62,6 +62,8 @@ NOISE = 0.45  # norm of each of the three noise vectors (the centroid's is 1)
 def scope_sizes(total: int, scopes: int, seed: int = 3) -> list[int]:
     """One scope with half the images, nine sharing most of the rest (ratio 0.6 each), the others
     100–600 each."""
+    if scopes == 1:
+        return [total]
     rng = random.Random(seed)
     small = [rng.randint(100, 600) for _ in range(max(0, scopes - 10))]
     rest = total - total // 2 - sum(small)
@@ -327,7 +329,8 @@ def main() -> None:
         engine = make_engine(url)
         order = sorted(range(len(sizes)), key=lambda n: -sizes[n])
         small = [n for n in order if sizes[n] <= 600]
-        measured = [order[0], order[3], order[6]] + [small[0], small[len(small) // 2], small[-1]]
+        measured = list(dict.fromkeys([order[0], order[min(3, len(order) - 1)], order[min(6, len(order) - 1)]]
+                                      + ([small[0], small[len(small) // 2], small[-1]] if small else [])))
         rows = []
         for n in measured:
             m = measure(engine, raw, f"s{n:03d}", args.queries, args.text_dims, args.visual_dims, True, 100 + n)

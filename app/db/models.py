@@ -262,11 +262,6 @@ class ProcessingJob(Base):
             "ix_processing_jobs_needs_human", "updated_at",
             postgresql_where=text("status IN ('blocked', 'unknown_execution', 'failed')"),
         ),
-        # retention: ended jobs, oldest first (migration 0016)
-        Index(
-            "ix_processing_jobs_ended", "completed_at",
-            postgresql_where=text("status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled')"),
-        ),
     )
 
 
@@ -405,8 +400,6 @@ class TaskAttempt(Base):
         UniqueConstraint("task_id", "attempt_no"),
         status_check("state", E.AttemptState),
         Index("ix_task_attempts_open", "task_id", postgresql_where=text("state = 'external_started'")),
-        # retention: ended attempts, oldest first (migration 0016)
-        Index("ix_task_attempts_ended", "updated_at", postgresql_where=text("state IN ('completed', 'failed')")),
     )
 
 
@@ -555,9 +548,9 @@ class SweepState(Base):
 
 
 class RetentionWalk(Base):
-    """Where the sweep's stale-embeddings walk of one table resumes (migration 0016)."""
+    """Where the sweep's retention walk of one kind of history resumes (migration 0016)."""
 
     __tablename__ = "retention_walks"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    after_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    after_key: Mapped[str | None] = mapped_column(Text)
     updated_at: Mapped[datetime] = _now()

@@ -1,8 +1,9 @@
 """Retention, a step of the reconcile sweep (River's job cleaner, Oban's pruner): history older
 than its configured age (``MEMEFLOW_RETENTION_*_S``; 0 = kept forever) is deleted in small
-batches — ``retention_batch_size`` rows a statement, its own short transaction, at most
-``retention_max_batches`` statements per kind per sweep — so a sweep's cost is bounded whatever
-the backlog, and a large backlog drains over successive sweeps.
+batches — each step of a kind's walk reads ``retention_scan_rows`` rows and deletes at most
+``retention_batch_size`` of them in its own short transaction, at most ``retention_max_batches``
+steps per kind per sweep — so a sweep's cost is bounded whatever the history, and a large backlog
+drains over successive sweeps.
 
 What is never deleted, and each statement, is in app/orchestrator/store/retention.py. Embeddings
 of models no longer configured are kept unless ``MEMEFLOW_RETENTION_OLD_MODELS_S`` is set: only
@@ -12,8 +13,9 @@ the configured text model and visual model/preprocess version count as current.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from typing import TYPE_CHECKING
+import time
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import DBAPIError
 
@@ -24,69 +26,74 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the order matters only for what a single sweep reaches first: jobs (their tasks and attempts
-# cascade) before the loose tasks and attempts
-KINDS = ("jobs", "tasks", "attempts", "ops_counters")
-
 
 def prune(orch: Orchestrator) -> dict[str, int]:
-    """One bounded retention pass; rows deleted per kind (``pruned_<kind>``) and statements that
-    failed (``retention_errors``; the next sweep retries them)."""
+    """One bounded retention pass; rows deleted per kind (``pruned_<kind>``), the time each kind
+    took (``retention_ms_<kind>``) and steps that failed (``retention_errors``; a lock timeout or
+    deadlock with live work — the next sweep retries)."""
     s = orch.settings
     now = orch.now()
-    ages = {"jobs": s.retention_jobs_s, "tasks": s.retention_tasks_s, "attempts": s.retention_attempts_s,
-            "ops_counters": max(s.retention_ops_counters_s, 3600.0) if s.retention_ops_counters_s else 0.0}
+
+    def cutoff(age: float) -> datetime | None:
+        return now - timedelta(seconds=age) if age > 0 else None
+
+    cfg = orch.stage_configs
+    stale, models = cutoff(s.retention_embeddings_s), cutoff(s.retention_old_models_s)
+    walks: dict[str, dict[str, Any] | None] = {
+        "jobs": {"cutoff": cutoff(s.retention_jobs_s)},
+        "tasks": {"cutoff": cutoff(s.retention_tasks_s)},
+        "attempts": {"cutoff": cutoff(s.retention_attempts_s)},
+        "text_embeddings": {"stale_cutoff": stale, "model_cutoff": models, "keep": [str(cfg.text["model"])]},
+        "visual_embeddings": {"stale_cutoff": stale, "model_cutoff": models,
+                              "keep": [f"{cfg.visual['model']}|{cfg.visual['preprocess_version']}"]},
+    }
     counts: dict[str, int] = {"retention_errors": 0}
-    for kind in KINDS:
+    for kind, params in walks.items():
         counts[f"pruned_{kind}"] = 0
-        if ages[kind] <= 0:
+        if params is None or all(params.get(k) is None for k in ("cutoff", "stale_cutoff", "model_cutoff")):
             continue
-        cutoff = now - timedelta(seconds=ages[kind])
+        started = time.monotonic()
+        try:
+            counts[f"pruned_{kind}"] = _walk(orch, kind, params)
+        except DBAPIError:
+            log.warning("retention step failed", extra={"kind": kind}, exc_info=True)
+            counts["retention_errors"] += 1
+        counts[f"retention_ms_{kind}"] = round((time.monotonic() - started) * 1000)
+    counts["pruned_ops_counters"] = 0
+    ops_age = max(s.retention_ops_counters_s, 3600.0) if s.retention_ops_counters_s > 0 else 0.0  # /ops: last hour
+    if ops_age:
+        started = time.monotonic()
         for _ in range(s.retention_max_batches):
             try:
                 with orch.engine.begin() as conn:
-                    n = q.prune_txn(conn, kind, cutoff, s.retention_batch_size)
-            except DBAPIError:  # a lock timeout or deadlock with live work: leave it to the next sweep
-                log.warning("retention statement failed", extra={"kind": kind}, exc_info=True)
+                    n = q.prune_ops_counters_txn(conn, now - timedelta(seconds=ops_age), s.retention_batch_size)
+            except DBAPIError:
+                log.warning("retention step failed", extra={"kind": "ops_counters"}, exc_info=True)
                 counts["retention_errors"] += 1
                 break
-            counts[f"pruned_{kind}"] += n
+            counts["pruned_ops_counters"] += n
             if n < s.retention_batch_size:
                 break
-    stale = now - timedelta(seconds=s.retention_embeddings_s) if s.retention_embeddings_s > 0 else None
-    models = now - timedelta(seconds=s.retention_old_models_s) if s.retention_old_models_s > 0 else None
-    cfg = orch.stage_configs
-    keep = {"text_embeddings": [str(cfg.text["model"])],
-            "visual_embeddings": [f"{cfg.visual['model']}|{cfg.visual['preprocess_version']}"]}
-    for table in q.WALKS:
-        counts[f"pruned_{table}"] = 0
-        if stale is None and models is None:
-            continue
-        try:
-            counts[f"pruned_{table}"] = _walk(orch, table, stale, models, keep[table])
-        except DBAPIError:
-            log.warning("retention walk failed", extra={"table": table}, exc_info=True)
-            counts["retention_errors"] += 1
+        counts["retention_ms_ops_counters"] = round((time.monotonic() - started) * 1000)
     return counts
 
 
-def _walk(orch: Orchestrator, table: str, stale, models, keep: list[str]) -> int:
-    """Up to ``retention_max_batches`` windows of ``retention_scan_rows`` rows of the table's walk,
-    resuming where the last sweep stopped and starting over past the end."""
+def _walk(orch: Orchestrator, kind: str, params: dict[str, Any]) -> int:
+    """Up to ``retention_max_batches`` steps of ``kind``'s walk, resuming where the last sweep
+    stopped and starting over past the end; rows deleted."""
     s = orch.settings
     deleted = 0
     with orch.engine.begin() as conn:
-        after = q.walk_position_txn(conn, table)
+        after = q.walk_position_txn(conn, kind)
     for _ in range(s.retention_max_batches):
         with orch.engine.begin() as conn:
-            last, scanned, n = q.walk_embeddings_txn(
-                conn, table, after, s.retention_scan_rows, s.retention_batch_size, stale_cutoff=stale,
-                model_cutoff=models, keep=keep,
-            )
-            if n < s.retention_batch_size:  # else the window may hold more: walk it again
-                after = last if last is not None and scanned == s.retention_scan_rows else 0
-            q.set_walk_position_txn(conn, table, after)
+            last, scanned, n = q.walk_step_txn(conn, kind, after, s.retention_scan_rows, s.retention_batch_size,
+                                               **params)
+            wrapped = n < s.retention_batch_size and scanned < s.retention_scan_rows  # past the end
+            if n < s.retention_batch_size:  # else the window may hold more: read it again
+                after = None if wrapped else last
+            q.set_walk_position_txn(conn, kind, after)
         deleted += n
-        if after == 0:
+        if wrapped:
             break
     return deleted

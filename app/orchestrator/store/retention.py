@@ -1,8 +1,4 @@
-"""Retention statements (the sweep's pruning, app/orchestrator/retention.py): each deletes at most
-``:n`` rows of one kind, oldest first, picked through an index with ``FOR UPDATE SKIP LOCKED`` so a
-row someone holds is left for a later sweep, then deleted by key (``= ANY(ARRAY(…))``: an index or
-TID lookup per row, where ``IN (…)`` may become a hash join over the whole table). Each one's
-WHERE clause names what it never touches.
+"""Retention statements (the sweep's pruning, app/orchestrator/retention.py).
 
 Kept, whatever their age: an active job (queued/running) and every task, attempt and job stage it
 has; a job that waits for a human (``blocked``, ``unknown_execution``) with its tasks and attempts;
@@ -10,6 +6,17 @@ every image's latest job; a task a job stage points at; an attempt whose outcome
 (``prepared``, ``external_started``, ``unknown_execution``); jobs of a batch that is active or
 ended within the retention age; and every image's current embeddings (current sha256, and
 metadata_hash for text, of a configured model).
+
+Most old rows are of that kind (each image's latest job, its tasks, its current embeddings), so
+"oldest first" would re-read all of them on every sweep. Instead each kind with kept rows is a
+**walk**: one step reads the next ``:scan`` rows by primary key after ``:after`` (where the last
+step stopped, ``retention_walks``), deletes up to ``:n`` of them that are old and no longer needed,
+and returns the last key it read — the cost of a step is fixed, and the walk starts over past the
+end. Picked rows are locked ``FOR UPDATE SKIP LOCKED`` (a row someone holds waits for the next
+pass) and deleted by key (``= ANY(ARRAY(…))``: a lookup per row). Conditions on other tables are
+scalar subqueries — a primary-key or index lookup per row read; as (NOT) EXISTS they become
+joins, which may read every active job or every image. ``ops_counters`` has no kept rows: its
+oldest buckets go first.
 """
 
 from __future__ import annotations
@@ -20,145 +27,124 @@ from sqlalchemy.engine import Connection
 
 from app.orchestrator.store._sql import sql
 
-# The conditions on other tables are scalar subqueries: per picked row, a primary-key or index
-# lookup. (As NOT EXISTS they become anti-joins, which may read every active job or job stage.)
+_STEP = """
+WITH scan AS MATERIALIZED (SELECT {key} AS k FROM {table} WHERE {key} > CAST(:after AS {type})
+                           ORDER BY {key} LIMIT :scan),
+doomed AS (
+  SELECT {alias}.{key} AS k FROM {table} {alias}
+  WHERE {alias}.{key} = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
+  LIMIT :n FOR UPDATE OF {alias} SKIP LOCKED),
+gone AS (DELETE FROM {table} WHERE {key} = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
+  (SELECT count(*) FROM gone) AS deleted
+"""
 
 # Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
-# except those of a job that is active or waits for a human. ix_tasks_finished.
-PRUNE_TASKS = """
-DELETE FROM tasks WHERE id = ANY(ARRAY(
-  SELECT t.id FROM tasks t
-  WHERE t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
+# except those of a job that is active or waits for a human.
+TASKS = _STEP.format(table="tasks", alias="t", key="id", type="uuid", condition="""
+    t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
     AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
     AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
-        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
-  ORDER BY t.completed_at LIMIT :n FOR UPDATE OF t SKIP LOCKED))
-"""
+        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')""")
 
-# Completed or failed attempts of ended tasks, except under a job that waits for a human (or is
-# active). ix_task_attempts_ended (migration 0016).
-PRUNE_ATTEMPTS = """
-DELETE FROM task_attempts WHERE attempt_id = ANY(ARRAY(
-  SELECT a.attempt_id FROM task_attempts a
-  WHERE a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
+# Completed or failed attempts of ended tasks, except under a job that is active or waits for a human.
+ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type="text", condition="""
+    a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
     AND (SELECT t.status IN ('succeeded', 'failed', 'cancelled')
                 AND j.status NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
-         FROM tasks t JOIN processing_jobs j ON j.id = t.job_id WHERE t.id = a.task_id)
-  ORDER BY a.updated_at LIMIT :n FOR UPDATE OF a SKIP LOCKED))
-"""
+         FROM tasks t JOIN processing_jobs j ON j.id = t.job_id WHERE t.id = a.task_id)""")
 
 # Ended jobs a newer job of the same image replaced (superseded, target_changed, and any other
 # ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
 # one waiting for a human, one with a task still queued or running, or one of a batch that is
-# active or ended within the age. ix_processing_jobs_ended (migration 0016).
-PRUNE_JOBS = """
-DELETE FROM processing_jobs WHERE id = ANY(ARRAY(
-  SELECT j.id FROM processing_jobs j
-  WHERE j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled')
-    AND j.completed_at < :cutoff
+# active or ended within the age. The image's latest revision: its unique index, backwards.
+JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", condition="""
+    j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
     AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
                       WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
     AND (SELECT true FROM tasks t WHERE t.job_id = j.id AND t.status IN ('queued', 'running') LIMIT 1) IS NULL
     AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
-                                FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))
-  ORDER BY j.completed_at LIMIT :n FOR UPDATE OF j SKIP LOCKED))
-"""
+                                FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))""")
 
-# Per-minute counter buckets (primary key (bucket, name)).
-PRUNE_OPS_COUNTERS = """
+# Embeddings no longer current — an older image version (older than stale_cutoff) or a model that
+# is no longer configured (older than model_cutoff; NULL = never). The image row is share-locked
+# and the condition checked again on its latest version (a lateral subquery per pick; a locked
+# image is skipped), so an image update that would make a picked row current again waits for this
+# delete and then recomputes the row.
+_EMBEDDINGS = """
+WITH scan AS MATERIALIZED (SELECT id AS k FROM {table} WHERE id > CAST(:after AS bigint) ORDER BY id LIMIT :scan),
+picked AS (
+  SELECT e.id, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
+  FROM {table} e
+  WHERE e.id = ANY(ARRAY(SELECT k FROM scan))
+    AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
+          AND (SELECT {stale} FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
+      OR {old_model})
+  LIMIT :n),
+doomed AS (
+  SELECT p.id FROM picked p CROSS JOIN LATERAL (
+    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR {stale_p})
+    FOR SHARE SKIP LOCKED) held),
+gone AS (DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
+SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
+  (SELECT count(*) FROM gone) AS deleted
+"""
+TEXT_EMBEDDINGS = _EMBEDDINGS.format(
+    table="text_embeddings", cols="e.image_sha256, e.metadata_hash",
+    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[])))",
+    stale="i.sha256 <> e.image_sha256 OR i.metadata_hash IS DISTINCT FROM e.metadata_hash",
+    stale_p="i.sha256 <> p.image_sha256 OR i.metadata_hash IS DISTINCT FROM p.metadata_hash",
+)
+# kept visual models are "model|preprocess_version"
+VISUAL_EMBEDDINGS = _EMBEDDINGS.format(
+    table="visual_embeddings", cols="e.image_sha256",
+    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz)"
+              " AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[])))",
+    stale="i.sha256 <> e.image_sha256", stale_p="i.sha256 <> p.image_sha256",
+)
+
+# Per-minute counter buckets, oldest first (primary key (bucket, name)); deleted by TID.
+OPS_COUNTERS = """
 DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM ops_counters WHERE bucket < :cutoff
   ORDER BY bucket LIMIT :n FOR UPDATE SKIP LOCKED))
 """
 
-# Embeddings walk: the next :scan rows by id after :after (primary key), of which up to :n are
-# deleted when no longer current — an older image version (stale_cutoff) or a model that is no
-# longer configured (model_cutoff; NULL = never) — and older than that age. Each pick's image row
-# is then share-locked and the condition checked again on its latest version (a lateral subquery:
-# one index lookup per pick; a locked image is skipped), so an image update that would make a
-# picked row current again waits for this delete and then finds the row gone. Returns the last
-# id seen.
-PRUNE_TEXT_EMBEDDINGS = """
-WITH scan AS (SELECT id FROM text_embeddings WHERE id > :after ORDER BY id LIMIT :scan),
-picked AS (
-  SELECT e.id, e.scope_id, e.image_id, e.image_sha256, e.metadata_hash,
-    coalesce(e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[])), false)
-      AS old_model
-  FROM text_embeddings e
-  WHERE e.id > :after AND e.id <= (SELECT max(id) FROM scan)
-    AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
-          AND (SELECT i.sha256 <> e.image_sha256 OR i.metadata_hash IS DISTINCT FROM e.metadata_hash
-               FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
-      OR (e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[]))))
-  LIMIT :n),
-doomed AS (
-  SELECT p.id FROM picked p CROSS JOIN LATERAL (
-    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id
-      AND (p.old_model OR i.sha256 <> p.image_sha256 OR i.metadata_hash IS DISTINCT FROM p.metadata_hash)
-    FOR SHARE SKIP LOCKED) held),
-gone AS (DELETE FROM text_embeddings WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
-SELECT (SELECT max(id) FROM scan) AS last_id, (SELECT count(*) FROM scan) AS scanned,
-  (SELECT count(*) FROM gone) AS deleted
-"""
-
-# The same walk over visual embeddings (current: the image's sha256; kept models: "model|preprocess").
-PRUNE_VISUAL_EMBEDDINGS = """
-WITH scan AS (SELECT id FROM visual_embeddings WHERE id > :after ORDER BY id LIMIT :scan),
-picked AS (
-  SELECT e.id, e.scope_id, e.image_id, e.image_sha256,
-    coalesce(e.created_at < CAST(:model_cutoff AS timestamptz)
-             AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[])), false) AS old_model
-  FROM visual_embeddings e
-  WHERE e.id > :after AND e.id <= (SELECT max(id) FROM scan)
-    AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
-          AND (SELECT i.sha256 <> e.image_sha256 FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
-      OR (e.created_at < CAST(:model_cutoff AS timestamptz)
-          AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[]))))
-  LIMIT :n),
-doomed AS (
-  SELECT p.id FROM picked p CROSS JOIN LATERAL (
-    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id
-      AND (p.old_model OR i.sha256 <> p.image_sha256)
-    FOR SHARE SKIP LOCKED) held),
-gone AS (DELETE FROM visual_embeddings WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
-SELECT (SELECT max(id) FROM scan) AS last_id, (SELECT count(*) FROM scan) AS scanned,
-  (SELECT count(*) FROM gone) AS deleted
-"""
-
-PRUNE = {"tasks": PRUNE_TASKS, "attempts": PRUNE_ATTEMPTS, "jobs": PRUNE_JOBS, "ops_counters": PRUNE_OPS_COUNTERS}
-WALKS = {"text_embeddings": PRUNE_TEXT_EMBEDDINGS, "visual_embeddings": PRUNE_VISUAL_EMBEDDINGS}
+# each walk's statement and the key it starts after
+WALKS = {
+    "jobs": (JOBS, "00000000-0000-0000-0000-000000000000"),
+    "tasks": (TASKS, "00000000-0000-0000-0000-000000000000"),
+    "attempts": (ATTEMPTS, ""),
+    "text_embeddings": (TEXT_EMBEDDINGS, "0"),
+    "visual_embeddings": (VISUAL_EMBEDDINGS, "0"),
+}
 
 
-def prune_txn(conn: Connection, kind: str, cutoff: datetime, n: int) -> int:
-    """Delete up to ``n`` rows of ``kind`` (a key of PRUNE) older than ``cutoff``; how many went."""
-    return conn.execute(sql(PRUNE[kind]), {"cutoff": cutoff, "n": n}).rowcount
+def walk_step_txn(conn: Connection, kind: str, after: str | None, scan: int, n: int, **params: object
+                  ) -> tuple[str | None, int, int]:
+    """One step of ``kind``'s walk after key ``after`` (None = from the start): (last key read —
+    None past the end —, rows read, rows deleted). ``params``: ``cutoff`` for jobs, tasks and
+    attempts; ``stale_cutoff``, ``model_cutoff`` and ``keep`` for the embeddings."""
+    statement, start = WALKS[kind]
+    row = conn.execute(sql(statement), {"after": after or start, "scan": scan, "n": n, **params}).one()
+    return row.last_key, int(row.scanned), int(row.deleted)
 
 
-def walk_embeddings_txn(
-    conn: Connection, table: str, after: int, scan: int, n: int, *, stale_cutoff: datetime | None,
-    model_cutoff: datetime | None, keep: list[str],
-) -> tuple[int | None, int, int]:
-    """One step of the embeddings walk of ``table``: (last id seen — None past the end —, rows
-    seen, rows deleted)."""
-    row = conn.execute(
-        sql(WALKS[table]),
-        {"after": after, "scan": scan, "n": n, "stale_cutoff": stale_cutoff, "model_cutoff": model_cutoff,
-         "keep": keep},
-    ).one()
-    return (int(row.last_id) if row.last_id is not None else None), int(row.scanned), int(row.deleted)
+def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
+    """Delete up to ``n`` ops_counters buckets older than ``cutoff``, oldest first; how many went."""
+    return conn.execute(sql(OPS_COUNTERS), {"cutoff": cutoff, "n": n}).rowcount
 
 
-def walk_position_txn(conn: Connection, table: str) -> int:
-    """Where the embeddings walk of ``table`` resumes (the last id it saw; 0 = the start)."""
-    value = conn.execute(sql("SELECT after_id FROM retention_walks WHERE name = :t"), {"t": table}).scalar()
-    return int(value or 0)
+def walk_position_txn(conn: Connection, kind: str) -> str | None:
+    """The key ``kind``'s walk resumes after (None = the start)."""
+    return conn.execute(sql("SELECT after_key FROM retention_walks WHERE name = :k"), {"k": kind}).scalar()
 
 
-def set_walk_position_txn(conn: Connection, table: str, after: int) -> None:
+def set_walk_position_txn(conn: Connection, kind: str, after: str | None) -> None:
     conn.execute(
         sql(
-            "INSERT INTO retention_walks (name, after_id, updated_at) VALUES (:t, :a, now())"
-            " ON CONFLICT (name) DO UPDATE SET after_id = EXCLUDED.after_id, updated_at = EXCLUDED.updated_at"
+            "INSERT INTO retention_walks (name, after_key, updated_at) VALUES (:k, :a, now())"
+            " ON CONFLICT (name) DO UPDATE SET after_key = EXCLUDED.after_key, updated_at = EXCLUDED.updated_at"
         ),
-        {"t": table, "a": after},
+        {"k": kind, "a": after},
     )
