@@ -79,9 +79,8 @@ class Settings:
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0
     # Retention (app/orchestrator/retention.py): each sweep deletes history older than these ages
-    # (seconds; 0 = keep forever), at most retention_batch_size rows a statement and
-    # retention_max_batches statements per kind per sweep; stale embeddings are looked for in a
-    # walk of retention_scan_rows rows per table per sweep.
+    # (seconds; 0 = keep forever) in steps that read retention_scan_rows rows and delete at most
+    # retention_batch_size, retention_max_batches steps per kind per sweep (docs/operations.md).
     retention_tasks_s: float = 7 * 86400.0  # finished tasks no job stage points at any more
     retention_attempts_s: float = 7 * 86400.0  # completed/failed attempts of finished tasks
     retention_jobs_s: float = 30 * 86400.0  # ended jobs a newer job of the same image replaced

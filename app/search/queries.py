@@ -62,7 +62,7 @@ def iterative_scan(conn: Any) -> None:
 # HNSW index with HNSW_EF_SEARCH. Both chosen by measurement (bench/search_scale.py,
 # docs/performance.md).
 EXACT_SCAN_MAX_IMAGES = 20_000
-HNSW_EF_SEARCH = 100
+HNSW_EF_SEARCH = 400
 
 
 def exact_scan(conn: Any, scope_id: str) -> bool:
