@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from app.api import search_queries as VQ
 from app.db.engine import ensure_vector_index
@@ -78,7 +78,8 @@ def _queries(n: int) -> list[list[float]]:
 @pytest.mark.parametrize("scope", ["mid", "small"])
 def test_a_small_scope_gets_exactly_its_nearest_images(shared_index, scope):
     """Semantic and visual search of a scope of 0.2–3% of the index return the exact answer (the
-    whole ranked list, ties by id); a filtered HNSW scan returns fewer or other images here."""
+    whole ranked list, ties by id) — a filtered HNSW scan of the shared index does not promise it
+    (at 1M vectors: recall@10 0.64–0.98 for scopes of 1.5–7%, docs/performance.md §7)."""
     engine, provider = shared_index, GivenVector()
     k = 10
     for q in _queries(8):
@@ -90,34 +91,31 @@ def test_a_small_scope_gets_exactly_its_nearest_images(shared_index, scope):
         assert got["coverage"] == {"ready": SIZES[scope], "total": SIZES[scope]}
 
 
-def test_a_large_scope_is_searched_through_the_hnsw_index(shared_index):
-    """Above EXACT_SCAN_MAX_IMAGES the candidate query is served by the HNSW index (a join to
-    images made the planner sort the whole scope instead), and its top 10 matches the exact one."""
+def test_a_large_scope_is_searched_through_the_hnsw_index(shared_index, monkeypatch):
+    """Above EXACT_SCAN_MAX_IMAGES the candidate query is served by the HNSW index (before issue
+    18 a join to images, misestimated at one row, made the planner sort the whole scope instead:
+    exact, but O(scope) — 0.2 s at 50k images), and its top 10 is close to the exact one."""
     engine, provider = shared_index, GivenVector()
-    saved = Q.EXACT_SCAN_MAX_IMAGES
-    Q.EXACT_SCAN_MAX_IMAGES = 1000  # "big" is large at this threshold; the others stay exact
+    # "big" is large at this threshold; the others stay exact (raising=False: also runs on older code)
+    monkeypatch.setattr(Q, "EXACT_SCAN_MAX_IMAGES", 1000, raising=False)
     plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if "ORDER BY" in statement and "<=>" in statement and not statement.startswith("EXPLAIN"):
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(r[0] for r in cursor.fetchall()))
+
+    event.listen(engine, "before_cursor_execute", explain)
     try:
-        from sqlalchemy import event
-
-        def explain(conn, cursor, statement, parameters, context, executemany):
-            if statement.startswith("WITH sem AS") or statement.startswith("WITH n AS"):
-                cursor.execute("EXPLAIN " + statement, parameters)
-                plans.append("\n".join(r[0] for r in cursor.fetchall()))
-
-        event.listen(engine, "before_cursor_execute", explain)
-        try:
-            hits = 0
-            for q in _queries(5):
-                provider.vector = q
-                got = service.search_text(engine, provider, "big", "x", limit=10, mode="semantic")
-                hits += len({str(h["image"]["id"]) for h in got["items"]}
-                            & set(_exact(engine, "text_embeddings", "big", q, 10)))
-                VQ.search_visual(engine, "big", model="vm", preprocess_version="p", dims=DIMS, vector=q, limit=10)
-        finally:
-            event.remove(engine, "before_cursor_execute", explain)
+        hits = 0
+        for q in _queries(5):
+            provider.vector = q
+            got = service.search_text(engine, provider, "big", "x", limit=10, mode="semantic")
+            hits += len({str(h["image"]["id"]) for h in got["items"]}
+                        & set(_exact(engine, "text_embeddings", "big", q, 10)))
+            VQ.search_visual(engine, "big", model="vm", preprocess_version="p", dims=DIMS, vector=q, limit=10)
     finally:
-        Q.EXACT_SCAN_MAX_IMAGES = saved
+        event.remove(engine, "before_cursor_execute", explain)
     assert len(plans) == 10
     for plan in plans:
         assert re.search(r"Index Scan using ix_(text|visual)_embeddings_hnsw", plan), plan
