@@ -78,6 +78,18 @@ class Settings:
     worker_task_events: bool = False
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0
+    # Retention (app/orchestrator/retention.py): each sweep deletes history older than these ages
+    # (seconds; 0 = keep forever) in steps that read retention_scan_rows rows and delete at most
+    # retention_batch_size, retention_max_batches steps per kind per sweep (docs/operations.md).
+    retention_tasks_s: float = 7 * 86400.0  # finished tasks no job stage points at any more
+    retention_attempts_s: float = 7 * 86400.0  # completed/failed attempts of finished tasks
+    retention_jobs_s: float = 30 * 86400.0  # ended jobs a newer job of the same image replaced
+    retention_embeddings_s: float = 86400.0  # embeddings of an image version that is no longer current
+    retention_old_models_s: float = 0.0  # embeddings of models no longer configured (0: kept; see docs)
+    retention_ops_counters_s: float = 7 * 86400.0  # per-minute ops_counters buckets
+    retention_batch_size: int = 1000
+    retention_max_batches: int = 2
+    retention_scan_rows: int = 5000
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000
     # model changes (docs/operations.md): a scope in backfill checks whether the new model covers every
@@ -174,6 +186,11 @@ class Settings:
             raise SettingsError("MEMEFLOW_VISUAL_BATCH_MAX_PIXELS and MEMEFLOW_EMBEDDING_BATCH_MAX_CHARS must be >= 1")
         if min(self.scope_max_bytes, self.scope_max_images, self.uploads_per_minute, self.processing_per_minute) < 0:
             raise SettingsError("tenant limits must be >= 0 (0 = unlimited)")
+        if min(self.retention_tasks_s, self.retention_attempts_s, self.retention_jobs_s, self.retention_embeddings_s,
+               self.retention_old_models_s, self.retention_ops_counters_s) < 0:
+            raise SettingsError("MEMEFLOW_RETENTION_*_S must be >= 0 (0 = keep forever)")
+        if min(self.retention_batch_size, self.retention_max_batches, self.retention_scan_rows) < 1:
+            raise SettingsError("MEMEFLOW_RETENTION_BATCH_SIZE, _MAX_BATCHES and _SCAN_ROWS must be >= 1")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
         if min(self.event_streams_per_scope, self.event_streams_per_process, self.webhook_max_attempts,

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from app.search.queries import IMAGE_COLUMNS, LATEST_JOB, iterative_scan, vector_literal
+from app.search.queries import IMAGE_COLUMNS, LATEST_JOB, cached_count, exact_scan, iterative_scan, vector_literal
 
 
 def _hits(rows: Any) -> list[dict[str, Any]]:
@@ -28,6 +28,12 @@ def _hits(rows: Any) -> list[dict[str, Any]]:
 
 
 def visual_coverage(engine: Engine, scope_id: str, *, model: str, preprocess_version: str) -> dict[str, int]:
+    """How many images of the scope have a current visual embedding of the model (``cached_count``)."""
+    return cached_count(engine, scope_id, ("visual", model, preprocess_version),
+                        lambda: _visual_coverage(engine, scope_id, model=model, preprocess_version=preprocess_version))
+
+
+def _visual_coverage(engine: Engine, scope_id: str, *, model: str, preprocess_version: str) -> dict[str, int]:
     with engine.connect() as conn:
         row = conn.execute(
             text(
@@ -90,21 +96,38 @@ def search_visual(
     limit: int,
     exclude_image_id: uuid.UUID | None = None,
 ) -> list[dict]:
-    """Nearest current visual embeddings of the scope (score = 1 - cosine distance)."""
+    """Nearest current visual embeddings of the scope (score = 1 - cosine distance); a small scope
+    by an exact scan (``app.search.queries.exact_scan``)."""
     d = int(dims)
-    sql = text(
-        f"SELECT {IMAGE_COLUMNS}, {LATEST_JOB}, "
-        f"1 - (v.embedding::vector({d}) <=> CAST(:q AS vector({d}))) AS score "
+    scoped = (
         "FROM visual_embeddings v "
         "JOIN images i ON i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256 "
         "WHERE v.scope_id = :s AND v.model = :m AND v.dims = :d AND v.preprocess_version = :p "
         "AND (CAST(:ex AS uuid) IS NULL OR v.image_id <> CAST(:ex AS uuid)) "
-        f"ORDER BY v.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit"
+    )
+    # distances materialized before the sort: no index can serve it, every row of the scope is ranked
+    exact_sql = text(
+        f"WITH d AS MATERIALIZED (SELECT v.image_id, v.embedding::vector({d}) <=> CAST(:q AS vector({d})) AS dist "
+        f"{scoped}), n AS (SELECT image_id, dist FROM d ORDER BY dist, image_id LIMIT :limit) "
+        f"SELECT {IMAGE_COLUMNS}, {LATEST_JOB}, 1 - n.dist AS score "
+        "FROM n JOIN images i ON i.scope_id = :s AND i.id = n.image_id"
+    )
+    # HNSW: the image's currency is a per-row filter of the index scan (see CURRENT_TEXT_FILTER)
+    sql = text(
+        f"WITH n AS MATERIALIZED (SELECT v.image_id, v.embedding::vector({d}) <=> CAST(:q AS vector({d})) AS dist "
+        "FROM visual_embeddings v WHERE v.scope_id = :s AND v.model = :m AND v.dims = :d "
+        "AND v.preprocess_version = :p AND (CAST(:ex AS uuid) IS NULL OR v.image_id <> CAST(:ex AS uuid)) "
+        "AND (SELECT true FROM images i WHERE i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256) "
+        f"ORDER BY v.embedding::vector({d}) <=> CAST(:q AS vector({d})) LIMIT :limit) "
+        f"SELECT {IMAGE_COLUMNS}, {LATEST_JOB}, 1 - n.dist AS score "
+        "FROM n JOIN images i ON i.scope_id = :s AND i.id = n.image_id"
     )
     params = {
         "s": scope_id, "m": model, "d": d, "p": preprocess_version, "q": vector_literal(vector),
         "limit": limit, "ex": str(exclude_image_id) if exclude_image_id else None,
     }
     with engine.begin() as conn:
+        if exact_scan(conn, scope_id):
+            return _hits(conn.execute(exact_sql, params))
         iterative_scan(conn)
         return _hits(conn.execute(sql, params))

@@ -716,3 +716,12 @@ class SearchServingEvent(Base):
         status_check("action", E.ServingAction),
         Index("ix_search_serving_events_scope", "scope_id", "kind", "id"),
     )
+
+
+class RetentionWalk(Base):
+    """Where the sweep's retention walk of one kind of history resumes (migration 0016)."""
+
+    __tablename__ = "retention_walks"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    after_key: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = _now()

@@ -2,7 +2,8 @@
 
 It never executes a stage: it re-hints, makes expired leases claimable, ends tasks whose
 executions died too often, advances stuck jobs, prunes dead workers' registrations and records its
-completion with the lane gauges (``sweep_state``). Safe with two beats.
+completion with the lane gauges (``sweep_state``), and deletes old history in bounded batches
+(retention). Safe with two beats.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from app import metrics
 from app.db.enums import Lane
+from app.orchestrator import retention
 from app.orchestrator.advance import advance_job_txn
 from app.orchestrator.events import prune_events
 from app.orchestrator.execution import fail_task
@@ -113,6 +115,8 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     webhook_hints = orch.webhook_hints()
     report.hints += webhook_hints
     report.counts["webhooks_hinted"] = len(webhook_hints)
+    # 8. retention: old history, in small batches (app/orchestrator/retention.py)
+    report.counts.update(retention.prune(orch))
     # 8. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
     with orch.engine.begin() as conn:
         gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}

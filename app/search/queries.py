@@ -8,13 +8,18 @@ the SQL as an integer literal because the HNSW index expression is ``embedding::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pgvector import Vector
 from sqlalchemy import Engine, text
 
 from app.search.lexical import tsquery_source
+
+log = logging.getLogger(__name__)
 
 IMAGE_COLUMNS = (
     "i.id, i.display_name, i.sha256, i.media_type, i.size_bytes, i.width, i.height, i.context, "
@@ -29,6 +34,14 @@ _CURRENT_TEXT = (
     " AND t.metadata_hash = i.metadata_hash AND t.status = 'ready' AND t.model = :m AND t.dims = :d"
 )
 
+# The same condition as a per-row filter: a scalar subquery stays a filter of the HNSW index scan
+# (iterative scans go on until :k rows pass it), where a join to images is misestimated (three
+# correlated equalities: "1 row") and makes the planner sort the whole scope instead.
+CURRENT_TEXT_FILTER = (
+    "(SELECT true FROM images i WHERE i.scope_id = t.scope_id AND i.id = t.image_id"
+    " AND i.sha256 = t.image_sha256 AND i.metadata_hash = t.metadata_hash)"
+)
+
 
 def vector_literal(vec: Sequence[float]) -> str:
     """pgvector's text form of ``vec`` (bound as text and cast in the SQL)."""
@@ -38,6 +51,25 @@ def vector_literal(vec: Sequence[float]) -> str:
 def iterative_scan(conn: Any) -> None:
     """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
     conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+    conn.execute(text(f"SET LOCAL hnsw.ef_search = {int(HNSW_EF_SEARCH)}"))
+
+
+# All scopes' vectors of a model share one HNSW index. A scope filter discards the other scopes'
+# neighbours, and once ``hnsw.max_scan_tuples`` (20,000 by default) are visited the scan stops, so a
+# small scope in a big index gets too few or the wrong neighbours. A scope of at most
+# EXACT_SCAN_MAX_IMAGES images is searched exactly instead (its rows through the (scope_id, …)
+# unique btree, every distance computed: cost ∝ the scope's size, recall 1); larger scopes use the
+# HNSW index with HNSW_EF_SEARCH. Both chosen by measurement (bench/search_scale.py,
+# docs/performance.md).
+EXACT_SCAN_MAX_IMAGES = 20_000
+HNSW_EF_SEARCH = 400
+
+
+def exact_scan(conn: Any, scope_id: str) -> bool:
+    """Whether to search the scope by an exact scan: its image count (``scope_usage``, kept by a
+    trigger on ``images``, migration 0013 — one primary-key read) is at most EXACT_SCAN_MAX_IMAGES."""
+    n = conn.execute(text("SELECT image_count FROM scope_usage WHERE scope_id = :s"), {"s": scope_id}).scalar()
+    return int(n or 0) <= EXACT_SCAN_MAX_IMAGES
 
 
 def candidates(
@@ -54,14 +86,35 @@ def candidates(
     lexical = bool(terms)
     if not semantic and not lexical:
         return []
+    with engine.begin() as conn:
+        exact = semantic and exact_scan(conn, scope_id)
+        if semantic and not exact:
+            iterative_scan(conn)
+        sql, params = _candidates_sql(scope_id, model=model, dims=dims, vector=vector, terms=terms, k=k,
+                                      semantic=semantic, lexical=lexical, exact=exact)
+        return [dict(r._mapping) for r in conn.execute(sql, params)]
+
+
+def _candidates_sql(
+    scope_id: str, *, model: str | None, dims: int | None, vector: Sequence[float] | None, terms: list[str],
+    k: int, semantic: bool, lexical: bool, exact: bool,
+) -> tuple[Any, dict[str, Any]]:
     d = int(dims or 0)
     qv = f"CAST(:q AS vector({d}))"
     parts = []
-    if semantic:
+    if semantic and exact:  # distances materialized before the sort: no index can serve it
+        parts.append(
+            "sem AS MATERIALIZED (SELECT image_id, row_number() OVER (ORDER BY dist, image_id) AS sem_rank FROM ("
+            f" WITH d AS MATERIALIZED (SELECT t.image_id, t.embedding::vector({d}) <=> {qv} AS dist"
+            f" FROM text_embeddings t JOIN images i ON {_CURRENT_TEXT}"
+            f" WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready')"
+            " SELECT image_id, dist FROM d ORDER BY dist, image_id LIMIT :k) t)"
+        )
+    elif semantic:
         parts.append(
             "sem AS MATERIALIZED (SELECT t.image_id, row_number() OVER () AS sem_rank FROM ("
-            f" SELECT t.image_id FROM text_embeddings t JOIN images i ON {_CURRENT_TEXT}"
-            f" WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready'"
+            f" SELECT t.image_id FROM text_embeddings t"
+            f" WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready' AND {CURRENT_TEXT_FILTER}"
             f" ORDER BY t.embedding::vector({d}) <=> {qv} LIMIT :k) t)"
         )
     else:
@@ -97,10 +150,7 @@ def candidates(
         params.update(m=model, d=d, q=vector_literal(vector or []))
     if lexical:
         params.update(tsq=tsquery_source(terms), terms=list(terms))
-    with engine.begin() as conn:
-        if semantic:
-            iterative_scan(conn)
-        return [dict(r._mapping) for r in conn.execute(sql, params)]
+    return sql, params
 
 
 def term_frequencies(engine: Engine, scope_id: str, terms: list[str]) -> tuple[dict[str, int], int]:
@@ -112,7 +162,7 @@ def term_frequencies(engine: Engine, scope_id: str, terms: list[str]) -> tuple[d
         "SELECT term, (SELECT count(*) FROM images i WHERE i.scope_id = :s"
         "  AND i.search_tsv @@ to_tsquery('simple', quote_literal(term))) AS df"
         " FROM unnest(CAST(:terms AS text[])) AS term"
-        " UNION ALL SELECT NULL, (SELECT count(*) FROM images WHERE scope_id = :s)"
+        " UNION ALL SELECT NULL, (SELECT coalesce(max(image_count), 0) FROM scope_usage WHERE scope_id = :s)"
     )
     with engine.connect() as conn:
         rows = conn.execute(sql, {"s": scope_id, "terms": list(terms)}).all()
@@ -121,8 +171,56 @@ def term_frequencies(engine: Engine, scope_id: str, terms: list[str]) -> tuple[d
     return df, n
 
 
+# A coverage count reads every image of the scope: O(scope), about 0.4 s per 100k images on the
+# 2-core box. Above EXACT_SCAN_MAX_IMAGES images a search reports this process's last count, at most
+# COVERAGE_MAX_AGE_S old before a background thread recounts it (the first search counts inline).
+COVERAGE_MAX_AGE_S = 30.0
+_counts: dict[tuple[str, ...], tuple[float, dict[str, int]]] = {}
+_recounting: set[tuple[str, ...]] = set()
+_counts_lock = threading.Lock()
+
+
+def cached_count(engine: Engine, scope_id: str, key: tuple[str, ...], count: Callable[[], dict[str, int]]
+                 ) -> dict[str, int]:
+    """``count()`` for a scope within EXACT_SCAN_MAX_IMAGES images; for a larger one the last result
+    for (engine, scope, ``key``), recounted in the background once older than COVERAGE_MAX_AGE_S."""
+    with engine.connect() as conn:
+        if exact_scan(conn, scope_id):
+            return count()
+    k = (str(engine.url), scope_id, *key)
+    with _counts_lock:
+        hit = _counts.get(k)
+        recount = hit is not None and time.monotonic() - hit[0] > COVERAGE_MAX_AGE_S and k not in _recounting
+        if recount:
+            _recounting.add(k)
+    if hit is None:
+        value = count()
+        with _counts_lock:
+            _counts[k] = (time.monotonic(), value)
+        return value
+    if recount:
+        threading.Thread(target=_recount, args=(k, count), daemon=True, name="coverage-recount").start()
+    return hit[1]
+
+
+def _recount(k: tuple[str, ...], count: Callable[[], dict[str, int]]) -> None:
+    try:
+        value = count()
+        with _counts_lock:
+            _counts[k] = (time.monotonic(), value)
+    except Exception:  # a failed recount keeps the previous value; the next stale read retries
+        log.warning("coverage recount failed", exc_info=True)
+    finally:
+        with _counts_lock:
+            _recounting.discard(k)
+
+
 def text_coverage(engine: Engine, scope_id: str, *, model: str) -> dict[str, int]:
-    """How many images of the scope have a current text embedding for ``model``."""
+    """How many images of the scope have a current text embedding for ``model`` (``cached_count``)."""
+    return cached_count(engine, scope_id, ("text", model), lambda: _text_coverage(engine, scope_id, model=model))
+
+
+def _text_coverage(engine: Engine, scope_id: str, *, model: str) -> dict[str, int]:
     with engine.connect() as conn:
         row = conn.execute(
             text(
@@ -138,7 +236,12 @@ def text_coverage(engine: Engine, scope_id: str, *, model: str) -> dict[str, int
 
 
 def lexical_coverage(engine: Engine, scope_id: str) -> dict[str, int]:
-    """How many images of the scope have lexical text (a current context or a display name)."""
+    """How many images of the scope have lexical text (a current context or a display name;
+    ``cached_count``)."""
+    return cached_count(engine, scope_id, ("lexical",), lambda: _lexical_coverage(engine, scope_id))
+
+
+def _lexical_coverage(engine: Engine, scope_id: str) -> dict[str, int]:
     with engine.connect() as conn:
         row = conn.execute(
             text(

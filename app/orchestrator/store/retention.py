@@ -1,0 +1,164 @@
+"""Retention statements (the sweep's pruning, app/orchestrator/retention.py).
+
+Kept, whatever their age: an active job (queued/running) and every task, attempt and job stage it
+has; a job that waits for a human (``blocked``, ``unknown_execution``) with its tasks and attempts;
+every image's latest job; a task a job stage points at; an attempt whose outcome is open
+(``prepared``, ``external_started``, ``unknown_execution``); jobs of a batch that is active or
+ended within the retention age; and every image's current embeddings (current sha256, and
+metadata_hash for text, of a configured model).
+
+Most old rows are of that kind (each image's latest job, its tasks, its current embeddings), so
+"oldest first" would re-read all of them on every sweep. Instead each kind with kept rows is a
+**walk**: one step reads the next ``:scan`` rows by primary key after ``:after`` (where the last
+step stopped, ``retention_walks``), deletes up to ``:n`` of them that are old and no longer needed,
+and returns the last key it read — the cost of a step is fixed, and the walk starts over past the
+end. Picked rows are locked ``FOR UPDATE SKIP LOCKED`` (a row someone holds waits for the next
+pass) and deleted by key (``= ANY(ARRAY(…))``: a lookup per row). Conditions on other tables are
+scalar subqueries — a primary-key or index lookup per row read; as (NOT) EXISTS they become
+joins, which may read every active job or every image. ``ops_counters`` has no kept rows: its
+oldest buckets go first.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.engine import Connection
+
+from app.orchestrator.store._sql import sql
+
+_STEP = """
+WITH scan AS MATERIALIZED (SELECT {key} AS k FROM {table} WHERE {key} > CAST(:after AS {type})
+                           ORDER BY {key} LIMIT :scan),
+doomed AS (
+  SELECT {alias}.{key} AS k FROM {table} {alias}
+  WHERE {alias}.{key} = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
+  LIMIT :n FOR UPDATE OF {alias} SKIP LOCKED),
+gone AS (DELETE FROM {table} WHERE {key} = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
+  (SELECT count(*) FROM gone) AS deleted
+"""
+
+# Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
+# except those of a job that is active or waits for a human.
+TASKS = _STEP.format(table="tasks", alias="t", key="id", type="uuid", condition="""
+    t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
+    AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
+    AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
+        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')""")
+
+# Completed or failed attempts of ended tasks, except under a job that is active or waits for a human.
+ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type="text", condition="""
+    a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
+    AND (SELECT t.status IN ('succeeded', 'failed', 'cancelled')
+                AND j.status NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
+         FROM tasks t JOIN processing_jobs j ON j.id = t.job_id WHERE t.id = a.task_id)""")
+
+# Ended jobs a newer job of the same image replaced (superseded, target_changed, and any other
+# ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
+# one waiting for a human, one with a task still queued or running, or one of a batch that is
+# active or ended within the age. The image's latest revision: its unique index, backwards.
+JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", condition="""
+    j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
+    AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
+                      WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
+    AND (SELECT true FROM tasks t WHERE t.job_id = j.id AND t.status IN ('queued', 'running') LIMIT 1) IS NULL
+    AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
+                                FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))""")
+
+# Embeddings no longer current — an older image version (older than stale_cutoff) or a model that
+# is no longer configured (older than model_cutoff; NULL = never). The image row is share-locked
+# and the condition checked again on its latest version (a lateral subquery per pick; a locked
+# image is skipped), so an image update that would make a picked row current again waits for this
+# delete and then recomputes the row. A model a scope's search serving state (app/orchestrator/
+# serving.py) names — serving, target, or previous within the rollback window (keep_after) or
+# pinned — is never an old model for that scope.
+_EMBEDDINGS = """
+WITH scan AS MATERIALIZED (SELECT id AS k FROM {table} WHERE id > CAST(:after AS bigint) ORDER BY id LIMIT :scan),
+picked AS (
+  SELECT e.id, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
+  FROM {table} e
+  WHERE e.id = ANY(ARRAY(SELECT k FROM scan))
+    AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
+          AND (SELECT {stale} FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
+      OR {old_model})
+  LIMIT :n),
+doomed AS (
+  SELECT p.id FROM picked p CROSS JOIN LATERAL (
+    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR {stale_p})
+    FOR SHARE SKIP LOCKED) held),
+gone AS (DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
+SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
+  (SELECT count(*) FROM gone) AS deleted
+"""
+TEXT_EMBEDDINGS = _EMBEDDINGS.format(
+    table="text_embeddings", cols="e.image_sha256, e.metadata_hash",
+    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[]))"
+              " AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'text'"
+              " AND (e.model = ss.serving_model OR e.model IS NOT DISTINCT FROM ss.target_model"
+              " OR (e.model IS NOT DISTINCT FROM ss.previous_model AND (ss.state = 'pinned'"
+              " OR ss.switched_at IS NULL OR ss.switched_at >= CAST(:keep_after AS timestamptz))))))",
+    stale="i.sha256 <> e.image_sha256 OR i.metadata_hash IS DISTINCT FROM e.metadata_hash",
+    stale_p="i.sha256 <> p.image_sha256 OR i.metadata_hash IS DISTINCT FROM p.metadata_hash",
+)
+# kept visual models are "model|preprocess_version"
+VISUAL_EMBEDDINGS = _EMBEDDINGS.format(
+    table="visual_embeddings", cols="e.image_sha256",
+    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz)"
+              " AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[]))"
+              " AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'visual'"
+              " AND ((e.model, e.dims, e.preprocess_version) ="
+              " (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')"
+              " OR (e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM"
+              " (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')"
+              " OR ((e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM"
+              " (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')"
+              " AND (ss.state = 'pinned' OR ss.switched_at IS NULL OR ss.switched_at >= CAST(:keep_after AS timestamptz))))))",
+    stale="i.sha256 <> e.image_sha256", stale_p="i.sha256 <> p.image_sha256",
+)
+
+# Per-minute counter buckets, oldest first (primary key (bucket, name)); deleted by TID.
+OPS_COUNTERS = """
+DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ops_counters WHERE bucket < :cutoff
+  ORDER BY bucket LIMIT :n FOR UPDATE SKIP LOCKED))
+"""
+
+# each walk's statement and the key it starts after
+WALKS = {
+    "jobs": (JOBS, "00000000-0000-0000-0000-000000000000"),
+    "tasks": (TASKS, "00000000-0000-0000-0000-000000000000"),
+    "attempts": (ATTEMPTS, ""),
+    "text_embeddings": (TEXT_EMBEDDINGS, "0"),
+    "visual_embeddings": (VISUAL_EMBEDDINGS, "0"),
+}
+
+
+def walk_step_txn(conn: Connection, kind: str, after: str | None, scan: int, n: int, **params: object
+                  ) -> tuple[str | None, int, int]:
+    """One step of ``kind``'s walk after key ``after`` (None = from the start): (last key read —
+    None past the end —, rows read, rows deleted). ``params``: ``cutoff`` for jobs, tasks and
+    attempts; ``stale_cutoff``, ``model_cutoff``, ``keep`` and ``keep_after`` (the rollback window's start) for the embeddings."""
+    statement, start = WALKS[kind]
+    row = conn.execute(sql(statement), {"after": after or start, "scan": scan, "n": n, **params}).one()
+    return row.last_key, int(row.scanned), int(row.deleted)
+
+
+def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
+    """Delete up to ``n`` ops_counters buckets older than ``cutoff``, oldest first; how many went."""
+    return conn.execute(sql(OPS_COUNTERS), {"cutoff": cutoff, "n": n}).rowcount
+
+
+def walk_position_txn(conn: Connection, kind: str) -> str | None:
+    """The key ``kind``'s walk resumes after (None = the start)."""
+    return conn.execute(sql("SELECT after_key FROM retention_walks WHERE name = :k"), {"k": kind}).scalar()
+
+
+def set_walk_position_txn(conn: Connection, kind: str, after: str | None) -> None:
+    conn.execute(
+        sql(
+            "INSERT INTO retention_walks (name, after_key, updated_at) VALUES (:k, :a, now())"
+            " ON CONFLICT (name) DO UPDATE SET after_key = EXCLUDED.after_key, updated_at = EXCLUDED.updated_at"
+        ),
+        {"k": kind, "a": after},
+    )
