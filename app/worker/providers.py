@@ -18,6 +18,8 @@ def visual_options(settings: Settings) -> dict[str, Any]:
 
 def agent_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = {"results_dir": str(settings.agent_results_path)}
+    if settings.agent_provider == "local-ocr":
+        opts["threads"] = settings.local_threads
     if settings.agent_provider == "openai-compatible":
         opts = {
             "base_url": settings.agent_base_url, "model": settings.agent_model, "api_key": settings.agent_api_key,
@@ -29,7 +31,7 @@ def agent_options(settings: Settings) -> dict[str, Any]:
 
 
 def text_options(settings: Settings) -> dict[str, Any]:
-    return {"document_version": settings.text_document_version}
+    return {"document_version": settings.text_document_version, "num_threads": settings.local_threads}
 
 
 @dataclass

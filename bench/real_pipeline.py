@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Real providers: a bare loop against the pipeline in the default ``memeflow up`` topology.
+
+Both sides in one run, on the same generated memes (rendered captions over a busy picture,
+320–600 px, PNG; ``bench/ocr_memes.py``'s styles with a fresh seed per set):
+
+- **bare loop**: decode → visual → agent (OCR) → text embedding, one image at a time, models
+  loaded once per process, no database, no broker. Run in 1..N processes (N = cores, by default),
+  each taking every N-th image; the best rate is "what the box can do with these providers".
+- **pipeline**: :class:`app.cli.processes.Stack` with its default components (API, one worker
+  per lane, beat, Flower; embedded PostgreSQL with fsync on and Redis) and the default settings
+  (``--env K=V`` overrides, for A/B). ``--warmup`` images are uploaded and processed first
+  (models warm), then ``--n`` images are uploaded through the API by one client, and the time runs
+  from the first upload until every job is terminal.
+
+Prints images/s for both, the ratio, per-lane busy time (the union of the lane's task
+``started_at → completed_at`` intervals, so a batch counts once) and the CPU seconds each
+process used during the measured window.
+
+    PYTHONPATH=. python bench/real_pipeline.py [--n 80] [--warmup 10] [--procs 1,2] [--env MEMEFLOW_X=Y ...]
+        [--skip-bare] [--skip-pipeline] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LANES = ("visual", "agent", "embedding")
+TERMINAL = ("succeeded", "failed", "blocked", "unknown_execution", "target_changed", "superseded", "cancelled")
+
+
+def memes(count: int, seed: int) -> list[bytes]:
+    """``count`` distinct PNG memes (``bench/ocr_memes.styled`` sets, one seed after another)."""
+    from bench.ocr_memes import styled
+
+    out: list[bytes] = []
+    s = seed
+    while len(out) < count:
+        for meme in styled(seed=s):
+            buf = io.BytesIO()
+            meme.image.save(buf, format="PNG")
+            out.append(buf.getvalue())
+            if len(out) == count:
+                break
+        s += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- bare loop
+def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go, out) -> None:
+    from app.config import Settings
+    from app.orchestrator.fingerprints import semantic_document
+    from app.stages.images import decode_image
+    from app.worker.providers import Providers
+
+    settings = Settings(var_dir=Path(results_dir), local_threads=threads)
+    providers = Providers(settings)
+    visual, agent, text = providers.visual, providers.agent, providers.text
+    version = settings.text_document_version
+
+    def one(data: bytes) -> None:
+        img = decode_image(data, max_pixels=settings.max_image_pixels)
+        visual.embed([img])
+        result = agent.describe(img, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid")
+        text.embed([semantic_document(None, result.context, version)])
+
+    one(images[0])  # models loaded and warm
+    ready.put(os.getpid())
+    go.wait()
+    import psutil
+
+    cpu0, t0 = psutil.Process().cpu_times(), time.perf_counter()
+    for data in images:
+        one(data)
+    cpu1 = psutil.Process().cpu_times()
+    out.put((time.perf_counter() - t0, (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)))
+
+
+def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
+    """images/s of the bare loop in ``procs`` processes (spawned: nothing inherited), each model
+    call with ``threads`` intra-op threads."""
+    ctx = mp.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    with tempfile.TemporaryDirectory(prefix="memeflow-bare-") as tmp:
+        workers = [ctx.Process(target=_bare_worker, args=(images[i::procs], tmp, threads, ready, go, out))
+                   for i in range(procs)]
+        for w in workers:
+            w.start()
+        for _ in workers:
+            ready.get(timeout=300)
+        t0 = time.perf_counter()
+        go.set()
+        results = [out.get(timeout=1800) for _ in workers]
+        wall = time.perf_counter() - t0
+        for w in workers:
+            w.join()
+    return {"procs": procs, "threads": threads, "wall_s": wall, "images_per_s": len(images) / wall,
+            "cpu_s": [round(cpu, 2) for _, cpu in results]}
+
+
+# ---------------------------------------------------------------------------- pipeline
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _process_groups(stack) -> dict[str, list]:
+    """name → psutil processes (the child and its descendants; PostgreSQL: postmaster + backends)."""
+    import psutil
+
+    groups: dict[str, list] = {}
+    for child in stack.children:
+        p = psutil.Process(child.proc.pid)
+        groups[child.name] = [p, *p.children(recursive=True)]
+    services = stack._services
+    if services is not None:
+        for name, pid in (("postgres", services.postgres_pid()), ("redis", services.redis_pid())):
+            if pid:
+                p = psutil.Process(pid)
+                groups[name] = [p, *p.children(recursive=True)]
+    return groups
+
+
+def _cpu(groups: dict[str, list], previous: dict[str, dict[int, float]] | None = None) -> dict[str, dict[int, float]]:
+    """CPU seconds per process of each group; processes new since ``previous`` are included."""
+    import psutil
+
+    out: dict[str, dict[int, float]] = {}
+    for name, procs in groups.items():
+        out[name] = {}
+        seen = list(procs)
+        if name == "postgres" and procs:  # backends come and go
+            try:
+                seen = [procs[0], *procs[0].children(recursive=True)]
+            except psutil.Error:
+                pass
+        for p in seen:
+            try:
+                t = p.cpu_times()
+                out[name][p.pid] = t.user + t.system + getattr(t, "children_user", 0) + getattr(t, "children_system", 0)
+            except psutil.Error:
+                if previous and p.pid in previous.get(name, {}):
+                    out[name][p.pid] = previous[name][p.pid]
+    return out
+
+
+def _upload(session, base: str, data: bytes, i: int) -> str:
+    r = session.post(f"{base}/api/v1/images", files={"file": (f"meme{i}.png", data, "image/png")}, timeout=120)
+    r.raise_for_status()
+    return r.json()["job"]["id"]
+
+
+def _wait_terminal(engine, job_ids: list[str], timeout: float) -> None:
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(text(
+                "SELECT count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status = ANY(:t)"),
+                {"ids": job_ids, "t": list(TERMINAL)}).scalar_one()
+        if done >= len(job_ids):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timeout: {done}/{len(job_ids)} jobs terminal")
+        time.sleep(0.1)
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def pipeline(warm: list[bytes], images: list[bytes], env: dict[str, str], timeout: float) -> dict:
+    import requests
+    from sqlalchemy import text
+
+    from app.cli.processes import Stack
+    from app.config import Settings, reset_settings
+    from app.db.engine import make_engine
+
+    tmp = Path(tempfile.mkdtemp(prefix="memeflow-real-"))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    os.environ.update(MEMEFLOW_VAR_DIR=str(tmp / "var"), MEMEFLOW_API_PORT=str(_free_port()),
+                      MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
+    reset_settings()
+    settings = Settings.from_env()
+    stack = Stack(settings, echo=lambda *a, **k: None, start_timeout_s=180)
+    try:
+        stack.start()
+        base = f"http://127.0.0.1:{settings.api_port}"
+        engine = make_engine(stack.database_url, pre_ping=False)
+        session = requests.Session()
+        warm_ids = [_upload(session, base, data, i) for i, data in enumerate(warm)]
+        _wait_terminal(engine, warm_ids, timeout)
+        groups = _process_groups(stack)
+        cpu0 = _cpu(groups)
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        ids = [_upload(session, base, data, len(warm) + i) for i, data in enumerate(images)]
+        upload_s = time.perf_counter() - t0
+        _wait_terminal(engine, ids, timeout)
+        wall = time.perf_counter() - t0
+        cpu1 = _cpu(groups, cpu0)
+        with engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT t.lane, extract(epoch FROM t.started_at), extract(epoch FROM t.completed_at)"
+                " FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[])) AND t.status = 'succeeded'"),
+                {"ids": ids}).all()
+            statuses = dict(conn.execute(text(
+                "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
+                {"ids": ids}).all())
+        engine.dispose()
+    finally:
+        stack.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_settings()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
+            for lane in LANES}
+    task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None) for lane in LANES}
+    cpu = {name: round(sum(cpu1[name].get(pid, 0.0) - cpu0.get(name, {}).get(pid, 0.0) for pid in cpu1[name]), 2)
+           for name in cpu1}
+    return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+            "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "started": wall0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=80)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--procs", default=None, help="bare-loop process counts, e.g. 1,2 (default 1..cores)")
+    ap.add_argument("--env", action="append", default=[], help="MEMEFLOW_X=Y for the pipeline (A/B)")
+    ap.add_argument("--skip-bare", action="store_true")
+    ap.add_argument("--skip-pipeline", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    procs = [int(x) for x in args.procs.split(",")] if args.procs else list(range(1, cores + 1))
+    env = dict(kv.split("=", 1) for kv in args.env)
+    print(f"# {platform.machine()}, {cores} CPUs, python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+          flush=True)
+    all_images = memes(args.warmup + args.n, seed=101)
+    warm, images = all_images[:args.warmup], all_images[args.warmup:]
+    print(f"# {args.n} generated memes (+{args.warmup} warm-up), "
+          f"{sum(map(len, images)) / len(images) / 1024:.0f} KiB PNG on average", flush=True)
+    result: dict = {"env": env}
+    if not args.skip_pipeline:
+        p = pipeline(warm, images, env, args.timeout)
+        result["pipeline"] = p
+        print(f"pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, uploads took "
+              f"{p['upload_s']:.1f}s, jobs {p['statuses']})", flush=True)
+        print("  lane busy s (union of task intervals) / summed task s: " + ", ".join(
+            f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES))
+        print("  CPU s per process group: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())))
+    if not args.skip_bare:
+        # every process count with its best thread count: all cores split between the processes,
+        # and (for one process) also one thread, which wastes no CPU on spinning pools
+        configs = sorted({(n, max(1, cores // n)) for n in procs} | {(n, 1) for n in procs})
+        bare = [bare_loop(images, n, t) for n, t in configs]
+        result["bare"] = bare
+        for b in bare:
+            print(f"bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x {b['threads']} thread(s), "
+                  f"{b['wall_s']:.1f}s, "
+                  f"CPU s {b['cpu_s']})", flush=True)
+    if "pipeline" in result and "bare" in result:
+        best = max(result["bare"], key=lambda b: b["images_per_s"])
+        ratio = result["pipeline"]["images_per_s"] / best["images_per_s"]
+        result["ratio"] = ratio
+        print(f"ratio      {ratio:.2f}x the best bare loop ({best['procs']} process(es) x {best['threads']} thread(s))")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
