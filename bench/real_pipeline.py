@@ -17,13 +17,14 @@ Prints images/s for both, the ratio, per-lane busy time (the union of the lane's
 ``started_at → completed_at`` intervals, so a batch counts once) and the CPU seconds each
 process used during the measured window.
 
-    PYTHONPATH=. python bench/real_pipeline.py [--n 80] [--warmup 10] [--procs 1,2] [--env MEMEFLOW_X=Y ...]
+    PYTHONPATH=. python bench/real_pipeline.py [--n 80] [--warmup 10] [--rounds R] [--procs 1,2] [--env MEMEFLOW_X=Y ...]
         [--skip-bare] [--skip-pipeline] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import multiprocessing as mp
@@ -192,39 +193,89 @@ def _busy(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def pipeline(warm: list[bytes], images: list[bytes], env: dict[str, str], timeout: float) -> dict:
-    import requests
-    from sqlalchemy import text
+class Pipeline:
+    """The default ``memeflow up`` stack under a temp dir, warmed with ``warm``; ``measure(images)``
+    uploads a set and times it until every job is terminal. Use as a context manager."""
 
-    from app.cli.processes import Stack
-    from app.config import Settings, reset_settings
-    from app.db.engine import make_engine
+    def __init__(self, warm: list[bytes], env: dict[str, str], timeout: float) -> None:
+        self.warm, self.env, self.timeout = warm, env, timeout
+        self.uploaded = 0
 
-    tmp = Path(tempfile.mkdtemp(prefix="memeflow-real-"))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    os.environ.update(MEMEFLOW_VAR_DIR=str(tmp / "var"), MEMEFLOW_API_PORT=str(_free_port()),
-                      MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
-    reset_settings()
-    settings = Settings.from_env()
-    stack = Stack(settings, echo=lambda *a, **k: None, start_timeout_s=180)
-    try:
-        stack.start()
-        base = f"http://127.0.0.1:{settings.api_port}"
-        engine = make_engine(stack.database_url, pre_ping=False)
-        session = requests.Session()
-        warm_ids = [_upload(session, base, data, i) for i, data in enumerate(warm)]
-        _wait_terminal(engine, warm_ids, timeout)
-        groups = _process_groups(stack)
+    def __enter__(self) -> Pipeline:
+        import requests
+
+        from app.cli.processes import Stack
+        from app.config import Settings, reset_settings
+        from app.db.engine import make_engine
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="memeflow-real-"))
+        self.saved = {k: os.environ.get(k) for k in (*self.env, "MEMEFLOW_VAR_DIR", "MEMEFLOW_API_PORT",
+                                                     "MEMEFLOW_FLOWER_PORT", "MEMEFLOW_LOG_LEVEL")}
+        os.environ.update(self.env)
+        os.environ.update(MEMEFLOW_VAR_DIR=str(self.tmp / "var"), MEMEFLOW_API_PORT=str(_free_port()),
+                          MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
+        reset_settings()
+        self.settings = Settings.from_env()
+        self.stack = Stack(self.settings, echo=lambda *a, **k: None, start_timeout_s=180)
+        try:
+            self.stack.start()
+            self.base = f"http://127.0.0.1:{self.settings.api_port}"
+            self.engine = make_engine(self.stack.database_url, pre_ping=False)
+            self.session = requests.Session()
+            _wait_terminal(self.engine, self._upload_all(self.warm), self.timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        from app.config import reset_settings
+
+        self.stack.stop()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_settings()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _upload_all(self, images: list[bytes]) -> list[str]:
+        ids = [_upload(self.session, self.base, data, self.uploaded + i) for i, data in enumerate(images)]
+        self.uploaded += len(images)
+        return ids
+
+    def measure(self, images: list[bytes], profile: Path | None = None) -> dict:
+        import shutil
+        import subprocess
+
+        from sqlalchemy import text
+
+        groups = _process_groups(self.stack)
+        spies = []
+        spy = shutil.which("py-spy")
+        if profile is not None and spy:  # sample each lane worker and the API (collapsed stacks)
+            profile.mkdir(parents=True, exist_ok=True)
+            for name in ("visual", "agent", "embedding", "api"):
+                for p in groups.get(name, [])[:3]:
+                    spies.append(subprocess.Popen(
+                        [spy, "record", "--nonblocking", "--threads", "--idle", "-r", "50", "-f", "raw", "-o",
+                         str(profile / f"{name}-{p.pid}.txt"), "-p", str(p.pid)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         cpu0 = _cpu(groups)
         t0 = time.perf_counter()
-        wall0 = time.time()
-        ids = [_upload(session, base, data, len(warm) + i) for i, data in enumerate(images)]
+        ids = self._upload_all(images)
         upload_s = time.perf_counter() - t0
-        _wait_terminal(engine, ids, timeout)
+        _wait_terminal(self.engine, ids, self.timeout)
         wall = time.perf_counter() - t0
         cpu1 = _cpu(groups, cpu0)
-        with engine.connect() as conn:
+        for sp in spies:
+            sp.send_signal(__import__("signal").SIGINT)
+        for sp in spies:
+            sp.wait(timeout=30)
+        with self.engine.connect() as conn:
             rows = conn.execute(text(
                 "SELECT t.lane, extract(epoch FROM t.started_at), extract(epoch FROM t.completed_at)"
                 " FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[])) AND t.status = 'succeeded'"),
@@ -232,74 +283,88 @@ def pipeline(warm: list[bytes], images: list[bytes], env: dict[str, str], timeou
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
-        engine.dispose()
-    finally:
-        stack.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        reset_settings()
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
-            for lane in LANES}
-    task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None) for lane in LANES}
-    cpu = {name: round(sum(cpu1[name].get(pid, 0.0) - cpu0.get(name, {}).get(pid, 0.0) for pid in cpu1[name]), 2)
-           for name in cpu1}
-    return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
-            "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "started": wall0}
+        busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
+                for lane in LANES}
+        task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None)
+                  for lane in LANES}
+        cpu = {name: round(sum(v - cpu0.get(name, {}).get(pid, 0.0) for pid, v in cpu1[name].items()), 2)
+               for name in cpu1}
+        return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds: bare loops, then the pipeline")
     ap.add_argument("--procs", default=None, help="bare-loop process counts, e.g. 1,2 (default 1..cores)")
     ap.add_argument("--env", action="append", default=[], help="MEMEFLOW_X=Y for the pipeline (A/B)")
     ap.add_argument("--skip-bare", action="store_true")
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", type=Path, help="py-spy (on PATH) the workers and API into this dir, last round")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     procs = [int(x) for x in args.procs.split(",")] if args.procs else list(range(1, cores + 1))
+    # every process count with the libraries' default threads (0: one per core, as a plain script
+    # gets), and with one thread per call (which wastes no CPU on spinning intra-op pools)
+    configs = sorted({(n, 0) for n in procs} | {(n, 1) for n in procs})
     env = dict(kv.split("=", 1) for kv in args.env)
     print(f"# {platform.machine()}, {cores} CPUs, python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
           flush=True)
-    all_images = memes(args.warmup + args.n, seed=101)
-    warm, images = all_images[:args.warmup], all_images[args.warmup:]
-    print(f"# {args.n} generated memes (+{args.warmup} warm-up), "
-          f"{sum(map(len, images)) / len(images) / 1024:.0f} KiB PNG on average", flush=True)
-    result: dict = {"env": env}
-    if not args.skip_pipeline:
-        p = pipeline(warm, images, env, args.timeout)
-        result["pipeline"] = p
-        print(f"pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, uploads took "
-              f"{p['upload_s']:.1f}s, jobs {p['statuses']})", flush=True)
-        print("  lane busy s (union of task intervals) / summed task s: " + ", ".join(
-            f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES))
-        print("  CPU s per process group: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())))
-    if not args.skip_bare:
-        # every process count with its best thread count: all cores split between the processes,
-        # and (for one process) also one thread, which wastes no CPU on spinning pools
-        configs = sorted({(n, max(1, cores // n)) for n in procs} | {(n, 1) for n in procs})
-        bare = [bare_loop(images, n, t) for n, t in configs]
-        result["bare"] = bare
-        for b in bare:
-            print(f"bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x {b['threads']} thread(s), "
-                  f"{b['wall_s']:.1f}s, "
-                  f"CPU s {b['cpu_s']})", flush=True)
-    if "pipeline" in result and "bare" in result:
-        best = max(result["bare"], key=lambda b: b["images_per_s"])
-        ratio = result["pipeline"]["images_per_s"] / best["images_per_s"]
-        result["ratio"] = ratio
-        print(f"ratio      {ratio:.2f}x the best bare loop ({best['procs']} process(es) x {best['threads']} thread(s))")
+    all_images = memes(args.warmup + args.rounds * args.n, seed=101)
+    warm = all_images[:args.warmup]
+    sets = [all_images[args.warmup + r * args.n: args.warmup + (r + 1) * args.n] for r in range(args.rounds)]
+    print(f"# {args.n} generated memes per round (+{args.warmup} warm-up), "
+          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}",
+          flush=True)
+    rounds = []
+    with contextlib.ExitStack() as stack:
+        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(warm, env, args.timeout))
+        for r, images in enumerate(sets):
+            out: dict = {}
+            if not args.skip_bare:
+                out["bare"] = [bare_loop(images, n, t) for n, t in configs]
+                for b in out["bare"]:
+                    print(f"[{r + 1}] bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x "
+                          f"{b['threads'] or 'default'} thread(s), {b['wall_s']:.1f}s, CPU s {b['cpu_s']})", flush=True)
+            if pipe is not None:
+                p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
+                print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "
+                      f"uploads took {p['upload_s']:.1f}s, jobs {p['statuses']}, load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+                print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
+                    f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES))
+                print("      CPU s per process group: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
+            if "bare" in out and "pipeline" in out:
+                best = max(out["bare"], key=lambda b: b["images_per_s"])
+                out["ratio"] = out["pipeline"]["images_per_s"] / best["images_per_s"]
+                default = max((b for b in out["bare"] if b["threads"] == 0), key=lambda b: b["images_per_s"])
+                out["ratio_default_threads"] = out["pipeline"]["images_per_s"] / default["images_per_s"]
+                print(f"[{r + 1}] ratio      {out['ratio']:.2f}x the best bare loop ({best['procs']} process(es) x "
+                      f"{best['threads'] or 'default'} thread(s)); {out['ratio_default_threads']:.2f}x the best with "
+                      f"the libraries' default threads ({default['procs']} process(es))", flush=True)
+            rounds.append(out)
+    ratios = [o["ratio"] for o in rounds if "ratio" in o]
+    if ratios:
+        import statistics
+
+        print(f"ratios {', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}x")
+        dr = [o["ratio_default_threads"] for o in rounds if "ratio" in o]
+        print(f"ratios to the default-threads loop {', '.join(f'{x:.2f}' for x in dr)}; "
+              f"median {statistics.median(dr):.2f}x")
+        cpu = [sum(o["pipeline"]["cpu_s"].values()) / o["pipeline"]["n"] for o in rounds if "pipeline" in o]
+        bare_cpu = [sum(b["cpu_s"]) / o["pipeline"]["n"] for o in rounds if "bare" in o for b in o["bare"]
+                    if b["threads"] == 1 and b["procs"] == max(procs)]
+        if cpu and bare_cpu:
+            print(f"CPU ms per image: pipeline (every process) {1000 * statistics.median(cpu):.0f}, bare loop "
+                  f"({max(procs)} x 1 thread) {1000 * statistics.median(bare_cpu):.0f}")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+        args.json.write_text(json.dumps({"env": env, "rounds": rounds}, indent=2, default=str))
 
 
 if __name__ == "__main__":

