@@ -35,7 +35,8 @@ def _bool(name: str, raw: str) -> bool:
 #: Agents that run on the worker's CPU: limited by cores, not by a slot count guarding a provider.
 LOCAL_AGENTS = frozenset({"local-ocr"})
 REMOTE_AGENT_LANE_LIMIT = 4
-#: A local agent keeps a DB-wide limit (fairness across scopes needs one) that cores reach first.
+#: A local agent keeps a DB-wide limit (fairness across scopes needs one) that the workers' cores
+#: reach first: each worker runs at most one call per core.
 LOCAL_AGENT_LANE_LIMIT = 64
 
 
@@ -83,8 +84,8 @@ class Settings:
     visual_batch_size: int = 32
     visual_batch_max_pixels: int = 64_000_000  # decoded pixels one visual batch may hold (≈ 192 MB as RGB)
     embedding_batch_max_chars: int = 400_000  # characters one text-embedding batch may render
-    # agent tasks one hint claims and runs at once; 0 = auto: the worker's cores for a local
-    # CPU-bound agent (local-ocr), 2 otherwise
+    # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
+    # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
     agent_batch_size: int = 0
     # intra-op threads of each local model call (OCR, torch); concurrency comes from running
     # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
@@ -143,11 +144,9 @@ class Settings:
         """Agent tasks one hint claims and runs concurrently (before the lane limit caps it)."""
         if self.agent_batch_size > 0:
             return self.agent_batch_size
-        if self.agent_is_local:
-            from app.stages.cpu import available_cores
-
-            return available_cores()
-        return 2
+        # A local agent's worker runs one hint per core in threads (app.cli.processes.lane_pool):
+        # a batch would make a core wait for its batch-mate's slower image.
+        return 1 if self.agent_is_local else 2
 
     @property
     def uses_embedded_services(self) -> bool:

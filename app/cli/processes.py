@@ -56,6 +56,21 @@ def worker_cmd(
     return cmd
 
 
+def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
+    """The Celery pool and concurrency a worker of ``lanes`` runs by default.
+
+    A local CPU-bound agent (``local-ocr``) runs one call per core in threads of one process
+    (``threads`` pool, concurrency = the cores it may use; its model calls are single-threaded
+    and release the GIL): each hint is one call, so every core stays busy even when tasks
+    trickle in one at a time. Everything else: one ``solo`` process (a paid agent's concurrency
+    is its lane limit and batch; the visual and embedding lanes batch)."""
+    if "agent" in lanes and settings.agent_is_local:
+        from app.stages.cpu import available_cores
+
+        return "threads", available_cores()
+    return "solo", 1
+
+
 def beat_cmd(schedule_file: Path, *, loglevel: str = "INFO") -> list[str]:
     return celery_cmd("beat", "-s", str(schedule_file), "--pidfile=", "-l", loglevel)
 
@@ -168,7 +183,8 @@ class Stack:
     ``Stack(settings).start()`` returns once every part is up (raises :class:`StackError`
     otherwise, after stopping what it started); ``supervise()`` blocks until a stop signal;
     ``stop()`` is idempotent. ``components`` selects parts (default: :attr:`DEFAULT`; add
-    ``maintenance`` for a dedicated maintenance worker).
+    ``maintenance`` for a dedicated maintenance worker). ``worker_pool`` / ``worker_concurrency``
+    unset: each lane's default (:func:`lane_pool`).
     """
 
     ALL = ("api", "visual", "agent", "embedding", "maintenance", "beat", "flower")
@@ -176,8 +192,8 @@ class Stack:
     DEFAULT = ("api", "visual", "agent", "embedding", "beat", "flower")
 
     def __init__(
-        self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str = "solo",
-        worker_concurrency: int = 1, start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0,
+        self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str | None = None,
+        worker_concurrency: int | None = None, start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0,
         echo=click.echo,
     ) -> None:
         self.settings = settings
@@ -259,8 +275,9 @@ class Stack:
             if name == "api":
                 plan.append(Child(name, api_cmd(s.api_host, s.api_port), self.child_env(), log_path, port=s.api_port))
             elif name in WORKER_QUEUES:
-                cmd = worker_cmd([name], pool=self.worker_pool, concurrency=self.worker_concurrency,
-                                 node=f"{name}@{host}")
+                pool, concurrency = lane_pool(s, [name])
+                cmd = worker_cmd([name], pool=self.worker_pool or pool,
+                                 concurrency=self.worker_concurrency or concurrency, node=f"{name}@{host}")
                 plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path))
             elif name == "beat":
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -418,13 +435,16 @@ def api(host: str | None, port: int | None, workers: int) -> None:
 @click.option("--maintenance/--no-maintenance", "serve_maintenance", default=True, show_default=True,
               help="Also consume the `maintenance` queue (sweeps, batch seeding). Turn off only when a "
                    "dedicated `--lane maintenance` worker runs.")
-@click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]))
-@click.option("-c", "--concurrency", type=int, default=1, show_default=True)
+@click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
+              help="Celery pool [default: threads for a local agent (local-ocr), else solo].")
+@click.option("-c", "--concurrency", type=int, default=None,
+              help="[default: the cores for a local agent's threads, else 1]")
 @click.option("-n", "--node", default=None, help="Celery node name (default <lanes>-<pid>@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
 @friendly_errors
 def worker(
-    lanes: tuple[str, ...], serve_maintenance: bool, pool: str, concurrency: int, node: str | None, loglevel: str,
+    lanes: tuple[str, ...], serve_maintenance: bool, pool: str | None, concurrency: int | None, node: str | None,
+    loglevel: str,
 ) -> None:
     """Run a Celery worker for one lane (or several); loads only those lanes' models.
 
@@ -434,6 +454,8 @@ def worker(
     env = _urls_env(s)
     env["MEMEFLOW_WORKER_LANES"] = ",".join(lanes)
     env["MEMEFLOW_WORKER_MAINTENANCE"] = "1" if serve_maintenance else "0"
+    default_pool, default_concurrency = lane_pool(s, lanes)
+    pool, concurrency = pool or default_pool, concurrency or default_concurrency
     _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel), env)
 
 

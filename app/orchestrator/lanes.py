@@ -72,8 +72,8 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
 def lane_batch_size(settings, lane: str) -> int:
     """How many due tasks one hint of ``lane`` may claim, and so how many tasks one hint wakes.
 
-    The agent lane's batch (``Settings.agent_batch``: the worker's cores for a local agent) never
-    exceeds its lane limit (a batch holds one slot per task)."""
+    The agent lane's batch (``Settings.agent_batch``: 1 for a local agent, whose worker runs a
+    call per core in threads) never exceeds its lane limit (a batch holds one slot per task)."""
     lane = str(lane)
     if lane == Lane.AGENT.value:
         limits = [n for n in (settings.agent_slots, settings.agent_resource_limit) if n > 0]

@@ -6,8 +6,8 @@ Several such pools in one process (an agent batch's concurrent calls) or in seve
 worker per lane) then oversubscribe the cores: measured on a 2-core box, PP-OCR with 2 intra-op
 threads cost 182 ms of CPU per meme against 112 ms with 1 (docs/performance.md §7). memeflow
 therefore runs each local inference single-threaded and gets its parallelism from running as many
-inferences at once as the process has cores (the local agent's batch, see
-:func:`app.orchestrator.lanes.lane_batch_size`).
+inferences at once as the process has cores (the local agent's worker runs one hint per core in
+threads, see :func:`app.cli.processes.lane_pool`) and from the other lanes' workers.
 """
 
 from __future__ import annotations
