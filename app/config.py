@@ -198,6 +198,8 @@ class Settings:
 
 def _convert(name: str, f: dataclasses.Field, raw: str) -> object:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if raw == "" and "None" in kind:  # set but empty (compose's `${X:-}`): the default in force
+        return None
     try:
         if kind.startswith("bool"):
             return _bool(name, raw)

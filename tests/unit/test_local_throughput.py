@@ -64,3 +64,10 @@ def test_thread_settings_reach_the_local_providers():
         Settings.from_env({"MEMEFLOW_LOCAL_THREADS": "-1"})
     with pytest.raises(SettingsError):
         Settings.from_env({"MEMEFLOW_AGENT_BATCH_SIZE": "-2"})
+
+
+def test_an_empty_optional_variable_means_the_default_in_force():
+    """docker-compose passes `${MEMEFLOW_AGENT_LANE_LIMIT:-}` when the operator set nothing."""
+    assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "local-ocr"}).agent_slots == 64
+    assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "openai-compatible"}
+                             ).agent_slots == 4
