@@ -32,6 +32,14 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingsError(f"{name} must be a boolean (1/0/true/false), got {raw!r}")
 
 
+#: Agents that run on the worker's CPU: limited by cores, not by a slot count guarding a provider.
+LOCAL_AGENTS = frozenset({"local-ocr"})
+REMOTE_AGENT_LANE_LIMIT = 4
+#: A local agent keeps a DB-wide limit (fairness across scopes needs one) that the workers' cores
+#: reach first: each worker runs at most one call per core.
+LOCAL_AGENT_LANE_LIMIT = 64
+
+
 @dataclass(frozen=True)
 class Settings:
     """All runtime configuration. Field ``foo_bar`` is read from ``MEMEFLOW_FOO_BAR``."""
@@ -68,13 +76,20 @@ class Settings:
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
     max_attempts: int = 5
-    agent_lane_limit: int = 4
+    # DB-wide concurrent agent tasks; unset: 4 for a remote (paid) agent, LOCAL_AGENT_LANE_LIMIT for
+    # a local CPU-bound one (each worker is then bounded by its cores, see agent_batch); 0 = unlimited.
+    agent_lane_limit: int | None = None
     agent_resource_limit: int = 0
     embedding_batch_size: int = 32
     visual_batch_size: int = 32
     visual_batch_max_pixels: int = 64_000_000  # decoded pixels one visual batch may hold (≈ 192 MB as RGB)
     embedding_batch_max_chars: int = 400_000  # characters one text-embedding batch may render
-    agent_batch_size: int = 2
+    # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
+    # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
+    agent_batch_size: int = 0
+    # intra-op threads of each local model call (OCR, torch); concurrency comes from running
+    # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
+    local_threads: int = 1
     worker_task_events: bool = False
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0
@@ -150,6 +165,27 @@ class Settings:
         return (self.var_dir / "agent-results").resolve()
 
     @property
+    def agent_is_local(self) -> bool:
+        """The agent is a CPU-bound model in the worker (not a paid remote call)."""
+        return self.agent_provider in LOCAL_AGENTS
+
+    @property
+    def agent_slots(self) -> int:
+        """The agent lane's DB-wide limit in force (0 = unlimited); see ``agent_lane_limit``."""
+        if self.agent_lane_limit is not None:
+            return self.agent_lane_limit
+        return LOCAL_AGENT_LANE_LIMIT if self.agent_is_local else REMOTE_AGENT_LANE_LIMIT
+
+    @property
+    def agent_batch(self) -> int:
+        """Agent tasks one hint claims and runs concurrently (before the lane limit caps it)."""
+        if self.agent_batch_size > 0:
+            return self.agent_batch_size
+        # A local agent's worker runs one hint per core in threads (app.cli.processes.lane_pool):
+        # a batch would make a core wait for its batch-mate's slower image.
+        return 1 if self.agent_is_local else 2
+
+    @property
     def uses_embedded_services(self) -> bool:
         return self.database_url is None or self.broker_url is None
 
@@ -176,8 +212,10 @@ class Settings:
             raise SettingsError("need 0 < MEMEFLOW_HEARTBEAT_S < MEMEFLOW_LEASE_S")
         if self.max_attempts < 1:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
-        if self.agent_lane_limit < 0 or self.agent_resource_limit < 0:
-            raise SettingsError("lane limits must be >= 0 (0 = unlimited)")
+        if (self.agent_lane_limit or 0) < 0 or self.agent_resource_limit < 0 or self.agent_batch_size < 0:
+            raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
+        if self.local_threads < 0:
+            raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 0 (0 = the libraries' defaults)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.cursor_secret is not None and len(self.cursor_secret) < 16:
@@ -212,6 +250,8 @@ class Settings:
 
 def _convert(name: str, f: dataclasses.Field, raw: str) -> object:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if raw == "" and "None" in kind:  # set but empty (compose's `${X:-}`): the default in force
+        return None
     try:
         if kind.startswith("bool"):
             return _bool(name, raw)

@@ -80,7 +80,7 @@ class Images(MethodView):
         """Upload an image (multipart ``file``); creates its job unless ``process=false``."""
         limit_rate("uploads")
         svc = services()
-        args, upload = parse_multipart(S.UploadFormSchema(), svc.settings)
+        args, upload = parse_multipart(S.UploadFormSchema(), svc.settings, pixels=False)
         assert upload is not None
         scope = scope_id()
         result = svc.orchestrator.ingest_image(
@@ -166,7 +166,7 @@ class ImageContent(MethodView):
         """Replace the image's bytes; the active job ends target_changed and a new one starts."""
         limit_rate("uploads")
         svc = services()
-        _, upload = parse_multipart(S.StrictSchema(), svc.settings)
+        _, upload = parse_multipart(S.StrictSchema(), svc.settings, pixels=False)
         assert upload is not None
         scope = scope_id()
         svc.orchestrator.get_image(scope, image_id)  # 404 before any file is written

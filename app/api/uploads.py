@@ -1,4 +1,4 @@
-"""Upload validation: size limit, media type from magic bytes, full decode with a pixel limit.
+"""Upload validation: size limit, media type from magic bytes, decode with a pixel limit.
 
 Nothing is written until the bytes have been fully validated; the orchestrator then writes the
 file atomically inside the transaction that inserts its row (under the storage key's lock, see
@@ -15,7 +15,7 @@ from flask import request
 from marshmallow import Schema
 
 from app.api.errors import ApiError, validation_error
-from app.stages.images import EXTENSIONS, decode_image, sniff_media_type
+from app.stages.images import EXTENSIONS, check_image, decode_image, sniff_media_type
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ValidatedUpload:
     extension: str
     width: int
     height: int
-    decoded: Any  # the DecodedImage (visual search embeds it without decoding twice)
+    decoded: Any  # the DecodedImage (visual search embeds it without decoding twice); None: not built
 
     @property
     def size_bytes(self) -> int:
@@ -42,14 +42,28 @@ def _decode(data: bytes, media_type: str, max_pixels: int) -> tuple[int, int, An
     return decoded.width, decoded.height, decoded
 
 
-def validate_bytes(data: bytes, settings: Any) -> ValidatedUpload:
-    """Validate raw image bytes (already known to be within the size limit)."""
+def _check(data: bytes, max_pixels: int) -> tuple[int, int, None]:
+    """The same validation without building the RGB image (``check_image``: an upload stores bytes)."""
+    try:
+        width, height, _ = check_image(data, max_pixels=max_pixels)
+    except Exception as exc:  # noqa: BLE001 - PermanentError(invalid_image) and any decoder error
+        raise ApiError(422, "invalid_image", str(exc) or "cannot decode image") from None
+    return width, height, None
+
+
+def validate_bytes(data: bytes, settings: Any, *, pixels: bool = True) -> ValidatedUpload:
+    """Validate raw image bytes (already known to be within the size limit). ``pixels=False``: the
+    caller only stores the bytes, so the RGB image is not built (``decoded`` is None) — the
+    validation is the same."""
     if len(data) == 0:
         raise ApiError(422, "invalid_image", "the file is empty (zero bytes)")
     media_type = sniff_media_type(data)
     if media_type is None:
         raise ApiError(415, "unsupported_media_type", "not a png, jpeg, gif or webp image (by its magic bytes)")
-    width, height, decoded = _decode(data, media_type, settings.max_image_pixels)
+    if pixels:
+        width, height, decoded = _decode(data, media_type, settings.max_image_pixels)
+    else:
+        width, height, decoded = _check(data, settings.max_image_pixels)
     return ValidatedUpload(
         data=data,
         sha256=hashlib.sha256(data).hexdigest(),
@@ -61,7 +75,9 @@ def validate_bytes(data: bytes, settings: Any) -> ValidatedUpload:
     )
 
 
-def parse_multipart(form_schema: Schema, settings: Any, *, file_required: bool = True) -> tuple[dict, ValidatedUpload | None]:
+def parse_multipart(
+    form_schema: Schema, settings: Any, *, file_required: bool = True, pixels: bool = True
+) -> tuple[dict, ValidatedUpload | None]:
     """Parse a multipart request: strict form fields, exactly one ``file`` part, validated bytes.
 
     Werkzeug enforces ``MAX_CONTENT_LENGTH`` while streaming (chunked bodies included); the file
@@ -91,4 +107,4 @@ def parse_multipart(form_schema: Schema, settings: Any, *, file_required: bool =
     data = files[0].stream.read(limit + 1)
     if len(data) > limit:
         raise ApiError(413, "payload_too_large", f"the file exceeds the upload limit of {limit} bytes")
-    return args, validate_bytes(data, settings)
+    return args, validate_bytes(data, settings, pixels=pixels)

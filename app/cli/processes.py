@@ -35,12 +35,6 @@ WORKER_QUEUES = (*LANES, WEBHOOKS, "maintenance")
 WEBHOOK_POOL, WEBHOOK_THREADS = "threads", 8
 
 
-def worker_pool_for(lanes, pool: str | None, concurrency: int | None) -> tuple[str, int]:
-    """The pool a worker of ``lanes`` runs: what was asked, else threads x8 for a webhooks-only
-    worker and solo x1 for the rest (a stage worker runs one batch at a time)."""
-    if WEBHOOKS in lanes and all(lane in (WEBHOOKS, "maintenance") for lane in lanes):
-        return pool or WEBHOOK_POOL, concurrency or WEBHOOK_THREADS
-    return pool or "solo", concurrency or 1
 CELERY_APP = "app.worker.celery_app:celery_app"
 
 
@@ -66,6 +60,24 @@ def worker_cmd(
     if not heartbeat:
         cmd.append("--without-heartbeat")
     return cmd
+
+
+def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
+    """The Celery pool and concurrency a worker of ``lanes`` runs by default.
+
+    A local CPU-bound agent (``local-ocr``) runs one call per core in threads of one process
+    (``threads`` pool, concurrency = the cores it may use; its model calls are single-threaded
+    and release the GIL): each hint is one call, so every core stays busy even when tasks
+    trickle in one at a time. Everything else: one ``solo`` process (a paid agent's concurrency
+    is its lane limit and batch; the visual and embedding lanes batch). A webhooks-only worker:
+    threads x8 (deliveries wait on the network, one subscription per thread)."""
+    if WEBHOOKS in lanes and all(lane in (WEBHOOKS, "maintenance") for lane in lanes):
+        return WEBHOOK_POOL, WEBHOOK_THREADS
+    if "agent" in lanes and settings.agent_is_local:
+        from app.stages.cpu import available_cores
+
+        return "threads", available_cores()
+    return "solo", 1
 
 
 def beat_cmd(schedule_file: Path, *, loglevel: str = "INFO") -> list[str]:
@@ -180,7 +192,8 @@ class Stack:
     ``Stack(settings).start()`` returns once every part is up (raises :class:`StackError`
     otherwise, after stopping what it started); ``supervise()`` blocks until a stop signal;
     ``stop()`` is idempotent. ``components`` selects parts (default: :attr:`DEFAULT`; add
-    ``maintenance`` for a dedicated maintenance worker).
+    ``maintenance`` for a dedicated maintenance worker). ``worker_pool`` / ``worker_concurrency``
+    unset: each lane's default (:func:`lane_pool`).
     """
 
     ALL = ("api", "visual", "agent", "embedding", "webhooks", "maintenance", "beat", "flower")
@@ -188,8 +201,8 @@ class Stack:
     DEFAULT = ("api", "visual", "agent", "embedding", "webhooks", "beat", "flower")
 
     def __init__(
-        self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str = "solo",
-        worker_concurrency: int = 1, start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0,
+        self, settings: Settings, *, components: tuple[str, ...] | None = None, worker_pool: str | None = None,
+        worker_concurrency: int | None = None, start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0,
         echo=click.echo,
     ) -> None:
         self.settings = settings
@@ -271,9 +284,9 @@ class Stack:
             if name == "api":
                 plan.append(Child(name, api_cmd(s.api_host, s.api_port), self.child_env(), log_path, port=s.api_port))
             elif name in WORKER_QUEUES:
-                pool, concurrency = (worker_pool_for([name], None, None) if name == WEBHOOKS
-                                     else (self.worker_pool, self.worker_concurrency))
-                cmd = worker_cmd([name], pool=pool, concurrency=concurrency, node=f"{name}@{host}")
+                pool, concurrency = lane_pool(s, [name])
+                cmd = worker_cmd([name], pool=self.worker_pool or pool,
+                                 concurrency=self.worker_concurrency or concurrency, node=f"{name}@{host}")
                 plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path))
             elif name == "beat":
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -434,9 +447,9 @@ def api(host: str | None, port: int | None, workers: int) -> None:
               help="Also consume the `maintenance` queue (sweeps, batch seeding). Turn off only when a "
                    "dedicated `--lane maintenance` worker runs.")
 @click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
-              help="Celery pool (default solo; threads for a webhooks worker).")
+              help="Celery pool [default: threads for a local agent (local-ocr) or a webhooks worker, else solo].")
 @click.option("-c", "--concurrency", type=int, default=None,
-              help=f"Pool size (default 1; {WEBHOOK_THREADS} for a webhooks worker).")
+              help=f"[default: the cores for a local agent's threads, {WEBHOOK_THREADS} for a webhooks worker, else 1]")
 @click.option("-n", "--node", default=None, help="Celery node name (default <lanes>-<pid>@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
 @friendly_errors
@@ -452,7 +465,8 @@ def worker(
     env = _urls_env(s)
     env["MEMEFLOW_WORKER_LANES"] = ",".join(lanes)
     env["MEMEFLOW_WORKER_MAINTENANCE"] = "1" if serve_maintenance else "0"
-    pool, concurrency = worker_pool_for(lanes, pool, concurrency)
+    default_pool, default_concurrency = lane_pool(s, lanes)
+    pool, concurrency = pool or default_pool, concurrency or default_concurrency
     _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel), env)
 
 

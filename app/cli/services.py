@@ -13,13 +13,14 @@ from app.runtime import embedded_services
 
 @click.command()
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
-@click.option("--pool", default="solo", show_default=True, type=click.Choice(["solo", "prefork", "threads"]),
-              help="Celery pool of each lane worker.")
-@click.option("-c", "--concurrency", type=int, default=1, show_default=True, help="Processes per lane worker.")
+@click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
+              help="Celery pool of each lane worker [default: threads for a local agent, else solo].")
+@click.option("-c", "--concurrency", type=int, default=None,
+              help="Processes/threads per lane worker [default: a local agent's cores, else 1].")
 @click.option("--maintenance-worker", is_flag=True,
               help="Also run a dedicated maintenance worker (the lane workers serve its queue anyway).")
 @friendly_errors
-def up(no_flower: bool, pool: str, concurrency: int, maintenance_worker: bool) -> None:
+def up(no_flower: bool, pool: str | None, concurrency: int | None, maintenance_worker: bool) -> None:
     """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
     API, one worker per lane (each also runs the sweeps), a webhooks worker, beat and Flower."""
     from app.cli.processes import Stack, StackError

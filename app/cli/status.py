@@ -127,7 +127,7 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
             if job_id is not None:
                 job = ctx.orch.get_job(scope_id, job_id)  # NotFound → exit 1 via friendly_errors
                 return job_table(job), job
-            jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_lane_limit,
+            jobs_table, lanes_table, data = overview_tables(ctx.engine, scope_id, ctx.settings.agent_slots,
                                                             ctx.settings)
             data["search_serving"] = ctx.orch.search_serving_status(scope_id)
             data["search_serving"].pop("events", None)

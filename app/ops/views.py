@@ -91,7 +91,9 @@ def _default_settings() -> Any:
 
 
 def _default_slot_limits() -> dict[str, int | None]:
-    return {"agent": _default_settings().agent_lane_limit or None}
+    settings = _default_settings()
+    limit = getattr(settings, "agent_slots", None)  # the limit in force (unset = by provider kind)
+    return {"agent": (settings.agent_lane_limit if limit is None else limit) or None}
 
 
 def register_ops(

@@ -34,8 +34,8 @@ LIMITED_LANES = (Lane.AGENT.value,)
 def _pools(orch: Orchestrator, resource_key: str) -> list[tuple[str, int]]:
     s = orch.settings
     pools = []
-    if s.agent_lane_limit > 0:
-        pools.append((GLOBAL_KEY, s.agent_lane_limit))
+    if s.agent_slots > 0:
+        pools.append((GLOBAL_KEY, s.agent_slots))
     if s.agent_resource_limit > 0:
         pools.append((resource_key, s.agent_resource_limit))
     return pools
@@ -72,11 +72,12 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
 def lane_batch_size(settings, lane: str) -> int:
     """How many due tasks one hint of ``lane`` may claim, and so how many tasks one hint wakes.
 
-    The agent lane's batch never exceeds its lane limit (a batch holds one slot per task)."""
+    The agent lane's batch (``Settings.agent_batch``: 1 for a local agent, whose worker runs a
+    call per core in threads) never exceeds its lane limit (a batch holds one slot per task)."""
     lane = str(lane)
     if lane == Lane.AGENT.value:
-        limits = [n for n in (settings.agent_lane_limit, settings.agent_resource_limit) if n > 0]
-        return max(1, min([settings.agent_batch_size, *limits]))
+        limits = [n for n in (settings.agent_slots, settings.agent_resource_limit) if n > 0]
+        return max(1, min([settings.agent_batch, *limits]))
     return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
         lane, 1
     )

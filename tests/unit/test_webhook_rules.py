@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app.cli.processes import worker_pool_for
+from app.cli.processes import lane_pool
+from app.config import Settings
 from app.netguard import OutboundRefused, allowed_networks, check_outbound_url, outbound_address_allowed
 from app.orchestrator.retry import decide_delivery_retry
 from app.worker.webhook_sender import signature, verify
@@ -66,7 +67,6 @@ def test_signature_verifies_only_with_the_secret_body_and_a_fresh_timestamp():
 
 
 def test_a_webhooks_worker_runs_threads_unless_told_otherwise():
-    assert worker_pool_for(["webhooks"], None, None) == ("threads", 8)
-    assert worker_pool_for(["webhooks"], "solo", 1) == ("solo", 1)
-    assert worker_pool_for(["visual"], None, None) == ("solo", 1)
-    assert worker_pool_for(["visual", "webhooks"], None, None) == ("solo", 1)
+    assert lane_pool(Settings(), ["webhooks"]) == ("threads", 8)
+    assert lane_pool(Settings(), ["visual"]) == ("solo", 1)
+    assert lane_pool(Settings(), ["visual", "webhooks"]) == ("solo", 1)

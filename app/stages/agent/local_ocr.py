@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from app.stages.agent import ocr_engine
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.ocr_engine import OcrSettings, run_ocr
 from app.stages.agent.records import ResultRecords, check_attempt_id
 from app.stages.agent.text_tags import TextBox, group_lines, line_text, salient_words
 from app.stages.base import AgentResult, LookupResult, check_reverse_image_policy
+from app.stages.cpu import available_cores
 from app.stages.errors import PermanentError
 from app.stages.images import DecodedImage
 
@@ -54,6 +56,11 @@ class LocalOcrAgent:
             "min_score": self.min_score,
             "max_tags": self.max_tags,
         }
+
+    def warm(self, concurrency: int | None = None) -> None:
+        """Load the OCR models now, one engine per concurrent call (default: one per core), and
+        run each once, so a worker's first tasks do not pay for it."""
+        ocr_engine.warm(self.ocr, concurrency or available_cores())
 
     def read_text(self, image: DecodedImage) -> list[TextBox]:
         """Recognised fragments scoring at least ``min_score``."""

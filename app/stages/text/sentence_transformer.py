@@ -26,6 +26,11 @@ class SentenceTransformerProvider:
     The model loads lazily on first use, once per instance (the registry keeps one instance per
     process). Documents longer than the model's max_seq_length (256 tokens for MiniLM) are
     truncated by the model.
+
+    ``num_threads`` (default 1; 0 = torch's default, one per core): torch's intra-op threads for
+    this provider's calls, set on the calling thread before each call (a worker gets its
+    parallelism from concurrent calls and other lanes, not from oversubscribed thread pools, see
+    :mod:`app.stages.cpu`); speed only, not part of :meth:`config`.
     """
 
     name = "sentence-transformers"
@@ -38,8 +43,12 @@ class SentenceTransformerProvider:
         dims: int | None = None,
         document_version: str = "1",
         batch_size: int = 32,
+        num_threads: int = 1,
         **_: Any,
     ) -> None:
+        if int(num_threads) < 0:
+            raise ValueError(f"num_threads must be >= 0 (0 = torch's default), got {num_threads!r}")
+        self.num_threads = int(num_threads)
         if model_path is None:
             model_path, model_name, dims = minilm_path(), MINILM_NAME, MINILM_DIMS
         self.model_path = Path(model_path)
@@ -62,6 +71,10 @@ class SentenceTransformerProvider:
 
                 self._model = SentenceTransformer(str(self.model_path), device="cpu")
             return self._model
+
+    def warm(self) -> None:
+        """Load the model now and run it once (a worker's first task then pays nothing)."""
+        self.embed(["warm up"])
 
     @property
     def dims(self) -> int:
@@ -92,7 +105,12 @@ class SentenceTransformerProvider:
             return []
         if not all(isinstance(doc, str) for doc in documents):
             raise PermanentError("documents must be strings", code="invalid_document")
-        vectors = self._load().encode(
+        model = self._load()
+        import torch
+
+        if self.num_threads and torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        vectors = model.encode(
             documents,
             batch_size=self.batch_size,
             normalize_embeddings=True,

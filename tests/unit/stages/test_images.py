@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from app.stages.errors import PermanentError
-from app.stages.images import EXTENSIONS, decode_image, sniff_media_type
+from app.stages.images import EXTENSIONS, check_image, decode_image, sniff_media_type
 
 from .helpers import encode, random_scene
 
@@ -103,3 +103,44 @@ def test_max_pixels_is_configurable():
     with pytest.raises(PermanentError):
         decode_image(data, max_pixels=32 * 32 - 1)
     assert decode_image(data, max_pixels=32 * 32).width == 32
+
+
+def _truncated_jpeg() -> bytes:
+    data = encode(random_scene(4, size=256), "JPEG")
+    return data[: len(data) // 2]
+
+
+def _rotated_jpeg() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode(random_scene(5, size=48).resize((48, 30)), "JPEG", exif=exif.tobytes())
+
+
+_GOOD_INPUTS = {
+    "png": lambda: encode(random_scene(6, size=40), "PNG"),
+    "jpeg_odd_size": lambda: encode(random_scene(7, size=64).resize((61, 37)), "JPEG"),
+    "jpeg_exif_rotated": _rotated_jpeg,
+    "gif_animated": lambda: encode(Image.new("RGB", (16, 12), "red"), "GIF", save_all=True,
+                                   append_images=[Image.new("RGB", (16, 12), "blue")], duration=50),
+    "webp": lambda: encode(random_scene(8, size=40), "WEBP"),
+    "png_rgba": lambda: encode(Image.new("RGBA", (9, 7), (0, 0, 0, 0)), "PNG"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_GOOD_INPUTS))
+def test_check_image_reports_what_decode_image_decodes(name):
+    """The upload's validation without pixels gives the same size and media type as the full decode."""
+    data = _GOOD_INPUTS[name]()
+    img = decode_image(data)
+    assert check_image(data) == (img.width, img.height, img.media_type)
+
+
+@pytest.mark.parametrize("name", sorted([*BAD_INPUTS, "truncated_jpeg"]))
+def test_check_image_rejects_what_decode_image_rejects(name):
+    data = _truncated_jpeg() if name == "truncated_jpeg" else BAD_INPUTS[name]()
+    for check in (decode_image, check_image):
+        with pytest.raises(PermanentError) as info:
+            check(data)
+        assert info.value.code == "invalid_image"
+    with pytest.raises(PermanentError):
+        check_image(encode(random_scene(3, size=32), "PNG"), max_pixels=32 * 32 - 1)

@@ -215,3 +215,39 @@ def test_upscaled_reading_reports_boxes_in_original_pixels(tmp_path):
     assert " ".join(b.text for b in boxes).upper().replace(" ", "") == "SMALLTEXT"
     assert all(0 <= b.left < b.right <= 200 and 0 <= b.top < b.bottom <= 60 for b in boxes)
     assert OcrSettings(upscale_below=400) == agent.ocr
+
+
+def test_thread_count_is_speed_only_and_not_in_the_config(tmp_path):
+    """threads changes how fast OCR runs, never what it reads: the config hash ignores it."""
+    one = LocalOcrAgent(results_dir=str(tmp_path), threads=1).config()
+    two = LocalOcrAgent(results_dir=str(tmp_path), threads=2).config()
+    default = LocalOcrAgent(results_dir=str(tmp_path), threads=0).config()
+    assert config_hash(one) == config_hash(two) == config_hash(default)
+    assert "threads" not in one["ocr"]
+    with pytest.raises(ValueError, match="threads"):
+        OcrSettings(threads=-1)
+
+
+def test_concurrent_calls_each_get_an_engine_and_read_what_one_call_reads(tmp_path):
+    """Calls from several threads at once (a local agent's worker runs one per core) each take an
+    engine of their own from the pool: the results equal those of the same images read one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.stages.agent import ocr_engine
+
+    agent = LocalOcrAgent(results_dir=str(tmp_path), threads=1, det_box_thresh=0.45)  # its own pool
+    images = [decoded(_render([(f"CAT {i} SLEEPS", 44), ("ON MONDAY", 30)], LATIN_FONT)) for i in range(4)]
+    one_by_one = [agent.read_lines(img) for img in images]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda img: agent.read_lines(img), images * 2))
+    assert together == one_by_one * 2
+    assert 1 <= len(ocr_engine._IDLE[agent.ocr]) <= 2  # every engine went back to the pool
+    assert "SLEEPS" in " ".join(b.text for line in one_by_one[0] for b in line)
+
+
+def test_warm_loads_one_engine_per_concurrent_call(tmp_path):
+    from app.stages.agent import ocr_engine
+
+    agent = LocalOcrAgent(results_dir=str(tmp_path), det_box_thresh=0.55)  # settings no other test uses
+    agent.warm(concurrency=2)
+    assert len(ocr_engine._IDLE[agent.ocr]) == 2

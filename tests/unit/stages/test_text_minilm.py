@@ -52,3 +52,24 @@ def test_model_by_local_path_reports_its_own_dims():
 
 def test_queries_embed_like_documents(provider):
     assert provider.embed_query(["a cat on a sofa"]) == provider.embed(["a cat on a sofa"])
+
+
+def test_calls_run_with_the_configured_torch_threads_and_threads_are_not_in_the_config():
+    import threading
+
+    import torch
+
+    one = SentenceTransformerProvider(num_threads=1)
+    seen = []
+
+    def call():
+        one.embed(["a cat on a sofa"])
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=call)  # torch's thread count is set on the calling thread
+    t.start()
+    t.join()
+    assert seen == [1]
+    assert SentenceTransformerProvider(num_threads=2).config() == one.config()
+    with pytest.raises(ValueError, match="num_threads"):
+        SentenceTransformerProvider(num_threads=-1)

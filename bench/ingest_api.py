@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Uploads accepted per second through the REST API, with 1 and 4 concurrent clients.
+
+The API of ``memeflow up`` (gunicorn, its default 2 processes × threads, embedded PostgreSQL with
+fsync on, Redis) and nothing else: no worker runs, so the uploads' hints wait in Redis and the
+figures are the API's alone. Each client uploads distinct generated images (``--kind meme``:
+~60 KiB 320–600 px PNG memes; ``photo``: 1920×1080 JPEG photos, ~0.5 MiB) and records each
+request's latency; per concurrency level prints uploads/s and p50/p99 latency, and the CPU
+seconds the API processes and PostgreSQL used per upload.
+
+    PYTHONPATH=. python bench/ingest_api.py [--n 200] [--clients 1,4] [--kind meme|photo] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.real_pipeline import _cpu, _free_port, _process_groups, memes  # noqa: E402
+
+
+def photos(count: int, seed: int) -> list[bytes]:
+    """``count`` distinct 1920×1080 JPEG "photos" (smooth noise, quality 90)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        small = rng.integers(0, 256, (27, 48, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((1920, 1080), Image.Resampling.BICUBIC)
+        noise = rng.integers(0, 24, (1080, 1920, 3), dtype=np.uint8)
+        img = Image.fromarray(np.asarray(img, dtype=np.uint8) ^ noise)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def run(base: str, images: list[bytes], clients: int, media: str) -> dict:
+    import requests
+
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    chunks = [images[i::clients] for i in range(clients)]
+    barrier = threading.Barrier(clients + 1)
+
+    def client(chunk: list[bytes]) -> None:
+        session = requests.Session()
+        barrier.wait()
+        for i, data in enumerate(chunk):
+            t0 = time.perf_counter()
+            r = session.post(f"{base}/api/v1/images", files={"file": (f"f{i}", data, media)}, timeout=120)
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt)
+                if r.status_code != 201:
+                    errors.append(f"{r.status_code} {r.text[:100]}")
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "n": len(images), "wall_s": wall, "uploads_per_s": len(images) / wall,
+            "p50_ms": 1000 * pct(latencies, 0.5), "p99_ms": 1000 * pct(latencies, 0.99), "errors": errors[:3],
+            "n_errors": len(errors)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200, help="uploads per measurement")
+    ap.add_argument("--clients", default="1,4")
+    ap.add_argument("--kind", choices=["meme", "photo"], default="meme")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    levels = [int(x) for x in args.clients.split(",")]
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
+          f"{os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}", flush=True)
+    total = args.n * len(levels) * args.rounds + 5
+    images = memes(total, seed=500) if args.kind == "meme" else photos(total, seed=500)
+    media = "image/png" if args.kind == "meme" else "image/jpeg"
+    print(f"# {args.kind}: {sum(map(len, images)) / len(images) / 1024:.0f} KiB on average", flush=True)
+
+    import shutil
+    import tempfile
+
+    from app.cli.processes import Stack
+    from app.config import Settings, reset_settings
+
+    tmp = Path(tempfile.mkdtemp(prefix="memeflow-ingest-"))
+    os.environ.update(MEMEFLOW_VAR_DIR=str(tmp / "var"), MEMEFLOW_API_PORT=str(_free_port()),
+                      MEMEFLOW_LOG_LEVEL="WARNING")
+    reset_settings()
+    settings = Settings.from_env()
+    stack = Stack(settings, components=("api",), echo=lambda *a, **k: None, start_timeout_s=120)
+    try:
+        stack.start()
+        base = f"http://127.0.0.1:{settings.api_port}"
+        run(base, images[:5], 1, media)  # warm: connections, first requests
+        cursor = 5
+        groups = _process_groups(stack)
+        for r in range(args.rounds):
+            for clients in levels:
+                chunk = images[cursor:cursor + args.n]
+                cursor += args.n
+                cpu0 = _cpu(groups)
+                out = run(base, chunk, clients, media)
+                cpu1 = _cpu(groups, cpu0)
+                cpu = {name: sum(v - cpu0.get(name, {}).get(pid, 0.0) for pid, v in cpu1[name].items())
+                       for name in cpu1}
+                print(f"[{r + 1}] {clients} client(s): {out['uploads_per_s']:6.1f} uploads/s  p50 {out['p50_ms']:.1f} ms"
+                      f"  p99 {out['p99_ms']:.1f} ms  CPU ms/upload: " + ", ".join(
+                          f"{k} {1000 * v / len(chunk):.1f}" for k, v in sorted(cpu.items()))
+                      + (f"  errors {out['n_errors']}: {out['errors']}" if out["n_errors"] else "")
+                      + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+    finally:
+        stack.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,371 @@
+#!/usr/bin/env python3
+"""Real providers: a bare loop against the pipeline in the default ``memeflow up`` topology.
+
+Both sides in one run, on the same generated memes (rendered captions over a busy picture,
+320–600 px, PNG; ``bench/ocr_memes.py``'s styles with a fresh seed per set):
+
+- **bare loop**: decode → visual → agent (OCR) → text embedding, one image at a time, models
+  loaded once per process, no database, no broker. Run in 1..N processes (N = cores, by default),
+  each taking every N-th image; the best rate is "what the box can do with these providers".
+- **pipeline**: :class:`app.cli.processes.Stack` with its default components (API, one worker
+  per lane, beat, Flower; embedded PostgreSQL with fsync on and Redis) and the default settings
+  (``--env K=V`` overrides, for A/B). ``--warmup`` images are uploaded and processed first
+  (models warm), then ``--n`` images are uploaded through the API by one client, and the time runs
+  from the first upload until every job is terminal.
+
+Prints images/s for both, the ratio, per-lane busy time (the union of the lane's task
+``started_at → completed_at`` intervals, so a batch counts once) and the CPU seconds each
+process used during the measured window.
+
+    PYTHONPATH=. python bench/real_pipeline.py [--n 80] [--warmup 10] [--rounds R] [--procs 1,2] [--env MEMEFLOW_X=Y ...]
+        [--skip-bare] [--skip-pipeline] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+LANES = ("visual", "agent", "embedding")
+TERMINAL = ("succeeded", "failed", "blocked", "unknown_execution", "target_changed", "superseded", "cancelled")
+
+
+def memes(count: int, seed: int) -> list[bytes]:
+    """``count`` distinct PNG memes (``bench/ocr_memes.styled`` sets, one seed after another)."""
+    from bench.ocr_memes import styled
+
+    out: list[bytes] = []
+    s = seed
+    while len(out) < count:
+        for meme in styled(seed=s):
+            buf = io.BytesIO()
+            meme.image.save(buf, format="PNG")
+            out.append(buf.getvalue())
+            if len(out) == count:
+                break
+        s += 1
+    return out
+
+
+# ---------------------------------------------------------------------------- bare loop
+def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go, out) -> None:
+    from app.config import Settings
+    from app.orchestrator.fingerprints import semantic_document
+    from app.stages.images import decode_image
+    from app.worker.providers import Providers
+
+    settings = Settings(var_dir=Path(results_dir), local_threads=threads)
+    providers = Providers(settings)
+    visual, agent, text = providers.visual, providers.agent, providers.text
+    version = settings.text_document_version
+
+    def one(data: bytes) -> None:
+        img = decode_image(data, max_pixels=settings.max_image_pixels)
+        visual.embed([img])
+        result = agent.describe(img, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid")
+        text.embed([semantic_document(None, result.context, version)])
+
+    one(images[0])  # models loaded and warm
+    ready.put(os.getpid())
+    go.wait()
+    import psutil
+
+    cpu0, t0 = psutil.Process().cpu_times(), time.perf_counter()
+    for data in images:
+        one(data)
+    cpu1 = psutil.Process().cpu_times()
+    out.put((time.perf_counter() - t0, (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)))
+
+
+def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
+    """images/s of the bare loop in ``procs`` processes (spawned: nothing inherited), each model
+    call with ``threads`` intra-op threads."""
+    ctx = mp.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    with tempfile.TemporaryDirectory(prefix="memeflow-bare-") as tmp:
+        workers = [ctx.Process(target=_bare_worker, args=(images[i::procs], tmp, threads, ready, go, out))
+                   for i in range(procs)]
+        for w in workers:
+            w.start()
+        for _ in workers:
+            ready.get(timeout=300)
+        t0 = time.perf_counter()
+        go.set()
+        results = [out.get(timeout=1800) for _ in workers]
+        wall = time.perf_counter() - t0
+        for w in workers:
+            w.join()
+    return {"procs": procs, "threads": threads, "wall_s": wall, "images_per_s": len(images) / wall,
+            "cpu_s": [round(cpu, 2) for _, cpu in results]}
+
+
+# ---------------------------------------------------------------------------- pipeline
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _process_groups(stack) -> dict[str, list]:
+    """name → psutil processes (the child and its descendants; PostgreSQL: postmaster + backends)."""
+    import psutil
+
+    groups: dict[str, list] = {}
+    for child in stack.children:
+        p = psutil.Process(child.proc.pid)
+        groups[child.name] = [p, *p.children(recursive=True)]
+    services = stack._services
+    if services is not None:
+        for name, pid in (("postgres", services.postgres_pid()), ("redis", services.redis_pid())):
+            if pid:
+                p = psutil.Process(pid)
+                groups[name] = [p, *p.children(recursive=True)]
+    return groups
+
+
+def _cpu(groups: dict[str, list], previous: dict[str, dict[int, float]] | None = None) -> dict[str, dict[int, float]]:
+    """CPU seconds per process of each group; processes new since ``previous`` are included."""
+    import psutil
+
+    out: dict[str, dict[int, float]] = {}
+    for name, procs in groups.items():
+        out[name] = {}
+        seen = list(procs)
+        if name == "postgres" and procs:  # backends come and go
+            try:
+                seen = [procs[0], *procs[0].children(recursive=True)]
+            except psutil.Error:
+                pass
+        for p in seen:
+            try:
+                t = p.cpu_times()
+                out[name][p.pid] = t.user + t.system + getattr(t, "children_user", 0) + getattr(t, "children_system", 0)
+            except psutil.Error:
+                if previous and p.pid in previous.get(name, {}):
+                    out[name][p.pid] = previous[name][p.pid]
+    return out
+
+
+def _upload(session, base: str, data: bytes, i: int) -> str:
+    r = session.post(f"{base}/api/v1/images", files={"file": (f"meme{i}.png", data, "image/png")}, timeout=120)
+    r.raise_for_status()
+    return r.json()["job"]["id"]
+
+
+def _wait_terminal(engine, job_ids: list[str], timeout: float) -> None:
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with engine.connect() as conn:
+            done = conn.execute(text(
+                "SELECT count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status = ANY(:t)"),
+                {"ids": job_ids, "t": list(TERMINAL)}).scalar_one()
+        if done >= len(job_ids):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timeout: {done}/{len(job_ids)} jobs terminal")
+        time.sleep(0.1)
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+class Pipeline:
+    """The default ``memeflow up`` stack under a temp dir, warmed with ``warm``; ``measure(images)``
+    uploads a set and times it until every job is terminal. Use as a context manager."""
+
+    def __init__(self, warm: list[bytes], env: dict[str, str], timeout: float) -> None:
+        self.warm, self.env, self.timeout = warm, env, timeout
+        self.uploaded = 0
+
+    def __enter__(self) -> Pipeline:
+        import requests
+
+        from app.cli.processes import Stack
+        from app.config import Settings, reset_settings
+        from app.db.engine import make_engine
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="memeflow-real-"))
+        self.saved = {k: os.environ.get(k) for k in (*self.env, "MEMEFLOW_VAR_DIR", "MEMEFLOW_API_PORT",
+                                                     "MEMEFLOW_FLOWER_PORT", "MEMEFLOW_LOG_LEVEL")}
+        os.environ.update(self.env)
+        os.environ.update(MEMEFLOW_VAR_DIR=str(self.tmp / "var"), MEMEFLOW_API_PORT=str(_free_port()),
+                          MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
+        reset_settings()
+        self.settings = Settings.from_env()
+        self.stack = Stack(self.settings, echo=lambda *a, **k: None, start_timeout_s=180)
+        try:
+            self.stack.start()
+            self.base = f"http://127.0.0.1:{self.settings.api_port}"
+            self.engine = make_engine(self.stack.database_url, pre_ping=False)
+            self.session = requests.Session()
+            _wait_terminal(self.engine, self._upload_all(self.warm), self.timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        from app.config import reset_settings
+
+        self.stack.stop()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_settings()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _upload_all(self, images: list[bytes]) -> list[str]:
+        ids = [_upload(self.session, self.base, data, self.uploaded + i) for i, data in enumerate(images)]
+        self.uploaded += len(images)
+        return ids
+
+    def measure(self, images: list[bytes], profile: Path | None = None) -> dict:
+        import shutil
+        import subprocess
+
+        from sqlalchemy import text
+
+        groups = _process_groups(self.stack)
+        spies = []
+        spy = shutil.which("py-spy")
+        if profile is not None and spy:  # sample each lane worker and the API (collapsed stacks)
+            profile.mkdir(parents=True, exist_ok=True)
+            for name in ("visual", "agent", "embedding", "api"):
+                for p in groups.get(name, [])[:3]:
+                    spies.append(subprocess.Popen(
+                        [spy, "record", "--nonblocking", "--threads", "--idle", "-r", "50", "-f", "raw", "-o",
+                         str(profile / f"{name}-{p.pid}.txt"), "-p", str(p.pid)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        cpu0 = _cpu(groups)
+        t0 = time.perf_counter()
+        ids = self._upload_all(images)
+        upload_s = time.perf_counter() - t0
+        _wait_terminal(self.engine, ids, self.timeout)
+        wall = time.perf_counter() - t0
+        cpu1 = _cpu(groups, cpu0)
+        for sp in spies:
+            sp.send_signal(__import__("signal").SIGINT)
+        for sp in spies:
+            sp.wait(timeout=30)
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT t.lane, extract(epoch FROM t.started_at), extract(epoch FROM t.completed_at)"
+                " FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[])) AND t.status = 'succeeded'"),
+                {"ids": ids}).all()
+            statuses = dict(conn.execute(text(
+                "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
+                {"ids": ids}).all())
+        busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
+                for lane in LANES}
+        task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None)
+                  for lane in LANES}
+        cpu = {name: round(sum(v - cpu0.get(name, {}).get(pid, 0.0) for pid, v in cpu1[name].items()), 2)
+               for name in cpu1}
+        return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=80)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds: bare loops, then the pipeline")
+    ap.add_argument("--procs", default=None, help="bare-loop process counts, e.g. 1,2 (default 1..cores)")
+    ap.add_argument("--env", action="append", default=[], help="MEMEFLOW_X=Y for the pipeline (A/B)")
+    ap.add_argument("--skip-bare", action="store_true")
+    ap.add_argument("--skip-pipeline", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--profile", type=Path, help="py-spy (on PATH) the workers and API into this dir, last round")
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    procs = [int(x) for x in args.procs.split(",")] if args.procs else list(range(1, cores + 1))
+    # every process count with the libraries' default threads (0: one per core, as a plain script
+    # gets), and with one thread per call (which wastes no CPU on spinning intra-op pools)
+    configs = sorted({(n, 0) for n in procs} | {(n, 1) for n in procs})
+    env = dict(kv.split("=", 1) for kv in args.env)
+    print(f"# {platform.machine()}, {cores} CPUs, python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+          flush=True)
+    all_images = memes(args.warmup + args.rounds * args.n, seed=101)
+    warm = all_images[:args.warmup]
+    sets = [all_images[args.warmup + r * args.n: args.warmup + (r + 1) * args.n] for r in range(args.rounds)]
+    print(f"# {args.n} generated memes per round (+{args.warmup} warm-up), "
+          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}",
+          flush=True)
+    rounds = []
+    with contextlib.ExitStack() as stack:
+        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(warm, env, args.timeout))
+        for r, images in enumerate(sets):
+            out: dict = {}
+            if not args.skip_bare:
+                out["bare"] = [bare_loop(images, n, t) for n, t in configs]
+                for b in out["bare"]:
+                    print(f"[{r + 1}] bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x "
+                          f"{b['threads'] or 'default'} thread(s), {b['wall_s']:.1f}s, CPU s {b['cpu_s']})", flush=True)
+            if pipe is not None:
+                p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
+                print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "
+                      f"uploads took {p['upload_s']:.1f}s, jobs {p['statuses']}, load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+                print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
+                    f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES))
+                print("      CPU s per process group: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
+            if "bare" in out and "pipeline" in out:
+                best = max(out["bare"], key=lambda b: b["images_per_s"])
+                out["ratio"] = out["pipeline"]["images_per_s"] / best["images_per_s"]
+                default = max((b for b in out["bare"] if b["threads"] == 0), key=lambda b: b["images_per_s"])
+                out["ratio_default_threads"] = out["pipeline"]["images_per_s"] / default["images_per_s"]
+                print(f"[{r + 1}] ratio      {out['ratio']:.2f}x the best bare loop ({best['procs']} process(es) x "
+                      f"{best['threads'] or 'default'} thread(s)); {out['ratio_default_threads']:.2f}x the best with "
+                      f"the libraries' default threads ({default['procs']} process(es))", flush=True)
+            rounds.append(out)
+    ratios = [o["ratio"] for o in rounds if "ratio" in o]
+    if ratios:
+        import statistics
+
+        print(f"ratios {', '.join(f'{x:.2f}' for x in ratios)}; median {statistics.median(ratios):.2f}x")
+        dr = [o["ratio_default_threads"] for o in rounds if "ratio" in o]
+        print(f"ratios to the default-threads loop {', '.join(f'{x:.2f}' for x in dr)}; "
+              f"median {statistics.median(dr):.2f}x")
+        cpu = [sum(o["pipeline"]["cpu_s"].values()) / o["pipeline"]["n"] for o in rounds if "pipeline" in o]
+        bare_cpu = [sum(b["cpu_s"]) / o["pipeline"]["n"] for o in rounds if "bare" in o for b in o["bare"]
+                    if b["threads"] == 1 and b["procs"] == max(procs)]
+        if cpu and bare_cpu:
+            print(f"CPU ms per image: pipeline (every process) {1000 * statistics.median(cpu):.0f}, bare loop "
+                  f"({max(procs)} x 1 thread) {1000 * statistics.median(bare_cpu):.0f}")
+    if args.json:
+        args.json.write_text(json.dumps({"env": env, "rounds": rounds}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

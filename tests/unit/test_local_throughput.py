@@ -1,0 +1,73 @@
+"""Sizing for local CPU-bound providers: cores, the agent lane's limit and batch by provider kind,
+the lane workers' pools, and the thread settings that reach the providers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from app.cli.processes import Stack, lane_pool
+from app.config import LOCAL_AGENT_LANE_LIMIT, REMOTE_AGENT_LANE_LIMIT, Settings, SettingsError
+from app.orchestrator.lanes import lane_batch_size
+from app.stages.cpu import available_cores
+from app.worker.providers import agent_options, text_options
+
+
+def test_available_cores_is_within_the_machine():
+    assert 1 <= available_cores() <= (os.cpu_count() or 1)
+
+
+def test_a_local_agent_is_limited_by_cores_and_a_remote_one_keeps_its_lane_limit():
+    local = Settings(agent_provider="local-ocr")
+    remote = Settings(agent_provider="openai-compatible")
+    assert (local.agent_slots, remote.agent_slots) == (LOCAL_AGENT_LANE_LIMIT, REMOTE_AGENT_LANE_LIMIT) == (64, 4)
+    assert (local.agent_batch, remote.agent_batch) == (1, 2)
+    assert (lane_batch_size(local, "agent"), lane_batch_size(remote, "agent")) == (1, 2)
+    # explicit settings win, for either kind
+    assert Settings(agent_provider="local-ocr", agent_lane_limit=2).agent_slots == 2
+    assert Settings(agent_provider="openai-compatible", agent_lane_limit=0).agent_slots == 0
+    assert lane_batch_size(Settings(agent_provider="local-ocr", agent_batch_size=8, agent_lane_limit=3), "agent") == 3
+    assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "7"}).agent_slots == 7
+
+
+def test_lane_workers_pools():
+    local = Settings(agent_provider="local-ocr")
+    assert lane_pool(local, ["agent"]) == ("threads", available_cores())
+    assert lane_pool(Settings(agent_provider="openai-compatible"), ["agent"]) == ("solo", 1)
+    for lane in ("visual", "embedding"):
+        assert lane_pool(local, [lane]) == ("solo", 1)
+
+
+def test_the_stack_runs_a_local_agent_in_threads_and_takes_explicit_pools(tmp_path):
+    settings = Settings(var_dir=tmp_path, agent_provider="local-ocr")
+
+    def pools(stack):
+        out = {}
+        for child in stack._plan():
+            if child.name in ("visual", "agent", "embedding"):
+                cmd = child.cmd
+                out[child.name] = (cmd[cmd.index("-P") + 1], cmd[cmd.index("-c") + 1])
+        return out
+
+    assert pools(Stack(settings)) == {"visual": ("solo", "1"), "agent": ("threads", str(available_cores())),
+                                      "embedding": ("solo", "1")}
+    assert set(pools(Stack(settings, worker_pool="prefork", worker_concurrency=3)).values()) == {("prefork", "3")}
+
+
+def test_thread_settings_reach_the_local_providers():
+    s = Settings(local_threads=2, agent_provider="local-ocr")
+    assert agent_options(s)["threads"] == 2 and text_options(s)["num_threads"] == 2
+    assert "num_threads" not in text_options(Settings(local_threads=0))  # 0: the libraries' defaults
+    assert "threads" not in agent_options(Settings(agent_provider="deterministic"))
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MEMEFLOW_LOCAL_THREADS": "-1"})
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MEMEFLOW_AGENT_BATCH_SIZE": "-2"})
+
+
+def test_an_empty_optional_variable_means_the_default_in_force():
+    """docker-compose passes `${MEMEFLOW_AGENT_LANE_LIMIT:-}` when the operator set nothing."""
+    assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "local-ocr"}).agent_slots == 64
+    assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "openai-compatible"}
+                             ).agent_slots == 4
