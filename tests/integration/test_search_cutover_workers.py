@@ -111,8 +111,11 @@ def test_model_change_mid_backfill_with_racing_uploads_and_edits(engine, it_sett
                 publisher.publish(res.hints)
                 publisher.publish(to_b.edit_context(scope, image_ids[scope][0],
                                                     context={"title": "still image, edited during B"}).hints)
-            poll_until(lambda: _count(engine, "SELECT count(*) FROM text_embeddings WHERE model = :m", m=B) >= 4,
-                       timeout=60, what="some B embeddings")
+            # uploads and edits alone can make 4 B rows before the sweeper thread (slow on a busy box)
+            # has seen the change: wait for both, the states being what this test is about
+            poll_until(lambda: _count(engine, "SELECT count(*) FROM text_embeddings WHERE model = :m", m=B) >= 4
+                       and _states(engine) <= {("backfill", A, B), ("serving", B, None)},
+                       timeout=60, interval=0.1, what="some B embeddings, every scope in backfill towards B (or on B)")
         assert not sweeper.errors
         assert _states(engine) <= {("backfill", A, B), ("serving", B, None)}
 
