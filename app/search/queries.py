@@ -52,6 +52,10 @@ def iterative_scan(conn: Any) -> None:
     """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
     conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
     conn.execute(text(f"SET LOCAL hnsw.ef_search = {int(HNSW_EF_SEARCH)}"))
+    # plan with the scope id's value, so a scope's own HNSW index (``ensure_scope_vector_indexes``)
+    # is used: psycopg prepares a statement on its fifth run and a generic plan can't prove the
+    # partial index's ``scope_id = …`` predicate
+    conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
 
 
 # All scopes' vectors of a model share one HNSW index. A scope filter discards the other scopes'
