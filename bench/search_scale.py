@@ -45,7 +45,7 @@ import psycopg2  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from app.api import search_queries as VQ  # noqa: E402
-from app.db.engine import ensure_vector_index, make_engine, upgrade_to_head, vector_index_name  # noqa: E402
+from app.db.engine import ensure_scope_vector_indexes, ensure_vector_index, make_engine, upgrade_to_head, vector_index_name  # noqa: E402
 from app.embedded import EmbeddedServices  # noqa: E402
 from app.search import queries as Q  # noqa: E402
 from app.search import service  # noqa: E402
@@ -286,6 +286,9 @@ def main() -> None:
                     help="override EXACT_SCAN_MAX_IMAGES (-1: never exact, the code before issue 18)")
     ap.add_argument("--ef-search", type=int, default=EF_SEARCH, help="override HNSW_EF_SEARCH")
     ap.add_argument("--only-measured", action="store_true", help="skip the recall check of every other scope")
+    ap.add_argument("--no-scope-indexes", action="store_true",
+                    help="don't build the per-scope HNSW indexes of scopes above the exact-scan size (and drop none)")
+    ap.add_argument("--measure", help="comma-separated scope ids to time (default: the largest, two medium, three small)")
     args = ap.parse_args()
     Q.EXACT_SCAN_MAX_IMAGES, Q.HNSW_EF_SEARCH = args.exact_max, args.ef_search
     root = args.keep or Path(tempfile.mkdtemp(prefix="memeflow-search-scale-", dir="/tmp"))
@@ -324,13 +327,25 @@ def main() -> None:
         else:
             print(f"reusing loaded database {name}", flush=True)
         admin.close()
+        engine = make_engine(url)
+        if not args.no_scope_indexes and hasattr(Q, "EXACT_SCAN_MAX_IMAGES") and args.exact_max >= 0:
+            for table, model, dims in (("text_embeddings", TEXT_MODEL, args.text_dims),
+                                       ("visual_embeddings", VISUAL_MODEL, args.visual_dims)):
+                t = time.perf_counter()
+                built = ensure_scope_vector_indexes(engine, table, model, dims, min_images=args.exact_max,
+                                                    maintenance_work_mem="1GB")
+                if built:
+                    timings[f"scope indexes {table}"] = time.perf_counter() - t
+                    print(f"  {len(built)} per-scope {table} indexes built in {timings[f'scope indexes {table}']:.0f}s",
+                          flush=True)
         if args.load_only:
             return
-        engine = make_engine(url)
         order = sorted(range(len(sizes)), key=lambda n: -sizes[n])
         small = [n for n in order if sizes[n] <= 600]
         measured = list(dict.fromkeys([order[0], order[min(3, len(order) - 1)], order[min(6, len(order) - 1)]]
                                       + ([small[0], small[len(small) // 2], small[-1]] if small else [])))
+        if args.measure:
+            measured = [int(s.strip().lstrip("s")) for s in args.measure.split(",")]
         rows = []
         for n in measured:
             m = measure(engine, raw, f"s{n:03d}", args.queries, args.text_dims, args.visual_dims, True, 100 + n)

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import event, text
 
 from app.api import search_queries as VQ
-from app.db.engine import ensure_vector_index
+from app.db.engine import ensure_scope_vector_indexes, ensure_vector_index, scope_vector_index_name
 from app.search import queries as Q
 from app.search import service
 from app.search.queries import vector_literal
@@ -120,3 +120,41 @@ def test_a_large_scope_is_searched_through_the_hnsw_index(shared_index, monkeypa
     for plan in plans:
         assert re.search(r"Index Scan using ix_(text|visual)_embeddings_hnsw", plan), plan
     assert hits >= 0.9 * 50  # approximate, but close (the benchmark measures recall)
+
+
+def test_a_scope_above_the_exact_size_gets_its_own_hnsw_index(shared_index, monkeypatch):
+    """``ensure_scope_vector_indexes`` gives every scope above the exact-scan size (and below half
+    the images) its own partial HNSW index, once; a search of that scope is planned on it — also
+    once psycopg prepares the statement — and returns its exact neighbours (at 1M vectors the
+    filtered shared index gave mid-size scopes recall@10 0.83–0.93, docs/performance.md §8)."""
+    engine, provider = shared_index, GivenVector()
+    monkeypatch.setattr(Q, "EXACT_SCAN_MAX_IMAGES", 500)  # "mid" (700 images) is above it; "big" is 97 %
+    names = {}
+    for table, model in (("text_embeddings", "tm"), ("visual_embeddings", "vm")):
+        built = ensure_scope_vector_indexes(engine, table, model, DIMS, min_images=Q.EXACT_SCAN_MAX_IMAGES)
+        assert built == [scope_vector_index_name(table, model, DIMS, "mid")]
+        assert ensure_scope_vector_indexes(engine, table, model, DIMS, min_images=Q.EXACT_SCAN_MAX_IMAGES) == []
+        names[table] = built[0]
+    plans: list[str] = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if "ORDER BY" in statement and "<=>" in statement and not statement.startswith("EXPLAIN"):
+            cursor.execute("EXPLAIN " + statement, parameters)
+            plans.append("\n".join(r[0] for r in cursor.fetchall()))
+
+    event.listen(engine, "before_cursor_execute", explain)
+    try:
+        hits = total = 0
+        for q in _queries(8):  # more than psycopg's prepare threshold (5) on the pooled connection
+            provider.vector = q
+            got = service.search_text(engine, provider, "mid", "x", limit=10, mode="semantic")
+            hits += len({str(h["image"]["id"]) for h in got["items"]} & set(_exact(engine, "text_embeddings", "mid", q, 10)))
+            items = VQ.search_visual(engine, "mid", model="vm", preprocess_version="p", dims=DIMS, vector=q, limit=10)
+            hits += len({str(h["image"]["id"]) for h in items} & set(_exact(engine, "visual_embeddings", "mid", q, 10)))
+            total += 20
+    finally:
+        event.remove(engine, "before_cursor_execute", explain)
+    assert len(plans) == 16
+    for i, plan in enumerate(plans):
+        assert f"Index Scan using {names['text_embeddings' if i % 2 == 0 else 'visual_embeddings']}" in plan, plan
+    assert hits >= 0.98 * total
