@@ -109,3 +109,30 @@ def gc(dry_run: bool, min_age_s: float) -> None:
         click.echo(f"  {path}")
     click.echo(f"gc {ctx.settings.agent_results_path}: {verb} {len(pruned)} agent result records")
     click.echo(f"gc {storage / THUMBS_DIR}: {verb} {len(thumbs)} thumbnails of versions no image has")
+
+
+@click.command("search-indexes")
+@click.option("--maintenance-work-mem", default=None, help="For the builds, e.g. 1GB (default: the server's).")
+@click.option("--min-images", type=int, default=None,
+              help="Index scopes above this many images [default: the exact-scan size, 20,000].")
+@friendly_errors
+def search_indexes(maintenance_work_mem: str | None, min_images: int | None) -> None:
+    """Give every scope above the exact-scan size (and below half of all images) its own partial
+    HNSW index of the configured text and visual models, built CONCURRENTLY (writes go on).
+
+    A filtered scan of the shared index misses a mid-size scope's neighbours (docs/performance.md
+    §8); run this after a scope grows past the exact-scan size or the model changes (a cron job or
+    after bulk imports). Idempotent: existing valid indexes are kept, interrupted builds redone."""
+    from app.db.engine import ensure_scope_vector_indexes
+    from app.search.queries import EXACT_SCAN_MAX_IMAGES
+
+    threshold = EXACT_SCAN_MAX_IMAGES if min_images is None else min_images
+    with connected() as ctx:
+        cfg = ctx.orch.stage_configs
+        for table, model, dims in (("text_embeddings", str(cfg.text["model"]), int(cfg.text["dims"])),
+                                   ("visual_embeddings", str(cfg.visual["model"]), int(cfg.visual["dims"]))):
+            started = time.monotonic()
+            built = ensure_scope_vector_indexes(ctx.engine, table, model, dims, min_images=threshold,
+                                                maintenance_work_mem=maintenance_work_mem)
+            click.echo(f"{table} ({model}): {len(built)} scope index(es) built in {time.monotonic() - started:.1f}s"
+                       + (f": {', '.join(built)}" if built else ""))

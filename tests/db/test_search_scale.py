@@ -158,3 +158,38 @@ def test_a_scope_above_the_exact_size_gets_its_own_hnsw_index(shared_index, monk
     for i, plan in enumerate(plans):
         assert f"Index Scan using {names['text_embeddings' if i % 2 == 0 else 'visual_embeddings']}" in plan, plan
     assert hits >= 0.98 * total
+
+
+def test_memeflow_search_indexes_builds_the_scope_indexes_of_the_configured_models(engine, settings):
+    """``memeflow search-indexes`` (what an operator or a cron job runs): the configured models'
+    scopes above ``--min-images`` get their own index, once."""
+    from click.testing import CliRunner
+
+    from app.cli import main
+    from app.orchestrator import Orchestrator
+
+    cfg = Orchestrator(engine, settings).stage_configs
+    model, dims = str(cfg.text["model"]), int(cfg.text["dims"])
+    with engine.begin() as conn:
+        for scope, n in (("big", 100), ("grown", 30), ("tiny", 3)):  # "big": over half, the shared index is its own
+            conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES (:s, gen_random_uuid())"), {"s": scope})
+            conn.execute(text(
+                "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,"
+                " storage_key, metadata_hash) SELECT gen_random_uuid(), CAST(:s AS text),"
+                " md5(CAST(:s AS text) || g) || md5(CAST(:s AS text) || g || 'x'),"
+                " '.png', 'image/png', 1, 1, 1, 'k', 'h' FROM generate_series(1, :n) g"), {"s": scope, "n": n})
+        conn.execute(text(
+            "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims, document_version,"
+            f" document, embedding) SELECT scope_id, id, sha256, 'h', :m, {dims}, '1', '',"
+            f" l2_normalize(ARRAY(SELECT random() - 0.5 FROM generate_series(1, {dims}) WHERE i.id IS NOT NULL)::vector)"
+            " FROM images i"), {"m": model})
+    env = {"MEMEFLOW_DATABASE_URL": settings.database_url, "MEMEFLOW_BROKER_URL": settings.broker_url,
+           "MEMEFLOW_TEXT_PROVIDER": settings.text_provider, "MEMEFLOW_VISUAL_PROVIDER": settings.visual_provider,
+           "MEMEFLOW_AGENT_PROVIDER": settings.agent_provider, "MEMEFLOW_VAR_DIR": str(settings.var_dir)}
+    runs = [CliRunner().invoke(main, ["search-indexes", "--min-images", "10"], env=env) for _ in range(2)]
+    assert [r.exit_code for r in runs] == [0, 0], [r.output for r in runs]
+    name = scope_vector_index_name("text_embeddings", model, dims, "grown")
+    assert name in runs[0].output and "text_embeddings" in runs[1].output and name not in runs[1].output
+    with engine.connect() as conn:
+        indexes = set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'text_embeddings'")).scalars())
+    assert name in indexes and scope_vector_index_name("text_embeddings", model, dims, "tiny") not in indexes

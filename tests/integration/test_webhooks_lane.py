@@ -59,5 +59,7 @@ def test_the_beat_sweep_alone_recovers_webhook_hints(cluster, engine, it_setting
     for i in range(3):
         with engine.begin() as c:
             events_q.stage_event_txn(c, "local", "batch.progress", {"n": i})
-    poll_until(lambda: len(receiver.at("/ok")) >= 3, timeout=60, interval=0.1, what="deliveries after sweeps")
+    # 60 s ran out once in a clean-clone run on a heavily loaded box (a 1M-vector bench alongside);
+    # the cause was not found: see the session note. The deadline is generous, the premise unchanged.
+    poll_until(lambda: len(receiver.at("/ok")) >= 3, timeout=180, interval=0.1, what="deliveries after sweeps")
     assert [r.event["payload"]["n"] for r in receiver.at("/ok")][:3] == [0, 1, 2]
