@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from PIL import Image, ImageOps
@@ -48,12 +50,12 @@ def sniff_media_type(data: bytes) -> str | None:
     return None
 
 
-def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedImage:
-    """Decode and fully load ``data``; raise PermanentError(code="invalid_image") on any bad input.
-
-    The header dimensions are checked against ``max_pixels`` before any pixel is decoded, so a
-    decompression bomb costs only the header parse.
-    """
+@contextmanager
+def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
+    """The checks :func:`decode_image` and :func:`check_image` share: the bytes are a supported
+    image whose header dimensions are within ``max_pixels`` (checked before any pixel is decoded,
+    so a decompression bomb costs only the header parse); yields (the open image, its media type).
+    Any failure inside, the caller's decoding included, is PermanentError(code="invalid_image")."""
     if not data:
         raise PermanentError("image is empty (zero bytes)", code="invalid_image")
     media_type = sniff_media_type(data)
@@ -71,17 +73,24 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decode
                         f"of {max_pixels} pixels",
                         code="invalid_image",
                     )
-                animated = bool(getattr(im, "is_animated", False))
-                frame_count = int(getattr(im, "n_frames", 1))
-                im.seek(0)
-                im.load()
-                rgb = _to_rgb(ImageOps.exif_transpose(im))
+                yield im, media_type
     except PermanentError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise PermanentError(f"image too large: {exc}", code="invalid_image") from exc
     except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError, ...
         raise PermanentError(f"cannot decode image: {exc}", code="invalid_image") from exc
+
+
+def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedImage:
+    """Decode and fully load ``data``; raise PermanentError(code="invalid_image") on any bad input
+    (the checks of :func:`_opened`)."""
+    with _opened(data, max_pixels) as (im, media_type):
+        animated = bool(getattr(im, "is_animated", False))
+        frame_count = int(getattr(im, "n_frames", 1))
+        im.seek(0)
+        im.load()
+        rgb = _to_rgb(ImageOps.exif_transpose(im))
     return DecodedImage(
         image=rgb,
         width=rgb.width,
@@ -104,34 +113,14 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[i
     a JPEG is decoded at 1/8 scale (``draft``: libjpeg reads the whole entropy-coded stream and
     skips most of the inverse DCT), and nothing is converted, transposed or copied. The API's
     upload needs no pixels, only the proof that they decode: measured, a 1920×1080 JPEG photo
-    costs a fraction of the full decode (docs/performance.md §9)."""
-    if not data:
-        raise PermanentError("image is empty (zero bytes)", code="invalid_image")
-    media_type = sniff_media_type(data)
-    if media_type is None:
-        raise PermanentError("not a supported image (png, jpeg, gif, webp)", code="invalid_image")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[media_type]]) as im:
-                width, height = im.size
-                if width <= 0 or height <= 0 or width * height > max_pixels:
-                    raise PermanentError(
-                        f"image dimensions {width}x{height} exceed the limit "
-                        f"of {max_pixels} pixels",
-                        code="invalid_image",
-                    )
-                orientation = im.getexif().get(_ORIENTATION)
-                im.seek(0)
-                if media_type == "image/jpeg":
-                    im.draft(im.mode, ((width + 7) // 8, (height + 7) // 8))
-                im.load()
-    except PermanentError:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise PermanentError(f"image too large: {exc}", code="invalid_image") from exc
-    except Exception as exc:  # Pillow raises OSError, SyntaxError, ValueError, EOFError, ...
-        raise PermanentError(f"cannot decode image: {exc}", code="invalid_image") from exc
+    costs a fraction of the full decode (docs/performance.md §12)."""
+    with _opened(data, max_pixels) as (im, media_type):
+        width, height = im.size
+        orientation = im.getexif().get(_ORIENTATION)
+        im.seek(0)
+        if media_type == "image/jpeg":
+            im.draft(im.mode, ((width + 7) // 8, (height + 7) // 8))
+        im.load()
     if orientation in _SWAPS_AXES:
         width, height = height, width
     return width, height, media_type
