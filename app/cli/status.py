@@ -47,6 +47,10 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int, settings=None)
             cells.append(f"[bold red]{live.workers} (unserved)[/bold red]" if live.unserved else str(live.workers))
         lanes_table.add_row(*cells)
     if liveness:
+        hooks = liveness.lanes["webhooks"]
+        due = "yes" if hooks.queued else "no"
+        lanes_table.add_row("webhooks", "", due, "", "", "",
+                            f"[bold red]{hooks.workers} (unserved)[/bold red]" if hooks.unserved else str(hooks.workers))
         lanes_table.add_row("maintenance", "", "", "", "", "", str(liveness.lanes["maintenance"].workers))
     data = {"jobs": jobs, "lanes": {lane.lane: {"queued": lane.queued, "due": lane.due, "running": lane.running,
                                                 "slots_in_use": lane.slots_in_use} for lane in lanes}}

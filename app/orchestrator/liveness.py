@@ -23,11 +23,14 @@ from sqlalchemy.engine import Connection, Engine
 from app.config import Settings
 from app.db.enums import Lane
 from app.orchestrator.store import sweep as sweep_q
+from app.orchestrator.store import webhooks as webhooks_q
 from app.orchestrator.store import workers as q
 
 MAINTENANCE = "maintenance"
-#: The queues a deployment must serve: the three lanes, and the sweep/batch-seeding queue.
-SERVED_QUEUES: tuple[str, ...] = (*(lane.value for lane in Lane), MAINTENANCE)
+WEBHOOKS = "webhooks"
+#: The queues a deployment must serve: the three lanes, the webhook deliveries (queued work there
+#: is a subscription with an event due) and the sweep/batch-seeding queue.
+SERVED_QUEUES: tuple[str, ...] = (*(lane.value for lane in Lane), WEBHOOKS, MAINTENANCE)
 TTL_FACTOR = 3  # a registration is live for this many registry intervals
 STALE_FACTOR = 3  # a sweep older than this many sweep intervals is stale
 
@@ -41,7 +44,7 @@ def worker_ttl_s(settings: Settings) -> float:
 class LaneLiveness:
     lane: str
     workers: int  # live workers consuming this queue
-    queued: bool  # the lane holds queued tasks (always False for the maintenance queue)
+    queued: bool  # the lane holds queued tasks (webhooks: an event due; always False for maintenance)
 
     @property
     def unserved(self) -> bool:
@@ -118,11 +121,13 @@ def assess(
 
 
 def read_liveness_txn(conn: Connection, settings: Settings) -> Liveness:
-    """The current liveness, on the database's clock (four small queries, none counting tasks)."""
+    """The current liveness, on the database's clock (five small queries, none counting tasks)."""
     now = q.db_now(conn)
+    queued = q.lanes_with_queued_work(conn, [lane.value for lane in Lane])
+    if webhooks_q.has_due_txn(conn):
+        queued.add(WEBHOOKS)
     return assess(
-        now, q.live_workers_per_lane(conn, worker_ttl_s(settings), now),
-        q.lanes_with_queued_work(conn, [lane.value for lane in Lane]), sweep_q.sweep_state(conn),
+        now, q.live_workers_per_lane(conn, worker_ttl_s(settings), now), queued, sweep_q.sweep_state(conn),
         settings.sweep_interval_s,
     )
 

@@ -118,3 +118,24 @@ def test_liveness_flags_a_lane_with_queued_work_and_no_live_worker(engine, setti
     assert "visual" in live.reasons[0]["message"]
     register_worker(engine, _worker("visual@h1", "visual", "maintenance"))
     assert read_liveness(engine, settings).reasons == []
+
+
+def test_liveness_flags_webhook_deliveries_due_with_no_webhooks_worker(engine, settings):
+    """A subscription with an event after its cursor is the webhooks lane's queued work: without a
+    live worker on that queue nothing would ever deliver it, so /readyz and /ops say so."""
+    from app.orchestrator.store import events as events_q
+
+    orch = Orchestrator(engine, settings.replace(sweep_interval_s=60.0, webhook_allowed_networks="127.0.0.0/8"))
+    settings = orch.settings
+    orch.sweep()
+    orch.create_webhook("local", "http://127.0.0.1:9/hook", ["image.deleted"])
+    with engine.begin() as conn:
+        events_q.stage_event_txn(conn, "local", "batch.progress", {"n": 1})  # not a type it takes
+    assert not read_liveness(engine, settings).lanes["webhooks"].queued
+    with engine.begin() as conn:
+        events_q.stage_event_txn(conn, "local", "image.deleted", {"image_id": None})
+    live = read_liveness(engine, settings)
+    assert live.lanes["webhooks"].unserved
+    assert [r["message"] for r in live.reasons] == ["lane webhooks has queued work and no live worker"]
+    register_worker(engine, _worker("webhooks@h1", "webhooks", "maintenance"))
+    assert read_liveness(engine, settings).reasons == []

@@ -63,7 +63,7 @@ def test_lane_workers_and_beat_alone_recover_a_killed_workers_task_and_show_thei
         assert row["pid"] == procs[name].popen.pid
     live = read_liveness(engine, cluster.settings)
     assert {lane: v.workers for lane, v in live.lanes.items()} == {
-        "visual": 2, "agent": 1, "embedding": 1, "maintenance": 4}
+        "visual": 2, "agent": 1, "embedding": 1, "webhooks": 0, "maintenance": 4}
 
     # a visual worker is SIGKILLed inside the provider call; nobody restarts it
     result = ingest(orch, cluster.settings, 7)

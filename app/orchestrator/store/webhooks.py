@@ -148,6 +148,16 @@ def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int
     ).rowcount > 0
 
 
+# -- has_due: does any subscription have an event to deliver now (the lane's "queued work") --
+HAS_DUE = f"SELECT EXISTS (SELECT 1 FROM webhook_subscriptions s WHERE s.next_attempt_at <= now() AND {HAS_PENDING})"
+
+
+def has_due_txn(conn: Connection) -> bool:
+    """Whether the webhooks lane has work waiting: a subscription past its backoff with an event
+    after its cursor (one probe of ``ix_events_scope_id`` per subscription until the first)."""
+    return bool(conn.execute(sql(HAS_DUE)).scalar_one())
+
+
 # -- due_for_hint: subscriptions to wake (new events, backoff over, lease expired, hint lost) --
 DUE_FOR_HINT = (
     "UPDATE webhook_subscriptions SET last_hint_at = :now WHERE id IN ("
