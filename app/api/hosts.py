@@ -5,6 +5,12 @@
   opt-in, a request from a non-loopback peer is 403 ``unauthenticated_remote``. It is the second
   layer behind the bind guard, for servers started without memeflow's commands or gunicorn
   config (``gunicorn -b 0.0.0.0 app.api.wsgi:app``, ``flask run --host 0.0.0.0``).
+* Without authentication, an API write (any method but GET/HEAD/OPTIONS) that a browser marks as coming
+  from another site (``Sec-Fetch-Site`` other than ``same-origin``/``none``, or an ``Origin`` that is
+  not this server's) is 403 ``cross_site_request``: nothing ambient (no token) would stop a web page
+  the user visits from uploading to or deleting from the local library. Clients that are not
+  browsers send neither header and are unaffected; in token mode a page cannot attach the bearer
+  token, and the browser session's writes have their own CSRF check.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from flask import Flask, request
 
 from app.api.errors import error_response
 from app.netguard import allowed_hosts, host_allowed
+from app.web.csrf import own_origin
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_SAME_SITE_FETCH = frozenset({"same-origin", "none"})  # none: the user typed or bookmarked it
 
 
 def _loopback_peer(addr: str | None) -> bool:
@@ -30,6 +40,17 @@ def _loopback_peer(addr: str | None) -> bool:
     return (mapped or ip).is_loopback
 
 
+def _cross_site_write() -> bool:
+    """Whether this request is a write that a browser says another site's page made."""
+    if request.method in _SAFE_METHODS or not request.path.startswith("/api/"):
+        return False  # the pages' forms have their own CSRF check (app.web.csrf)
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    if fetch_site is not None and fetch_site not in _SAME_SITE_FETCH:
+        return True
+    origin = request.headers.get("Origin")
+    return origin is not None and origin.rstrip("/").lower() != own_origin()
+
+
 def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> None:
     """Register the guards as the first ``before_request`` hook (before auth and every view).
 
@@ -37,7 +58,8 @@ def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> No
     from app.auth import LocalScopeResolver
 
     allowed = allowed_hosts(settings)
-    local_only = isinstance(scope_resolver, LocalScopeResolver) and not settings.allow_unauthenticated_remote
+    unauthenticated = isinstance(scope_resolver, LocalScopeResolver)
+    local_only = unauthenticated and not settings.allow_unauthenticated_remote
 
     @app.before_request
     def _guard_exposure():
@@ -51,5 +73,11 @@ def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> No
                 403, "unauthenticated_remote",
                 "MEMEFLOW_AUTH=none serves this machine only; use MEMEFLOW_AUTH=token "
                 "(or MEMEFLOW_ALLOW_UNAUTHENTICATED_REMOTE=1 behind a trusted proxy)",
+            )
+        if unauthenticated and _cross_site_write():
+            return error_response(
+                403, "cross_site_request",
+                "MEMEFLOW_AUTH=none refuses writes from other sites' pages (Origin / Sec-Fetch-Site); "
+                "use this server's own pages, a non-browser client, or MEMEFLOW_AUTH=token",
             )
         return None

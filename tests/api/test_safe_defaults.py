@@ -93,6 +93,37 @@ def test_remote_peers_with_the_opt_in_or_in_token_mode(settings, engine, orch, p
     assert c.get("/api/v1/images", environ_base=remote, headers=auth).status_code == 200
 
 
+# --------------------------------------------------------------------------- cross-site writes
+@pytest.mark.parametrize("headers", [
+    {"Origin": "https://evil.example"},
+    {"Origin": "null"},
+    {"Sec-Fetch-Site": "cross-site", "Origin": "https://evil.example"},
+    {"Sec-Fetch-Site": "same-site"},
+    {"Sec-Fetch-Site": "cross-site"},  # no Origin at all: the browser's word is enough
+])
+def test_auth_none_refuses_writes_from_other_sites_pages(client, engine, headers):
+    r = upload(client, png_bytes(), headers=headers)
+    assert r.status_code == 403 and r.get_json()["error"] == "cross_site_request"
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM images")).scalar() == 0
+
+
+def test_auth_none_serves_its_own_pages_and_non_browser_clients(client, engine):
+    assert upload(client, png_bytes((1, 2, 3)), headers={"Origin": "http://localhost",
+                                                        "Sec-Fetch-Site": "same-origin"}).status_code == 201
+    assert upload(client, png_bytes((4, 5, 6))).status_code == 201  # curl, SDKs: neither header
+    image_id = client.get("/api/v1/images").get_json()["items"][0]["id"]
+    assert client.delete(f"/api/v1/images/{image_id}", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+    # a cross-site page may still *read* nothing: no CORS headers are ever sent
+    r = client.get("/api/v1/images", headers={"Origin": "https://evil.example"})
+    assert r.status_code == 200 and "Access-Control-Allow-Origin" not in r.headers
+
+
+def test_token_mode_writes_are_not_judged_by_origin(token_app, tokens):
+    auth = {"Authorization": f"Bearer {tokens['alpha']}", "Origin": "https://other.example"}
+    assert upload(token_app.test_client(), png_bytes(), headers=auth).status_code == 201
+
+
 # --------------------------------------------------------------------------- cursor secret
 def _first_page_cursor(client) -> str:
     for i in range(3):
