@@ -26,6 +26,8 @@ def sweep() -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())) or "nothing due"
     click.echo(f"sweep: {counts}; hints published {len(report.hints)}")
+    for failed in report.failed_steps:
+        click.echo(f"sweep step {failed['step']} failed: {failed['error']} (the other steps ran)", err=True)
 
 
 @dataclass
