@@ -152,21 +152,26 @@ def main() -> None:
                 t = time.perf_counter()
                 off.sweep()
                 times_off.append(time.perf_counter() - t)
-            times_on, pruned, kinds = [], 0, {}
+            times_on, pruned, kinds, wal = [], 0, {}, []
             for _ in range(args.sweeps):
+                cur.execute("SELECT pg_current_wal_insert_lsn()")
+                lsn = cur.fetchone()[0]
                 t = time.perf_counter()
                 report = on.sweep()
                 times_on.append(time.perf_counter() - t)
+                cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", (lsn,))
+                wal.append(float(cur.fetchone()[0]))
                 pruned += sum(v for k, v in report.counts.items() if k.startswith("pruned_"))
                 for k, v in report.counts.items():
                     if k.startswith("retention_ms_"):
                         kinds.setdefault(k[13:], []).append(v)
             print("  ms per kind (median): " + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in kinds.items()))
-            rows.append((size, present, times_off, times_on, pruned))
+            rows.append((size, present, times_off, times_on, pruned, statistics.median(wal)))
             if args.explain:
                 explain(engine, on)
             print(f"history {size:,}: sweep {statistics.median(times_on) * 1000:.0f} ms (retention off "
-                  f"{statistics.median(times_off) * 1000:.0f} ms), pruned {pruned:,} in {args.sweeps} sweeps", flush=True)
+                  f"{statistics.median(times_off) * 1000:.0f} ms), pruned {pruned:,} in {args.sweeps} sweeps, "
+                  f"WAL {statistics.median(wal) / 1e6:.1f} MB per sweep", flush=True)
         engine.dispose()
         raw.close()
     finally:
@@ -175,11 +180,12 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"command: python bench/retention_sweep.py --sizes {args.sizes} --sweeps {args.sweeps}\n")
-    print("| prunable history rows | sweep p50 / max ms, retention on | retention off p50 ms | rows pruned per sweep |")
-    print("|---:|---:|---:|---:|")
-    for _size, present, off_t, on_t, pruned in rows:
+    print("| prunable history rows | sweep p50 / max ms, retention on | retention off p50 ms | rows pruned per sweep"
+          " | WAL per sweep MB |")
+    print("|---:|---:|---:|---:|---:|")
+    for _size, present, off_t, on_t, pruned, wal_p50 in rows:
         print(f"| {present:,} | {statistics.median(on_t) * 1000:.0f} / {max(on_t) * 1000:.0f} |"
-              f" {statistics.median(off_t) * 1000:.0f} | {pruned / len(on_t):,.0f} |")
+              f" {statistics.median(off_t) * 1000:.0f} | {pruned / len(on_t):,.0f} | {wal_p50 / 1e6:.1f} |")
 
 
 if __name__ == "__main__":
