@@ -4,8 +4,11 @@ History is added in steps (by SQL in bulk) to one database until it holds each t
 ``--sizes`` rows, a fifth of each kind: replaced jobs (10 revisions per image, all ended 40 days
 ago), one ended task per job, one completed attempt per task, stale text embeddings (an older
 metadata_hash) and per-minute ops_counters buckets — all older than the default retention ages.
-At each size it times ``--sweeps`` full sweeps (retention on: each deletes its bounded batches)
-and, for reference, sweeps with retention off. Uses the embedded PostgreSQL under a temp dir (fsync on).
+At each size it times ``--sweeps`` full sweeps (retention on: each deletes its bounded batches),
+each after a sweep with retention off (for reference: the same minute's load), and the WAL each
+retention sweep writes (full-page images of the pages its deletes dirty: the work, whatever the
+load). ``--keep DIR`` keeps the database (and reuses its history); ``--explain`` prints EXPLAIN
+(ANALYZE, BUFFERS) of each kind's next step. Uses the embedded PostgreSQL under a temp dir (fsync on).
 
     python bench/retention_sweep.py [--sizes 0,100000,1000000,5000000] [--sweeps 5]
 """
@@ -147,13 +150,11 @@ def main() -> None:
                         " + (SELECT count(*) FROM task_attempts) + (SELECT count(*) FROM text_embeddings)"
                         " + (SELECT count(*) FROM ops_counters)")
             present = cur.fetchone()[0]
-            times_off = []
-            for _ in range(args.sweeps):
+            times_off, times_on, pruned, kinds, wal = [], [], 0, {}, []
+            for _ in range(args.sweeps):  # interleaved: a sweep with retention off, then one with it on
                 t = time.perf_counter()
                 off.sweep()
                 times_off.append(time.perf_counter() - t)
-            times_on, pruned, kinds, wal = [], 0, {}, []
-            for _ in range(args.sweeps):
                 cur.execute("SELECT pg_current_wal_insert_lsn()")
                 lsn = cur.fetchone()[0]
                 t = time.perf_counter()
