@@ -37,6 +37,7 @@ WEBHOOK_TASK = "memeflow.deliver_webhooks"
 #: Every queue a hint may go to, with the task that wakes it.
 HINT_TASKS = {**LANE_TASKS, WEBHOOKS: WEBHOOK_TASK}
 SWEEP_TASK = "memeflow.reconcile_sweep"
+SWEEP_EXPIRES_MIN_S = 10.0
 SEED_BATCH_TASK = "memeflow.seed_batch"
 #: Per-scope HNSW index maintenance (app/orchestrator/scope_indexes.py), its own beat entry and lock.
 SEARCH_INDEXES_TASK = "memeflow.search_indexes"
@@ -97,8 +98,10 @@ beat_schedule = {
         "task": SWEEP_TASK,
         "schedule": float(_settings.sweep_interval_s),
         "args": (),
-        # A sweep that waited longer than a few intervals is pointless: a newer one follows.
-        "options": {"queue": MAINTENANCE, "expires": max(3 * float(_settings.sweep_interval_s), 1.0)},
+        # A sweep that waited longer than a few intervals is pointless: a newer one follows (an
+        # expired message is discarded in ms, so a late or slow sweep never loses all of them). The
+        # floor keeps short test intervals from expiring messages that a busy box merely delivers late.
+        "options": {"queue": MAINTENANCE, "expires": max(3 * float(_settings.sweep_interval_s), SWEEP_EXPIRES_MIN_S)},
     },
 }
 if _settings.search_index_interval_s > 0:
