@@ -65,13 +65,20 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
             metrics.SWEEP_STEP_FAILURES.labels(name).inc()
             report.failed_steps.append({"step": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
     report.counts["steps_failed"] = len(report.failed_steps)
-    # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
-    with orch.engine.begin() as conn:
-        gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
-        for g in q.lane_gauges_txn(conn, orch.now()):
-            gauges[g["lane"]] = {"queued": int(g["queued"]), "running": int(g["running"]),
-                                 "oldest_age": float(g["oldest_age"] or 0)}
-        q.record_sweep_txn(conn, None, time.monotonic() - started, gauges, report.failed_steps)
+    # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read).
+    # If even this fails the hints above still go out; the missing record shows as a stale sweep.
+    try:
+        with orch.engine.begin() as conn:
+            gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
+            for g in q.lane_gauges_txn(conn, orch.now()):
+                gauges[g["lane"]] = {"queued": int(g["queued"]), "running": int(g["running"]),
+                                     "oldest_age": float(g["oldest_age"] or 0)}
+            q.record_sweep_txn(conn, None, time.monotonic() - started, gauges, report.failed_steps)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("sweep step failed", extra={"code": "record"})
+        metrics.SWEEP_STEP_FAILURES.labels("record").inc()
+        report.failed_steps.append({"step": "record", "error": f"{type(exc).__name__}: {exc}"[:300]})
+        return
     metrics.set_lane_gauges(gauges)
 
 
