@@ -175,10 +175,14 @@ def run_pass(engine: Engine, configured: list[tuple[str, str, int]], *, min_imag
                 metrics.SCOPE_INDEX_BUILDS.labels("built").inc()
                 log.info("scope index built", extra={"code": name, "scope_id": want.scope_id})
         finally:
-            conn.execute(text("RESET statement_timeout"))
-            conn.execute(text("RESET lock_timeout"))
-            conn.execute(text("RESET maintenance_work_mem"))
-            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+            try:
+                conn.execute(text("RESET statement_timeout"))
+                conn.execute(text("RESET lock_timeout"))
+                conn.execute(text("RESET maintenance_work_mem"))
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+            except Exception:  # noqa: BLE001 - a broken connection released the lock with the session
+                conn.invalidate()
+                log.warning("scope index pass: connection lost at the end", exc_info=True)
     return report
 
 
