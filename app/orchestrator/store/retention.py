@@ -18,8 +18,10 @@ its deletes dirty a page per row (each a full-page image in the WAL after a chec
 per 1,000 jobs at 200k jobs); the pages of a physical window are contiguous (≈ 2 MB), and rows
 written together (a job, its tasks, attempts) are deleted together, so the step's cost does not
 grow with the table (docs/performance.md §9). Picked rows are locked ``FOR UPDATE SKIP LOCKED``
-(a row someone holds waits for the next pass) and deleted by key (``= ANY(ARRAY(…))``: a lookup
-per row). Conditions on other tables are scalar subqueries — a primary-key or index lookup per row
+(a row someone holds waits for the next pass) and everything goes by TID (``ctid = ANY(ARRAY(…))``:
+a heap fetch of a page the step already read, no primary-key lookup — the keys are random, so at
+5M rows those lookups missed the cache; a row updated meanwhile has a new TID and waits for the
+next lap). Conditions on other tables are scalar subqueries — a primary-key or index lookup per row
 read; as (NOT) EXISTS they become joins, which may read every active job or every image.
 ``ops_counters`` has no kept rows: its oldest buckets go first.
 """
@@ -33,26 +35,26 @@ from sqlalchemy.engine import Connection
 from app.orchestrator.store._sql import sql
 
 _STEP = """
-WITH scan AS MATERIALIZED (SELECT {key} AS k FROM {table}
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table}
                            WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
 doomed AS (
-  SELECT {alias}.{key} AS k FROM {table} {alias}
-  WHERE {alias}.{key} = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
+  SELECT {alias}.ctid AS k FROM {table} {alias}
+  WHERE {alias}.ctid = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
   LIMIT :n FOR UPDATE OF {alias} SKIP LOCKED),
-gone AS (DELETE FROM {table} WHERE {key} = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
 """
 
 # Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
 # except those of a job that is active or waits for a human.
-TASKS = _STEP.format(table="tasks", alias="t", key="id", type="uuid", condition="""
+TASKS = _STEP.format(table="tasks", alias="t", condition="""
     t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
     AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
     AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
         NOT IN ('queued', 'running', 'blocked', 'unknown_execution')""")
 
 # Completed or failed attempts of ended tasks, except under a job that is active or waits for a human.
-ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type="text", condition="""
+ATTEMPTS = _STEP.format(table="task_attempts", alias="a", condition="""
     a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
     AND (SELECT t.status IN ('succeeded', 'failed', 'cancelled')
                 AND j.status NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
@@ -62,7 +64,7 @@ ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type
 # ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
 # one waiting for a human, one with a task still queued or running, or one of a batch that is
 # active or ended within the age. The image's latest revision: its unique index, backwards.
-JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", condition="""
+JOBS = _STEP.format(table="processing_jobs", alias="j", condition="""
     j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
     AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
                       WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
@@ -78,20 +80,20 @@ JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", c
 # serving.py) names — serving, target, or previous within the rollback window (keep_after) or
 # pinned — is never an old model for that scope.
 _EMBEDDINGS = """
-WITH scan AS MATERIALIZED (SELECT id AS k FROM {table} WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table} WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
 picked AS (
-  SELECT e.id, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
+  SELECT e.ctid AS c, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
   FROM {table} e
-  WHERE e.id = ANY(ARRAY(SELECT k FROM scan))
+  WHERE e.ctid = ANY(ARRAY(SELECT k FROM scan))
     AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
           AND (SELECT {stale} FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
       OR {old_model})
   LIMIT :n),
 doomed AS (
-  SELECT p.id FROM picked p CROSS JOIN LATERAL (
+  SELECT p.c FROM picked p CROSS JOIN LATERAL (
     SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR {stale_p})
     FOR SHARE SKIP LOCKED) held),
-gone AS (DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
+gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT c FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
 """
 TEXT_EMBEDDINGS = _EMBEDDINGS.format(
