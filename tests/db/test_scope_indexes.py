@@ -11,8 +11,7 @@ import pytest
 from sqlalchemy import event, text
 
 from app.db.engine import scope_vector_index_name
-from app.orchestrator import Orchestrator, StageConfigs
-from app.orchestrator import scope_indexes
+from app.orchestrator import Orchestrator, StageConfigs, scope_indexes
 from app.search import queries as Q
 from app.search import service
 from app.search.queries import vector_literal
