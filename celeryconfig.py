@@ -37,7 +37,10 @@ WEBHOOK_TASK = "memeflow.deliver_webhooks"
 #: Every queue a hint may go to, with the task that wakes it.
 HINT_TASKS = {**LANE_TASKS, WEBHOOKS: WEBHOOK_TASK}
 SWEEP_TASK = "memeflow.reconcile_sweep"
+SWEEP_EXPIRES_MIN_S = 10.0
 SEED_BATCH_TASK = "memeflow.seed_batch"
+#: Per-scope HNSW index maintenance (app/orchestrator/scope_indexes.py), its own beat entry and lock.
+SEARCH_INDEXES_TASK = "memeflow.search_indexes"
 
 broker_url = broker_url_for(_settings)
 broker_connection_retry_on_startup = True
@@ -85,6 +88,7 @@ task_routes = {
     WEBHOOK_TASK: {"queue": WEBHOOKS, "routing_key": WEBHOOKS},
     SWEEP_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
     SEED_BATCH_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
+    SEARCH_INDEXES_TASK: {"queue": MAINTENANCE, "routing_key": MAINTENANCE},
 }
 
 timezone = "UTC"
@@ -94,8 +98,18 @@ beat_schedule = {
         "task": SWEEP_TASK,
         "schedule": float(_settings.sweep_interval_s),
         "args": (),
-        # A sweep that waited longer than a few intervals is pointless: a newer one follows.
-        "options": {"queue": MAINTENANCE, "expires": max(3 * float(_settings.sweep_interval_s), 1.0)},
+        # A sweep that waited longer than a few intervals is pointless: a newer one follows (an
+        # expired message is discarded in ms, so a late or slow sweep never loses all of them). The
+        # floor keeps short test intervals from expiring messages that a busy box merely delivers late.
+        "options": {"queue": MAINTENANCE, "expires": max(3 * float(_settings.sweep_interval_s), SWEEP_EXPIRES_MIN_S)},
     },
 }
+if _settings.search_index_interval_s > 0:
+    # Not a sweep step: a build takes minutes. The worker that takes it runs the pass in a thread.
+    beat_schedule["search-indexes"] = {
+        "task": SEARCH_INDEXES_TASK,
+        "schedule": float(_settings.search_index_interval_s),
+        "args": (),
+        "options": {"queue": MAINTENANCE, "expires": max(float(_settings.search_index_interval_s), 1.0)},
+    }
 beat_max_loop_interval = max(min(float(_settings.sweep_interval_s), 5.0), 0.1)

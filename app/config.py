@@ -112,6 +112,12 @@ class Settings:
     search_cutover_check_s: float = 5.0
     search_fill_rounds: int = 3
     search_rollback_window_s: float = 7 * 24 * 3600.0  # a replaced model's rows stay (for a rollback) this long
+    # per-scope HNSW indexes (app/orchestrator/scope_indexes.py): beat runs the maintenance this often
+    # (0 = never; ``memeflow search-indexes`` runs it once) for scopes above this many images
+    # (unset: the exact-scan size, app.search.queries.EXACT_SCAN_MAX_IMAGES)
+    search_index_interval_s: float = 300.0
+    search_index_min_images: int | None = None
+    search_index_maintenance_work_mem: str | None = None  # for the builds, e.g. 1GB (unset: the server's)
     # tenant limits (0 = unlimited); per-scope overrides: ``memeflow scopes limits``
     scope_max_bytes: int = 0
     scope_max_images: int = 0
@@ -229,6 +235,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_RETENTION_*_S must be >= 0 (0 = keep forever)")
         if min(self.retention_batch_size, self.retention_max_batches, self.retention_scan_rows) < 1:
             raise SettingsError("MEMEFLOW_RETENTION_BATCH_SIZE, _MAX_BATCHES and _SCAN_ROWS must be >= 1")
+        if self.search_index_interval_s < 0 or (self.search_index_min_images or 0) < 0:
+            raise SettingsError("MEMEFLOW_SEARCH_INDEX_INTERVAL_S and _MIN_IMAGES must be >= 0")
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
         if min(self.event_streams_per_scope, self.event_streams_per_process, self.webhook_max_attempts,

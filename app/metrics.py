@@ -30,6 +30,9 @@ STAGE_DURATION = Histogram(
 )
 THUMBNAILS_GENERATED = Counter("memeflow_thumbnails_generated_total", "Thumbnails rendered (cache misses)")
 SWEEP_DURATION = Histogram("memeflow_sweep_duration_seconds", "Reconcile sweep duration")
+SCOPE_INDEX_BUILDS = Counter("memeflow_scope_index_builds_total", "Per-scope HNSW index builds", ["outcome"])
+SWEEP_STEP_FAILURES = Counter("memeflow_sweep_step_failures_total", "Sweep steps that raised (the others still ran)",
+                              ["step"])
 QUEUE_DEPTH = Gauge("memeflow_queue_depth", "Queued tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
 RUNNING_TASKS = Gauge("memeflow_running_tasks", "Running tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
 OLDEST_QUEUED_AGE = Gauge(

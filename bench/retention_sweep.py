@@ -4,8 +4,11 @@ History is added in steps (by SQL in bulk) to one database until it holds each t
 ``--sizes`` rows, a fifth of each kind: replaced jobs (10 revisions per image, all ended 40 days
 ago), one ended task per job, one completed attempt per task, stale text embeddings (an older
 metadata_hash) and per-minute ops_counters buckets — all older than the default retention ages.
-At each size it times ``--sweeps`` full sweeps (retention on: each deletes its bounded batches)
-and, for reference, sweeps with retention off. Uses the embedded PostgreSQL under a temp dir (fsync on).
+At each size it times ``--sweeps`` full sweeps (retention on: each deletes its bounded batches),
+each after a sweep with retention off (for reference: the same minute's load), and the WAL each
+retention sweep writes (full-page images of the pages its deletes dirty: the work, whatever the
+load). ``--keep DIR`` keeps the database (and reuses its history); ``--explain`` prints EXPLAIN
+(ANALYZE, BUFFERS) of each kind's next step. Uses the embedded PostgreSQL under a temp dir (fsync on).
 
     python bench/retention_sweep.py [--sizes 0,100000,1000000,5000000] [--sweeps 5]
 """
@@ -69,13 +72,51 @@ INSERT INTO ops_counters (bucket, name, count)
 """
 
 
+def explain(engine, orch) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of every kind's next walk step, rolled back."""
+    from datetime import timedelta
+
+    from sqlalchemy import text
+
+    from app.orchestrator.store import retention as q
+
+    s, now = orch.settings, orch.now()
+    params = {
+        "jobs": {"cutoff": now - timedelta(seconds=s.retention_jobs_s)},
+        "tasks": {"cutoff": now - timedelta(seconds=s.retention_tasks_s)},
+        "attempts": {"cutoff": now - timedelta(seconds=s.retention_attempts_s)},
+        "text_embeddings": {"stale_cutoff": now - timedelta(seconds=s.retention_embeddings_s), "model_cutoff": None,
+                            "keep": ["t"], "keep_after": now},
+    }
+    for kind, p in params.items():
+        statement, _table = q.WALKS[kind]
+        with engine.connect() as conn:
+            page = q.walk_position_txn(conn, kind)
+            _end, density = q.table_pages_txn(conn, kind)
+            pages = max(1, -(-s.retention_scan_rows // int(density or 64)))
+            plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement),
+                                {"lo": f"({page},0)", "hi": f"({page + pages},0)", "n": s.retention_batch_size, **p})
+            print(f"--- {kind} (pages {page}..{page + pages})")
+            print("\n".join(r[0] for r in plan))
+            conn.rollback()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="0,100000,1000000,5000000", help="history rows (all kinds together)")
     ap.add_argument("--sweeps", type=int, default=5)
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the database in this directory (and reuse the history already there)")
+    ap.add_argument("--explain", action="store_true",
+                    help="print EXPLAIN (ANALYZE, BUFFERS) of each kind's next walk step at each size (rolled back)")
     args = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="memeflow-retention-", dir="/tmp"))
+    if args.keep:
+        root = args.keep
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="memeflow-retention-", dir="/tmp"))
     root.chmod(0o755)
+    marker = root / "images"
     svc = EmbeddedServices(root / "var")
     urls = svc.start()
     rows = []
@@ -85,14 +126,15 @@ def main() -> None:
         raw = psycopg2.connect(url.replace("+psycopg2", ""))
         raw.autocommit = True
         cur = raw.cursor()
-        cur.execute("INSERT INTO scopes (id, storage_namespace) VALUES ('bench', gen_random_uuid())")
+        cur.execute("INSERT INTO scopes (id, storage_namespace) VALUES ('bench', gen_random_uuid())"
+                    " ON CONFLICT DO NOTHING")
         engine = make_engine(url, pre_ping=False)
         base = Settings(database_url=url, broker_url=urls.broker_url, var_dir=root / "var", rehint_grace_s=3600)
         on = Orchestrator(engine, base, stage_configs=CONFIGS)
         off = Orchestrator(engine, base.replace(retention_jobs_s=0, retention_tasks_s=0, retention_attempts_s=0,
                                                 retention_embeddings_s=0, retention_ops_counters_s=0),
                            stage_configs=CONFIGS)
-        images = 0
+        images = int(marker.read_text()) if marker.exists() else 0
         for size in [int(s) for s in args.sizes.split(",")]:
             want = size // 50  # 10 rows of each of 5 kinds per image
             if want > images:
@@ -103,40 +145,48 @@ def main() -> None:
                 cur.execute("VACUUM ANALYZE")
                 print(f"history {size:,}: filled in {time.perf_counter() - t0:.0f}s", flush=True)
                 images = want
+                marker.write_text(str(images))
             cur.execute("SELECT (SELECT count(*) FROM processing_jobs) + (SELECT count(*) FROM tasks)"
                         " + (SELECT count(*) FROM task_attempts) + (SELECT count(*) FROM text_embeddings)"
                         " + (SELECT count(*) FROM ops_counters)")
             present = cur.fetchone()[0]
-            times_off = []
-            for _ in range(args.sweeps):
+            times_off, times_on, pruned, kinds, wal = [], [], 0, {}, []
+            for _ in range(args.sweeps):  # interleaved: a sweep with retention off, then one with it on
                 t = time.perf_counter()
                 off.sweep()
                 times_off.append(time.perf_counter() - t)
-            times_on, pruned, kinds = [], 0, {}
-            for _ in range(args.sweeps):
+                cur.execute("SELECT pg_current_wal_insert_lsn()")
+                lsn = cur.fetchone()[0]
                 t = time.perf_counter()
                 report = on.sweep()
                 times_on.append(time.perf_counter() - t)
+                cur.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", (lsn,))
+                wal.append(float(cur.fetchone()[0]))
                 pruned += sum(v for k, v in report.counts.items() if k.startswith("pruned_"))
                 for k, v in report.counts.items():
                     if k.startswith("retention_ms_"):
                         kinds.setdefault(k[13:], []).append(v)
             print("  ms per kind (median): " + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in kinds.items()))
-            rows.append((size, present, times_off, times_on, pruned))
+            rows.append((size, present, times_off, times_on, pruned, statistics.median(wal)))
+            if args.explain:
+                explain(engine, on)
             print(f"history {size:,}: sweep {statistics.median(times_on) * 1000:.0f} ms (retention off "
-                  f"{statistics.median(times_off) * 1000:.0f} ms), pruned {pruned:,} in {args.sweeps} sweeps", flush=True)
+                  f"{statistics.median(times_off) * 1000:.0f} ms), pruned {pruned:,} in {args.sweeps} sweeps, "
+                  f"WAL {statistics.median(wal) / 1e6:.1f} MB per sweep", flush=True)
         engine.dispose()
         raw.close()
     finally:
         svc.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"command: python bench/retention_sweep.py --sizes {args.sizes} --sweeps {args.sweeps}\n")
-    print("| prunable history rows | sweep p50 / max ms, retention on | retention off p50 ms | rows pruned per sweep |")
-    print("|---:|---:|---:|---:|")
-    for _size, present, off_t, on_t, pruned in rows:
+    print("| prunable history rows | sweep p50 / max ms, retention on | retention off p50 ms | rows pruned per sweep"
+          " | WAL per sweep MB |")
+    print("|---:|---:|---:|---:|---:|")
+    for _size, present, off_t, on_t, pruned, wal_p50 in rows:
         print(f"| {present:,} | {statistics.median(on_t) * 1000:.0f} / {max(on_t) * 1000:.0f} |"
-              f" {statistics.median(off_t) * 1000:.0f} | {pruned / len(on_t):,.0f} |")
+              f" {statistics.median(off_t) * 1000:.0f} | {pruned / len(on_t):,.0f} | {wal_p50 / 1e6:.1f} |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def sweep() -> None:
         return
     counts = ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())) or "nothing due"
     click.echo(f"sweep: {counts}; hints published {len(report.hints)}")
+    for failed in report.failed_steps:
+        click.echo(f"sweep step {failed['step']} failed: {failed['error']} (the other steps ran)", err=True)
 
 
 @dataclass
@@ -112,27 +114,32 @@ def gc(dry_run: bool, min_age_s: float) -> None:
 
 
 @click.command("search-indexes")
-@click.option("--maintenance-work-mem", default=None, help="For the builds, e.g. 1GB (default: the server's).")
+@click.option("--maintenance-work-mem", default=None,
+              help="For the builds, e.g. 1GB (default: MEMEFLOW_SEARCH_INDEX_MAINTENANCE_WORK_MEM, else the server's).")
 @click.option("--min-images", type=int, default=None,
-              help="Index scopes above this many images [default: the exact-scan size, 20,000].")
+              help="Index scopes above this many images [default: MEMEFLOW_SEARCH_INDEX_MIN_IMAGES, else the "
+                   "exact-scan size, 20,000].")
 @friendly_errors
 def search_indexes(maintenance_work_mem: str | None, min_images: int | None) -> None:
-    """Give every scope above the exact-scan size (and below half of all images) its own partial
-    HNSW index of the configured text and visual models, built CONCURRENTLY (writes go on).
+    """One pass of the per-scope HNSW index maintenance that beat runs every
+    MEMEFLOW_SEARCH_INDEX_INTERVAL_S (app/orchestrator/scope_indexes.py): every scope above the
+    exact-scan size (and below half of all images) gets its own partial index of each model its
+    search reads, built CONCURRENTLY (writes go on); invalid indexes (interrupted builds) and those
+    of deleted scopes or models no longer served are dropped. Idempotent; waits for a pass that
+    runs elsewhere. Exit 1 if a build failed."""
+    from app.orchestrator.scope_indexes import TABLES, maintain
 
-    A filtered scan of the shared index misses a mid-size scope's neighbours (docs/performance.md
-    §8); run this after a scope grows past the exact-scan size or the model changes (a cron job or
-    after bulk imports). Idempotent: existing valid indexes are kept, interrupted builds redone."""
-    from app.db.engine import ensure_scope_vector_indexes
-    from app.search.queries import EXACT_SCAN_MAX_IMAGES
-
-    threshold = EXACT_SCAN_MAX_IMAGES if min_images is None else min_images
     with connected() as ctx:
-        cfg = ctx.orch.stage_configs
-        for table, model, dims in (("text_embeddings", str(cfg.text["model"]), int(cfg.text["dims"])),
-                                   ("visual_embeddings", str(cfg.visual["model"]), int(cfg.visual["dims"]))):
-            started = time.monotonic()
-            built = ensure_scope_vector_indexes(ctx.engine, table, model, dims, min_images=threshold,
-                                                maintenance_work_mem=maintenance_work_mem)
-            click.echo(f"{table} ({model}): {len(built)} scope index(es) built in {time.monotonic() - started:.1f}s"
-                       + (f": {', '.join(built)}" if built else ""))
+        started = time.monotonic()
+        report = maintain(ctx.orch, min_images_override=min_images, maintenance_work_mem=maintenance_work_mem,
+                          wait=True)
+    elapsed = time.monotonic() - started
+    for table in TABLES.values():
+        built = [n for n in report.built if n.startswith(f"ix_{table}_")]
+        dropped = [n for n in report.dropped if n.startswith(f"ix_{table}_")]
+        click.echo(f"{table}: {len(built)} scope index(es) built, {len(dropped)} dropped"
+                   + (f"; built {', '.join(built)}" if built else "") + (f"; dropped {', '.join(dropped)}" if dropped else ""))
+    click.echo(f"done in {elapsed:.1f}s")
+    if report.failed:
+        click.echo(f"failed (logged; the next pass retries): {', '.join(report.failed)}", err=True)
+        raise SystemExit(1)

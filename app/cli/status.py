@@ -67,6 +67,9 @@ def _sweep_caption(liveness) -> str | None:
         return None
     age = liveness.sweep_age_s
     line = "last sweep: never" if age is None else f"last sweep: {age:.1f}s ago (every {liveness.sweep_interval_s:g}s)"
+    failed = [f["step"] for f in liveness.sweep_failed_steps]
+    if failed:
+        line += f" (steps failed: {', '.join(failed)} — see the worker log)"
     problems = "; ".join(r["message"] for r in liveness.reasons)
     return f"{line}; degraded: {problems}" if problems else line
 

@@ -86,44 +86,18 @@ def scope_vector_index_name(table: str, model: str, dims: int, scope_id: str) ->
 
 def ensure_scope_vector_indexes(engine: Engine, table: str, model: str, dims: int, *, min_images: int,
                                 max_share: float = 0.5, maintenance_work_mem: str | None = None) -> list[str]:
-    """Give every scope of more than ``min_images`` images (``scope_usage``) its own partial HNSW
-    index of the model (``… WHERE model = … AND dims = … AND scope_id = …``), built CONCURRENTLY
-    (writes go on). A filtered scan of the shared index misses a mid-size scope's neighbours
-    (recall@10 0.83–0.93 for scopes of 2–19 % of a 1M index, docs/performance.md §8); the planner
-    picks the scope's own index for a query that names the scope (its id is a literal in the SQL).
-    A scope of at least ``max_share`` of all images gets none (the shared index is mostly its own:
-    recall@10 0.99 at 50 %). An invalid index left by an interrupted build is rebuilt. Returns the
-    names of the indexes built."""
+    """Give every scope of more than ``min_images`` images (``scope_usage``) and below
+    ``max_share`` of all images its own partial HNSW index of the model, built CONCURRENTLY, and
+    rebuild an invalid one an interrupted build left; the names built. One pass of
+    app/orchestrator/scope_indexes.py for this one model (waiting for a pass that runs, dropping
+    nothing else) — what beat's maintenance runs for every served model."""
+    from app.orchestrator.scope_indexes import run_pass
+
     if table not in ("visual_embeddings", "text_embeddings"):
         raise ValueError(f"no vector column on {table}")
-    with engine.connect() as conn:
-        scopes = conn.execute(text(
-            "SELECT scope_id FROM scope_usage WHERE image_count > :n"
-            " AND image_count < :share * (SELECT sum(image_count) FROM scope_usage) ORDER BY scope_id"),
-            {"n": int(min_images), "share": float(max_share)}).scalars().all()
-    built = []
-    lit = model.replace("'", "''")
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text("SET statement_timeout = 0"))  # a build takes seconds to minutes
-        if maintenance_work_mem:
-            conn.execute(text("SELECT set_config('maintenance_work_mem', :m, false)"), {"m": maintenance_work_mem})
-        for scope in scopes:
-            name = scope_vector_index_name(table, model, dims, scope)
-            valid = conn.execute(text("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(:n)"),
-                                 {"n": name}).scalar()
-            if valid:
-                continue
-            if valid is not None:  # an interrupted CONCURRENTLY build
-                conn.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
-            scope_lit = str(scope).replace("'", "''")
-            conn.execute(text(
-                f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{name}" ON {table} '
-                f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
-                f"WHERE model = '{lit}' AND dims = {int(dims)} AND scope_id = '{scope_lit}'"))
-            built.append(name)
-        conn.execute(text("RESET statement_timeout"))
-        conn.execute(text("RESET maintenance_work_mem"))
-    return built
+    return run_pass(engine, [(table, model, int(dims))], min_images=int(min_images), max_share=float(max_share),
+                    maintenance_work_mem=maintenance_work_mem, only={table}, drop_unwanted=False, wait=True,
+                    serving=False).built
 
 
 def alembic_config(url: str):

@@ -547,6 +547,7 @@ class SweepState(Base):
     last_success_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     duration_s: Mapped[float] = mapped_column(Double, nullable=False)
     lane_gauges: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    failed_steps: Mapped[list[Any]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
     __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
 
 

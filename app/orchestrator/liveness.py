@@ -60,6 +60,7 @@ class Liveness:
     sweep_last_success_at: datetime | None = None
     sweep_duration_s: float | None = None
     lane_gauges: dict[str, dict[str, float]] = field(default_factory=dict)  # the last sweep's snapshot
+    sweep_failed_steps: list[dict[str, str]] = field(default_factory=list)  # steps of the last sweep that raised
 
     @property
     def sweep_age_s(self) -> float | None:
@@ -99,7 +100,8 @@ class Liveness:
             "reasons": self.reasons,
             "sweep": {"last_success_at": at.isoformat() if (at := self.sweep_last_success_at) else None,
                       "age_s": round(self.sweep_age_s, 3) if self.sweep_age_s is not None else None,
-                      "interval_s": self.sweep_interval_s, "stale": self.sweep_stale},
+                      "interval_s": self.sweep_interval_s, "stale": self.sweep_stale,
+                      "failed_steps": self.sweep_failed_steps},
             "lanes": {name: {"workers": lane.workers, "queued": lane.queued, "unserved": lane.unserved}
                       for name, lane in self.lanes.items()},
         }
@@ -117,6 +119,7 @@ def assess(
         sweep_last_success_at=sweep_row["last_success_at"] if sweep_row else None,
         sweep_duration_s=float(sweep_row["duration_s"]) if sweep_row else None,
         lane_gauges=dict(sweep_row["lane_gauges"] or {}) if sweep_row else {},
+        sweep_failed_steps=list(sweep_row.get("failed_steps") or []) if sweep_row else [],
     )
 
 

@@ -1,6 +1,7 @@
 """Retention, a step of the reconcile sweep (River's job cleaner, Oban's pruner): history older
 than its configured age (``MEMEFLOW_RETENTION_*_S``; 0 = kept forever) is deleted in small
-batches — each step of a kind's walk reads ``retention_scan_rows`` rows and deletes at most
+batches — each step of a kind's walk reads about ``retention_scan_rows`` rows (the heap pages
+that hold that many, in physical order) and deletes at most
 ``retention_batch_size`` of them in its own short transaction, at most ``retention_max_batches``
 steps per kind per sweep — so a sweep's cost is bounded whatever the history, and a large backlog
 drains over successive sweeps.
@@ -15,6 +16,7 @@ model a scope's search serving state names (serving, target, previous within
 from __future__ import annotations
 
 import logging
+import math
 import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -84,20 +86,26 @@ def prune(orch: Orchestrator) -> dict[str, int]:
 
 
 def _walk(orch: Orchestrator, kind: str, params: dict[str, Any]) -> int:
-    """Up to ``retention_max_batches`` steps of ``kind``'s walk, resuming where the last sweep
-    stopped and starting over past the end; rows deleted."""
+    """Up to ``retention_max_batches`` steps of ``kind``'s walk, resuming at the heap page where the
+    last sweep stopped and starting over past the table's end; rows deleted."""
     s = orch.settings
     deleted = 0
     with orch.engine.begin() as conn:
-        after = q.walk_position_txn(conn, kind)
+        page = q.walk_position_txn(conn, kind)
+        end, density = q.table_pages_txn(conn, kind)
+    # about retention_scan_rows rows a step (ANALYZE's rows per page; 64 before the first ANALYZE)
+    pages = max(1, math.ceil(s.retention_scan_rows / (density or 64.0)))
+    if page >= end:
+        page = 0
     for _ in range(s.retention_max_batches):
         with orch.engine.begin() as conn:
-            last, scanned, n = q.walk_step_txn(conn, kind, after, s.retention_scan_rows, s.retention_batch_size,
-                                               **params)
-            wrapped = n < s.retention_batch_size and scanned < s.retention_scan_rows  # past the end
+            _scanned, n = q.walk_step_txn(conn, kind, page, pages, s.retention_batch_size, **params)
+            wrapped = False
             if n < s.retention_batch_size:  # else the window may hold more: read it again
-                after = None if wrapped else last
-            q.set_walk_position_txn(conn, kind, after)
+                page += pages
+                if page >= end:  # past the end: the next sweep starts over
+                    page, wrapped = 0, True
+            q.set_walk_position_txn(conn, kind, page)
         deleted += n
         if wrapped:
             break

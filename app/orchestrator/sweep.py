@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app import metrics
@@ -52,18 +53,51 @@ def sweep(orch: Orchestrator) -> SweepReport:
 
 
 def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
+    """Every step in order, each isolated: one that raises is logged, counted
+    (``memeflow_sweep_step_failures_total{step}``, ``report.failed_steps``) and the next runs —
+    a bug or a lock timeout in one repair must not stop the others (re-hints, webhooks, gauges).
+    The sweep's record (``sweep_state``) is written last, with the steps that failed."""
+    for name, step in STEPS:
+        try:
+            step(orch, report)
+        except Exception as exc:  # noqa: BLE001 - isolate the step; the next sweep retries it
+            log.exception("sweep step failed", extra={"code": name})
+            metrics.SWEEP_STEP_FAILURES.labels(name).inc()
+            report.failed_steps.append({"step": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    report.counts["steps_failed"] = len(report.failed_steps)
+    # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read).
+    # If even this fails the hints above still go out; the missing record shows as a stale sweep.
+    try:
+        with orch.engine.begin() as conn:
+            gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
+            for g in q.lane_gauges_txn(conn, orch.now()):
+                gauges[g["lane"]] = {"queued": int(g["queued"]), "running": int(g["running"]),
+                                     "oldest_age": float(g["oldest_age"] or 0)}
+            q.record_sweep_txn(conn, None, time.monotonic() - started, gauges, report.failed_steps)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("sweep step failed", extra={"code": "record"})
+        metrics.SWEEP_STEP_FAILURES.labels("record").inc()
+        report.failed_steps.append({"step": "record", "error": f"{type(exc).__name__}: {exc}"[:300]})
+        return
+    metrics.set_lane_gauges(gauges)
+
+
+def _rehint(orch: Orchestrator, report: SweepReport) -> None:
+    """1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)"""
     s = orch.settings
-    limit, grace = s.sweep_batch_limit, s.rehint_grace_s
-    # 1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)
     with orch.engine.begin() as conn:
-        rows = q.due_for_rehint_txn(conn, orch.now(), grace, limit)
+        rows = q.due_for_rehint_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
     report.hints += [Hint(r["lane"], r["id"]) for r in rows]
     report.counts["rehinted"] = len(rows)
     metrics.REHINTS.labels("stale_hint").inc(len(rows))
-    # 2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent
+
+
+def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
+    """2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent"""
+    s = orch.settings
     with orch.engine.begin() as conn:
-        rows = q.lease_expired_txn(conn, orch.now(), grace, limit)
+        rows = q.lease_expired_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
         exhausted = []
         for r in rows:
@@ -74,6 +108,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
+    report.counts["exhausted"] = 0
     for r, attempt_id in exhausted:
         claim = Claim(
             task_id=r["id"], scope_id=r["scope_id"], job_id=r["job_id"], image_id=r["image_id"],
@@ -87,41 +122,75 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
             else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
         )
         report.hints += fail_task(orch, claim, err)
-    report.counts["exhausted"] = len(exhausted)
-    # 3. lane slots whose holder is gone
+        report.counts["exhausted"] += 1
+
+
+def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:
+    """3. lane slots whose holder is gone"""
     with orch.engine.begin() as conn:
         report.counts["slots_released"] = orch.release_orphan_slots_txn(conn)
-    # 4. active jobs whose current stage's task finished without advancing them
+
+
+def _stuck_jobs(orch: Orchestrator, report: SweepReport) -> None:
+    """4. active jobs whose current stage's task finished without advancing them"""
+    s = orch.settings
     with orch.engine.begin() as conn:
-        stuck = q.stuck_jobs_txn(conn, orch.now(), grace, limit, s.sweep_lookback_s)
+        stuck = q.stuck_jobs_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit, s.sweep_lookback_s)
     for job_id in stuck:
         with orch.engine.begin() as conn:
             report.hints += advance_job_txn(orch, conn, job_id)
     report.counts["jobs_advanced"] = len(stuck)
-    # 5. batches still seeding
+
+
+def _batches(orch: Orchestrator, report: SweepReport) -> None:
+    """5. batches still seeding"""
     seeded, hints = orch.continue_batches()
     report.counts["batches_seeded"] = seeded
     report.hints += hints
-    # 5b. search serving: new scopes, model changes (backfills), cutovers (app/orchestrator/serving.py)
+
+
+def _serving(orch: Orchestrator, report: SweepReport) -> None:
+    """5b. search serving: new scopes, model changes (backfills), cutovers (app/orchestrator/serving.py)"""
     counts, hints = orch.reconcile_serving()
     report.counts.update(counts)
     report.hints += hints
-    # 6. worker registrations whose process died without a clean shutdown
+
+
+def _dead_workers(orch: Orchestrator, report: SweepReport) -> None:
+    """6. worker registrations whose process died without a clean shutdown"""
     with orch.engine.begin() as conn:
-        report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(s))
-    # 7. events past their retention; webhook subscriptions with an event due and no live hint
-    report.counts["events_pruned"] = prune_events(orch)
+        report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(orch.settings))
+
+
+def _webhooks(orch: Orchestrator, report: SweepReport) -> None:
+    """8. webhook subscriptions with an event due and no live hint (filtered ones skip what they
+    do not take first)"""
     skip_unmatched_events(orch)
     webhook_hints = orch.webhook_hints()
     report.hints += webhook_hints
     report.counts["webhooks_hinted"] = len(webhook_hints)
-    # 8. retention: old history, in small batches (app/orchestrator/retention.py)
+
+
+def _events(orch: Orchestrator, report: SweepReport) -> None:
+    """7. events past their retention"""
+    report.counts["events_pruned"] = prune_events(orch)
+
+
+def _retention(orch: Orchestrator, report: SweepReport) -> None:
+    """9. retention: old history, in small batches (app/orchestrator/retention.py)"""
     report.counts.update(retention.prune(orch))
-    # 8. DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read)
-    with orch.engine.begin() as conn:
-        gauges = {lane.value: {"queued": 0, "running": 0, "oldest_age": 0.0} for lane in Lane}
-        for g in q.lane_gauges_txn(conn, orch.now()):
-            gauges[g["lane"]] = {"queued": int(g["queued"]), "running": int(g["running"]),
-                                 "oldest_age": float(g["oldest_age"] or 0)}
-        q.record_sweep_txn(conn, None, time.monotonic() - started, gauges)
-    metrics.set_lane_gauges(gauges)
+
+
+#: The sweep's steps in order (name → function); the cheap repairs first, the deletes last.
+STEPS: list[tuple[str, Callable[[Orchestrator, SweepReport], None]]] = [
+    ("rehint", _rehint),
+    ("expired_leases", _expired_leases),
+    ("orphan_slots", _orphan_slots),
+    ("stuck_jobs", _stuck_jobs),
+    ("batches", _batches),
+    ("serving", _serving),
+    ("dead_workers", _dead_workers),
+    ("events", _events),
+    ("webhooks", _webhooks),
+    ("retention", _retention),
+]

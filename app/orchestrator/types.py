@@ -131,3 +131,4 @@ class SweepReport:
     counts: dict[str, int] = field(default_factory=dict)
     hints: list[Hint] = field(default_factory=list)
     skipped: bool = False  # another sweep held the advisory lock
+    failed_steps: list[dict[str, str]] = field(default_factory=list)  # {step, error} of steps that raised

@@ -107,6 +107,16 @@ def seed_batch(batch_id: str) -> None:
     rt.publisher.publish(hints)
 
 
+@celery_app.task(name=celeryconfig.SEARCH_INDEXES_TASK, ignore_result=True)
+def search_indexes() -> bool:
+    """Per-scope HNSW index maintenance (app/orchestrator/scope_indexes.py): started in a thread of
+    this worker (a build takes minutes; the lanes this worker serves go on) unless one runs here;
+    its advisory lock makes passes on other workers skip."""
+    from app.orchestrator.scope_indexes import start_in_background
+
+    return start_in_background(get_runtime().orch)
+
+
 @signals.celeryd_after_setup.connect
 def _serve_maintenance(sender=None, instance=None, **_: object) -> None:
     # Every worker also consumes `maintenance` (the sweeps beat schedules, batch seeding), so a

@@ -84,3 +84,51 @@ def test_sweep_advances_a_job_whose_task_finished_without_advancing_it(engine, s
     job = orch.get_job("local", res.job["id"])
     assert job["stages"][0]["task_id"] == str(hint.task_id) and job["stages"][0]["status"] == "queued"
     assert orch.sweep().counts["jobs_advanced"] == 0  # repaired once, then nothing left to do
+
+
+def test_a_failing_step_is_isolated_counted_and_recorded(engine, settings, monkeypatch):
+    """One step that raises (a bug, a lock timeout) stops none of the others: the re-hints and the
+    webhook hints still come back, the gauges are still recorded, and the sweep's record names the
+    step that failed (``sweep_state.failed_steps``) until a sweep without failures replaces it."""
+    from app import metrics
+    from app.orchestrator import sweep as sweep_mod
+    from app.orchestrator.store import events as events_q
+
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings.replace(webhook_allowed_networks="127.0.0.0/8"), clock=clock)
+    a = store_and_ingest(orch, "local", png_bytes(11))
+    orch.create_webhook("local", "http://127.0.0.1:9/hook")
+    with engine.begin() as conn:
+        events_q.stage_event_txn(conn, "local", "batch.progress", {"n": 1})
+    clock.advance(settings.rehint_grace_s + 1)
+
+    def broken(orch, report):
+        raise RuntimeError("boom")
+
+    steps = dict(sweep_mod.STEPS)
+    before = {name: metrics.SWEEP_STEP_FAILURES.labels(name)._value.get() for name in ("serving", "retention")}
+    monkeypatch.setattr(sweep_mod, "STEPS", [(name, broken if name in ("serving", "retention") else fn)
+                                             for name, fn in steps.items()])
+    report = orch.sweep()
+    assert [f["step"] for f in report.failed_steps] == ["serving", "retention"]
+    assert report.failed_steps[0]["error"] == "RuntimeError: boom" and report.counts["steps_failed"] == 2
+    assert visual_task(a).task_id in {h.task_id for h in report.hints}  # the re-hint step ran before
+    assert report.counts["webhooks_hinted"] == 1 and any(h.lane == "webhooks" for h in report.hints)  # and after
+    for name in ("serving", "retention"):
+        assert metrics.SWEEP_STEP_FAILURES.labels(name)._value.get() == before[name] + 1
+    with engine.connect() as conn:
+        state = q.sweep_state(conn)
+    assert [f["step"] for f in state["failed_steps"]] == ["serving", "retention"] and state["lane_gauges"]
+    monkeypatch.setattr(sweep_mod, "STEPS", list(steps.items()))
+    assert orch.sweep().failed_steps == []
+    with engine.connect() as conn:
+        assert q.sweep_state(conn)["failed_steps"] == []
+
+
+def test_liveness_reports_the_last_sweeps_failed_steps(engine, settings):
+    from app.orchestrator.liveness import read_liveness
+
+    with engine.begin() as conn:
+        q.record_sweep_txn(conn, None, 0.1, {}, [{"step": "retention", "error": "OperationalError: x"}])
+    live = read_liveness(engine, settings).as_dict()
+    assert live["sweep"]["failed_steps"] == [{"step": "retention", "error": "OperationalError: x"}]

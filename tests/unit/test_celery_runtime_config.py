@@ -19,6 +19,10 @@ def test_config_carries_ids_only_with_late_acks_and_no_results():
     for lane, name in c.HINT_TASKS.items():
         assert c.task_routes[name]["queue"] == lane
     assert c.beat_schedule["reconcile-sweep"]["task"] == c.SWEEP_TASK
+    assert c.beat_schedule["reconcile-sweep"]["options"]["expires"] >= c.SWEEP_EXPIRES_MIN_S
+    # per-scope HNSW index maintenance: its own beat entry on the maintenance queue (not a sweep step)
+    assert c.beat_schedule["search-indexes"]["task"] == c.SEARCH_INDEXES_TASK
+    assert c.task_routes[c.SEARCH_INDEXES_TASK]["queue"] == c.MAINTENANCE
     assert c.worker_hijack_root_logger is False
 
 
@@ -26,7 +30,7 @@ def test_tasks_are_registered_under_their_lane_names():
     import celeryconfig as c
     from app.worker.celery_app import celery_app
 
-    for name in (*c.HINT_TASKS.values(), c.SWEEP_TASK, c.SEED_BATCH_TASK):
+    for name in (*c.HINT_TASKS.values(), c.SWEEP_TASK, c.SEED_BATCH_TASK, c.SEARCH_INDEXES_TASK):
         assert name in celery_app.tasks
 
 

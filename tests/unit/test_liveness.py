@@ -37,3 +37,13 @@ def test_only_a_lane_with_queued_work_and_no_worker_is_unserved():
     assert [name for name, lane in live.lanes.items() if lane.unserved] == ["agent"]  # idle visual is fine
     assert live.reasons == [{"code": "lane_unserved", "message": "lane agent has queued work and no live worker"}]
     assert live.as_dict()["lanes"]["agent"] == {"workers": 0, "queued": True, "unserved": True}
+
+
+def test_the_status_caption_names_the_last_sweeps_failed_steps():
+    from app.cli.status import _sweep_caption
+
+    row = {**_sweep(1), "failed_steps": [{"step": "retention", "error": "OperationalError: x"}]}
+    live = assess(NOW, ALL_SERVED, set(), row, 15.0)
+    assert live.sweep_failed_steps == row["failed_steps"] and live.as_dict()["sweep"]["failed_steps"] == row["failed_steps"]
+    assert "steps failed: retention" in _sweep_caption(live)
+    assert "failed" not in _sweep_caption(assess(NOW, ALL_SERVED, set(), _sweep(1), 15.0))

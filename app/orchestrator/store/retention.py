@@ -9,14 +9,21 @@ metadata_hash for text, of a configured model).
 
 Most old rows are of that kind (each image's latest job, its tasks, its current embeddings), so
 "oldest first" would re-read all of them on every sweep. Instead each kind with kept rows is a
-**walk**: one step reads the next ``:scan`` rows by primary key after ``:after`` (where the last
-step stopped, ``retention_walks``), deletes up to ``:n`` of them that are old and no longer needed,
-and returns the last key it read — the cost of a step is fixed, and the walk starts over past the
-end. Picked rows are locked ``FOR UPDATE SKIP LOCKED`` (a row someone holds waits for the next
-pass) and deleted by key (``= ANY(ARRAY(…))``: a lookup per row). Conditions on other tables are
-scalar subqueries — a primary-key or index lookup per row read; as (NOT) EXISTS they become
-joins, which may read every active job or every image. ``ops_counters`` has no kept rows: its
-oldest buckets go first.
+**walk** in physical order: one step reads the rows of the next heap pages ``[:lo, :hi)`` (a TID
+range scan: ``ctid >= '(lo,0)' AND ctid < '(hi,0)'``, where the last step stopped —
+``retention_walks``), deletes up to ``:n`` of them that are old and no longer needed, and the walk
+starts over past the table's last page — the cost of a step is fixed. Physical order, not the
+primary key: the keys are random UUIDs, so a key-order window is spread over the whole heap and
+its deletes dirty a page per row (each a full-page image in the WAL after a checkpoint, 12–20 MB
+per 1,000 jobs at 200k jobs); the pages of a physical window are contiguous (≈ 2 MB), and rows
+written together (a job, its tasks, attempts) are deleted together, so the step's cost does not
+grow with the table (docs/performance.md §9). Picked rows are locked ``FOR UPDATE SKIP LOCKED``
+(a row someone holds waits for the next pass) and everything goes by TID (``ctid = ANY(ARRAY(…))``:
+a heap fetch of a page the step already read, no primary-key lookup — the keys are random, so at
+5M rows those lookups missed the cache; a row updated meanwhile has a new TID and waits for the
+next lap). Conditions on other tables are scalar subqueries — a primary-key or index lookup per row
+read; as (NOT) EXISTS they become joins, which may read every active job or every image.
+``ops_counters`` has no kept rows: its oldest buckets go first.
 """
 
 from __future__ import annotations
@@ -28,27 +35,26 @@ from sqlalchemy.engine import Connection
 from app.orchestrator.store._sql import sql
 
 _STEP = """
-WITH scan AS MATERIALIZED (SELECT {key} AS k FROM {table} WHERE {key} > CAST(:after AS {type})
-                           ORDER BY {key} LIMIT :scan),
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table}
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
 doomed AS (
-  SELECT {alias}.{key} AS k FROM {table} {alias}
-  WHERE {alias}.{key} = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
+  SELECT {alias}.ctid AS k FROM {table} {alias}
+  WHERE {alias}.ctid = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
   LIMIT :n FOR UPDATE OF {alias} SKIP LOCKED),
-gone AS (DELETE FROM {table} WHERE {key} = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
-SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
-  (SELECT count(*) FROM gone) AS deleted
+gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
 """
 
 # Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
 # except those of a job that is active or waits for a human.
-TASKS = _STEP.format(table="tasks", alias="t", key="id", type="uuid", condition="""
+TASKS = _STEP.format(table="tasks", alias="t", condition="""
     t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
     AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
     AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
         NOT IN ('queued', 'running', 'blocked', 'unknown_execution')""")
 
 # Completed or failed attempts of ended tasks, except under a job that is active or waits for a human.
-ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type="text", condition="""
+ATTEMPTS = _STEP.format(table="task_attempts", alias="a", condition="""
     a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
     AND (SELECT t.status IN ('succeeded', 'failed', 'cancelled')
                 AND j.status NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
@@ -58,7 +64,7 @@ ATTEMPTS = _STEP.format(table="task_attempts", alias="a", key="attempt_id", type
 # ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
 # one waiting for a human, one with a task still queued or running, or one of a batch that is
 # active or ended within the age. The image's latest revision: its unique index, backwards.
-JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", condition="""
+JOBS = _STEP.format(table="processing_jobs", alias="j", condition="""
     j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
     AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
                       WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
@@ -74,22 +80,21 @@ JOBS = _STEP.format(table="processing_jobs", alias="j", key="id", type="uuid", c
 # serving.py) names — serving, target, or previous within the rollback window (keep_after) or
 # pinned — is never an old model for that scope.
 _EMBEDDINGS = """
-WITH scan AS MATERIALIZED (SELECT id AS k FROM {table} WHERE id > CAST(:after AS bigint) ORDER BY id LIMIT :scan),
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table} WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
 picked AS (
-  SELECT e.id, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
+  SELECT e.ctid AS c, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
   FROM {table} e
-  WHERE e.id = ANY(ARRAY(SELECT k FROM scan))
+  WHERE e.ctid = ANY(ARRAY(SELECT k FROM scan))
     AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
           AND (SELECT {stale} FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
       OR {old_model})
   LIMIT :n),
 doomed AS (
-  SELECT p.id FROM picked p CROSS JOIN LATERAL (
+  SELECT p.c FROM picked p CROSS JOIN LATERAL (
     SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR {stale_p})
     FOR SHARE SKIP LOCKED) held),
-gone AS (DELETE FROM {table} WHERE id = ANY(ARRAY(SELECT id FROM doomed)) RETURNING 1)
-SELECT (SELECT k FROM scan ORDER BY k DESC LIMIT 1)::text AS last_key, (SELECT count(*) FROM scan) AS scanned,
-  (SELECT count(*) FROM gone) AS deleted
+gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT c FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
 """
 TEXT_EMBEDDINGS = _EMBEDDINGS.format(
     table="text_embeddings", cols="e.image_sha256, e.metadata_hash",
@@ -124,24 +129,33 @@ DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
   ORDER BY bucket LIMIT :n FOR UPDATE SKIP LOCKED))
 """
 
-# each walk's statement and the key it starts after
+# each walk's statement and table
 WALKS = {
-    "jobs": (JOBS, "00000000-0000-0000-0000-000000000000"),
-    "tasks": (TASKS, "00000000-0000-0000-0000-000000000000"),
-    "attempts": (ATTEMPTS, ""),
-    "text_embeddings": (TEXT_EMBEDDINGS, "0"),
-    "visual_embeddings": (VISUAL_EMBEDDINGS, "0"),
+    "jobs": (JOBS, "processing_jobs"),
+    "tasks": (TASKS, "tasks"),
+    "attempts": (ATTEMPTS, "task_attempts"),
+    "text_embeddings": (TEXT_EMBEDDINGS, "text_embeddings"),
+    "visual_embeddings": (VISUAL_EMBEDDINGS, "visual_embeddings"),
 }
 
 
-def walk_step_txn(conn: Connection, kind: str, after: str | None, scan: int, n: int, **params: object
-                  ) -> tuple[str | None, int, int]:
-    """One step of ``kind``'s walk after key ``after`` (None = from the start): (last key read —
-    None past the end —, rows read, rows deleted). ``params``: ``cutoff`` for jobs, tasks and
-    attempts; ``stale_cutoff``, ``model_cutoff``, ``keep`` and ``keep_after`` (the rollback window's start) for the embeddings."""
-    statement, start = WALKS[kind]
-    row = conn.execute(sql(statement), {"after": after or start, "scan": scan, "n": n, **params}).one()
-    return row.last_key, int(row.scanned), int(row.deleted)
+def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> tuple[int, int]:
+    """One step of ``kind``'s walk over heap pages ``[page, page + pages)``: (rows read, rows deleted).
+    ``params``: ``cutoff`` for jobs, tasks and attempts; ``stale_cutoff``, ``model_cutoff``, ``keep``
+    and ``keep_after`` (the rollback window's start) for the embeddings."""
+    statement, _table = WALKS[kind]
+    row = conn.execute(sql(statement), {"lo": f"({int(page)},0)", "hi": f"({int(page) + int(pages)},0)", "n": n,
+                                        **params}).one()
+    return int(row.scanned), int(row.deleted)
+
+
+def table_pages_txn(conn: Connection, kind: str) -> tuple[int, float]:
+    """(heap pages of ``kind``'s table now, rows per page by its last ANALYZE — 0 if never)."""
+    row = conn.execute(sql(
+        "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,"
+        " CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END AS density"
+        " FROM pg_class c WHERE c.oid = CAST(:t AS regclass)"), {"t": WALKS[kind][1]}).one()
+    return int(row.pages), float(row.density)
 
 
 def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
@@ -149,16 +163,18 @@ def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
     return conn.execute(sql(OPS_COUNTERS), {"cutoff": cutoff, "n": n}).rowcount
 
 
-def walk_position_txn(conn: Connection, kind: str) -> str | None:
-    """The key ``kind``'s walk resumes after (None = the start)."""
-    return conn.execute(sql("SELECT after_key FROM retention_walks WHERE name = :k"), {"k": kind}).scalar()
+def walk_position_txn(conn: Connection, kind: str) -> int:
+    """The heap page ``kind``'s walk resumes at (0 = the start; a key stored by the older key-order
+    walk counts as the start)."""
+    after = conn.execute(sql("SELECT after_key FROM retention_walks WHERE name = :k"), {"k": kind}).scalar()
+    return int(after) if after and after.isdigit() else 0
 
 
-def set_walk_position_txn(conn: Connection, kind: str, after: str | None) -> None:
+def set_walk_position_txn(conn: Connection, kind: str, page: int) -> None:
     conn.execute(
         sql(
             "INSERT INTO retention_walks (name, after_key, updated_at) VALUES (:k, :a, now())"
             " ON CONFLICT (name) DO UPDATE SET after_key = EXCLUDED.after_key, updated_at = EXCLUDED.updated_at"
         ),
-        {"k": kind, "a": after},
+        {"k": kind, "a": str(int(page))},
     )

@@ -91,23 +91,29 @@ def lane_gauges_txn(conn: Connection, now: datetime) -> list[RowMapping]:
     )
 
 
-def record_sweep_txn(conn: Connection, finished_at: datetime | None, duration_s: float, lane_gauges: dict) -> None:
-    """Remember the last completed sweep and the lane gauges it computed (the single sweep_state row).
+def record_sweep_txn(conn: Connection, finished_at: datetime | None, duration_s: float, lane_gauges: dict,
+                     failed_steps: list | None = None) -> None:
+    """Remember the last completed sweep, the lane gauges it computed and the steps that raised
+    (``[{step, error}]``; the single sweep_state row).
 
     ``finished_at=None`` = the database's clock, the one readers compare it with."""
     conn.execute(
         sql(
-            "INSERT INTO sweep_state (id, last_success_at, duration_s, lane_gauges)"
-            " VALUES (1, coalesce(CAST(:at AS timestamptz), now()), :duration, CAST(:gauges AS jsonb))"
+            "INSERT INTO sweep_state (id, last_success_at, duration_s, lane_gauges, failed_steps)"
+            " VALUES (1, coalesce(CAST(:at AS timestamptz), now()), :duration, CAST(:gauges AS jsonb),"
+            " CAST(:failed AS jsonb))"
             " ON CONFLICT (id) DO UPDATE SET last_success_at = EXCLUDED.last_success_at,"
-            " duration_s = EXCLUDED.duration_s, lane_gauges = EXCLUDED.lane_gauges"
+            " duration_s = EXCLUDED.duration_s, lane_gauges = EXCLUDED.lane_gauges,"
+            " failed_steps = EXCLUDED.failed_steps"
         ),
-        {"at": finished_at, "duration": duration_s, "gauges": json.dumps(lane_gauges)},
+        {"at": finished_at, "duration": duration_s, "gauges": json.dumps(lane_gauges),
+         "failed": json.dumps(failed_steps or [])},
     )
 
 
 def sweep_state(conn: Connection) -> RowMapping | None:
-    """(last_success_at, duration_s, lane_gauges) of the last completed sweep, or None before the first."""
+    """(last_success_at, duration_s, lane_gauges, failed_steps) of the last completed sweep, or None
+    before the first."""
     return conn.execute(
-        sql("SELECT last_success_at, duration_s, lane_gauges FROM sweep_state WHERE id = 1")
+        sql("SELECT last_success_at, duration_s, lane_gauges, failed_steps FROM sweep_state WHERE id = 1")
     ).mappings().first()
