@@ -67,7 +67,7 @@ def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go,
     from app.config import Settings
     from app.orchestrator.fingerprints import semantic_document
     from app.stages.images import decode_image
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     settings = Settings(var_dir=Path(results_dir), local_threads=threads)
     providers = Providers(settings)

@@ -98,7 +98,7 @@ def main() -> None:
         from app.auth import LocalScopeResolver
         from app.orchestrator import Orchestrator, RecordingPublisher
         from app.storage import FileStore
-        from app.worker.providers import Providers
+        from app.stages.providers import Providers
 
         engine = make_engine(db_url)
         cfg = Providers(settings).text.config()

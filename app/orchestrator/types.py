@@ -36,9 +36,10 @@ class StageConfigs:
     @classmethod
     def from_settings(cls, settings) -> StageConfigs:
         """Configs of the configured providers (cheap: loads no model)."""
-        from app.worker.providers import provider_configs
+        from app.stages.providers import provider_configs
 
-        return provider_configs(settings)
+        by_kind = provider_configs(settings)
+        return cls(visual=by_kind["visual"], agent=by_kind["agent"], text=by_kind["text"])
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from app.orchestrator.types import Claim
 from app.stages.agent import records
 from app.stages.errors import StageError
 from app.worker import executor
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 
 log = logging.getLogger(__name__)
 

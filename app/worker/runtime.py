@@ -27,7 +27,7 @@ class WorkerRuntime:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
         from app.worker.broker import database_url_for
-        from app.worker.providers import Providers
+        from app.stages.providers import Providers
         from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings
