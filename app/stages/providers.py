@@ -8,8 +8,8 @@ in :mod:`app.orchestrator.stages`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import Settings

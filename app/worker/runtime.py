@@ -26,8 +26,8 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, celery_app) -> None:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
-        from app.worker.broker import database_url_for
         from app.stages.providers import Providers
+        from app.worker.broker import database_url_for
         from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings
