@@ -154,7 +154,7 @@ class ImagePatchSchema(StrictSchema):
 class ProcessSchema(StrictSchema):
     reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
     force_stages = fields.List(
-        fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=3)
+        fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=len(STAGES))
     )
 
 

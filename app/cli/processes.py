@@ -26,8 +26,9 @@ import click
 
 from app.cli.common import cli_settings, friendly_errors
 from app.config import Settings
+from app.db.enums import Lane
 
-LANES = ("visual", "agent", "embedding")
+LANES = tuple(lane.value for lane in Lane)  # the stage lanes
 WEBHOOKS = "webhooks"
 WORKER_QUEUES = (*LANES, WEBHOOKS, "maintenance")
 #: A webhooks worker delivers to several receivers at once (threads: each delivery mostly waits on

@@ -17,7 +17,6 @@ from app.config import Settings, get_settings
 log = logging.getLogger(__name__)
 #: Optional ``module:callable(celery_app) -> HintPublisher``; chaos tests inject faulty publishers.
 PUBLISHER_ENV = "MEMEFLOW_WORKER_PUBLISHER"
-_LANE_PROVIDER = {"visual": "visual", "agent": "agent", "embedding": "text"}
 
 
 class WorkerRuntime:
@@ -48,7 +47,9 @@ class WorkerRuntime:
 
     def load_lane(self, lane: str) -> Any:
         """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
-        provider = getattr(self.providers, _LANE_PROVIDER[lane])
+        from app.orchestrator.stages import by_lane
+
+        provider = self.providers.get(by_lane(lane).provider_kind)
         warm = getattr(provider, "warm", None) or getattr(provider, "load", None)
         if callable(warm):
             warm()

@@ -45,22 +45,20 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
 
 
-@celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)
-def run_visual(task_id: str) -> None:
-    """Wake-up hint for a visual task; drains several due tasks per model call."""
-    _run_leaf("visual", task_id)
+def _lane_task(lane: str):
+    """The Celery task woken by a hint on ``lane``: claims the hinted task and its wake-up group
+    (a batched lane drains several due tasks per model call) and runs them."""
+
+    def run_leaf(task_id: str) -> None:
+        _run_leaf(lane, task_id)
+
+    run_leaf.__name__ = run_leaf.__qualname__ = f"run_{lane}"
+    run_leaf.__doc__ = f"Wake-up hint for a {lane} task."
+    return celery_app.task(name=celeryconfig.LANE_TASKS[lane], ignore_result=True)(run_leaf)
 
 
-@celery_app.task(name=celeryconfig.LANE_TASKS["agent"], ignore_result=True)
-def run_agent(task_id: str) -> None:
-    """Wake-up hint for an agent task."""
-    _run_leaf("agent", task_id)
-
-
-@celery_app.task(name=celeryconfig.LANE_TASKS["embedding"], ignore_result=True)
-def run_embedding(task_id: str) -> None:
-    """Wake-up hint for a text-embedding task; drains several due tasks per model call."""
-    _run_leaf("embedding", task_id)
+#: One task per stage lane (celeryconfig.LANES, from app.db.enums.Lane).
+LANE_TASKS = {lane: _lane_task(lane) for lane in celeryconfig.LANES}
 
 
 @celery_app.task(name=celeryconfig.WEBHOOK_TASK, ignore_result=True)
