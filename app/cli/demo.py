@@ -1,7 +1,7 @@
 """``memeflow demo``: the whole pipeline on the bundled sample memes, end to end.
 
 Embedded services → migrations → API, one worker per lane, beat and Flower (the ``Stack``
-supervisor of :mod:`app.cli.processes`) → generate samples → upload them through the REST API →
+supervisor of :mod:`app.cli.stack`) → generate samples → upload them through the REST API →
 live per-stage progress until every job is terminal → summary → text and visual searches →
 the library page's URL → stop (or, with ``--keep``, leave the stack and the page running until Ctrl-C).
 """
@@ -28,7 +28,7 @@ STAGE_DONE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "
 
 def start_stack(settings, echo):
     """Start embedded services, migrations and every process; returns the running stack."""
-    from app.cli.processes import Stack  # the Celery runtime's supervisor
+    from app.cli.stack import Stack  # the Celery runtime's supervisor
 
     return Stack(settings, echo=echo).start()
 

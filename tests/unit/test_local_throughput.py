@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from app.cli.processes import Stack, lane_pool
+from app.cli.processes import lane_pool
+from app.cli.stack import Stack
 from app.config import LOCAL_AGENT_LANE_LIMIT, REMOTE_AGENT_LANE_LIMIT, Settings, SettingsError
 from app.orchestrator.lanes import lane_batch_size
 from app.stages.cpu import available_cores
