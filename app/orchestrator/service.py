@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
+from app.ids import parse_uuid
 from app.orchestrator import (
     batches,
     changes,
@@ -285,12 +286,10 @@ class Orchestrator:
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise NotFound("not found") from None
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise NotFound("not found")
+    return parsed
 
 
 def _page(items: list[dict], limit: int) -> tuple[list[dict], Any]:
