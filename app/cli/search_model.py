@@ -96,7 +96,7 @@ def cutover_cmd(scope_id: str, kind: str, as_json: bool) -> None:
 @friendly_errors
 def rollback_cmd(scope_id: str, kind: str, as_json: bool) -> None:
     """Abort a backfill, or serve the previous model again after a cutover; the scope stays pinned."""
-    from app.worker.publisher import publisher_from_settings
+    from app.publisher import publisher_from_settings
 
     with connected() as ctx:
         doc, hints = ctx.orch.search_rollback(scope_id, kind)

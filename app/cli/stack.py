@@ -225,7 +225,7 @@ class Stack:
 
     def ping_workers(self, nodes) -> list[str]:
         """Names of ``nodes`` that answer a Celery control ping."""
-        from app.worker.celery_app import celery_app_for
+        from app.publisher import celery_app_for
 
         if self._client is None:
             self._client = celery_app_for(str(self.broker_url), "memeflow-supervisor")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import uuid
 from typing import Any
 
 from app.config import Settings, get_settings
@@ -25,9 +27,9 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, celery_app) -> None:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
+        from app.publisher import CeleryHintPublisher
         from app.stages.providers import Providers
         from app.worker.broker import database_url_for
-        from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings
         self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4, pre_ping=False)
@@ -58,6 +60,11 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def new_owner_id() -> str:
+    """A claim owner id unique to this process and start: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _publisher_factory():
