@@ -26,6 +26,7 @@ from app.db.enums import (
     JobMode,
     JobStatus,
     ReverseImagePolicy,
+    ServingKind,
     StageStatus,
 )
 from app.orchestrator.batches import MAX_BATCH_IDS
@@ -415,7 +416,7 @@ class VisualSearchResultSchema(Schema):
 
 
 class ServingArgsSchema(Schema):
-    kind = fields.String(load_default="text", validate=validate.OneOf(["text", "visual"]),
+    kind = fields.String(load_default="text", validate=validate.OneOf([k.value for k in ServingKind]),
                          metadata={"description": "which search: text (default) or visual"})
 
 

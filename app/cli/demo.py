@@ -77,7 +77,9 @@ def wait_until_terminal(engine, image_ids: list[str], console, *, timeout_s: flo
         TimeElapsedColumn,
     )
 
-    stages = ("visual", "agent", "text_embedding")
+    from app.db.enums import STAGE_ORDER
+
+    stages = [s.value for s in STAGE_ORDER]
     deadline = time.monotonic() + timeout_s
     with Progress(TextColumn("{task.description:<15}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -109,7 +111,9 @@ def print_summary(console, jobs: dict[str, int], timings: dict[str, tuple[int, f
     table = Table(title="time per stage")
     for col in ("stage", "runs", "mean"):
         table.add_column(col, justify="left" if col == "stage" else "right")
-    for stage in ("visual", "agent", "text_embedding"):
+    from app.db.enums import STAGE_ORDER
+
+    for stage in (s.value for s in STAGE_ORDER):
         runs, mean = timings.get(stage, (0, 0.0))
         table.add_row(stage, str(runs), f"{mean * 1000:.0f} ms")
     console.print(table)

@@ -10,6 +10,7 @@ import click
 
 from app.cli.common import connected, friendly_errors
 from app.cli.safe_text import cell, printable
+from app.db.enums import ServingKind
 
 
 def serving_table(rows: list[dict[str, Any]]) -> Any:
@@ -52,7 +53,7 @@ def search_model() -> None:
     """Which text model each scope's search reads; cut over early, roll back, resume."""
 
 
-KIND = click.option("--kind", type=click.Choice(["text", "visual"]), default="text", show_default=True,
+KIND = click.option("--kind", type=click.Choice([k.value for k in ServingKind]), default="text", show_default=True,
                     help="which search")
 
 
