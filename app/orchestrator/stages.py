@@ -51,7 +51,7 @@ class StageSpec:
     artifact: type  # what the worker hands to complete_tasks
     artifact_table: str  # where the artifact is stored
     # the validity query (ImageFacts field it fills, and the statement: conn, image row, configs);
-    # store/jobs.py::lock_with_stages_txn computes the same facts for locked jobs in one statement
+    # store/jobs.py::job_facts_many_txn computes the same facts for locked jobs in one statement
     exists_field: str | None
     exists_txn: Callable[[Connection, RowMapping, StageConfigs], bool] | None
     # the artifact writer: the rows of one landed claim, and the statement writing many of them
