@@ -17,22 +17,20 @@ from __future__ import annotations
 from kombu import Exchange, Queue
 
 from app.config import get_settings
+from app.db.enums import Lane
 from app.worker.broker import broker_url_for
 
 _settings = get_settings()
 
-LANES = ("visual", "agent", "embedding")
+#: The stage lanes (app/orchestrator/stages.py says which stage runs on which).
+LANES = tuple(lane.value for lane in Lane)
 MAINTENANCE = "maintenance"
 #: Webhook deliveries (issue 20): the body is a subscription id; not a stage lane.
 WEBHOOKS = "webhooks"
 QUEUES = (*LANES, WEBHOOKS, MAINTENANCE)
 
 #: One Celery task name per lane; the body is the task id and nothing else.
-LANE_TASKS = {
-    "visual": "memeflow.run_visual",
-    "agent": "memeflow.run_agent",
-    "embedding": "memeflow.run_embedding",
-}
+LANE_TASKS = {lane: f"memeflow.run_{lane}" for lane in LANES}
 WEBHOOK_TASK = "memeflow.deliver_webhooks"
 #: Every queue a hint may go to, with the task that wakes it.
 HINT_TASKS = {**LANE_TASKS, WEBHOOKS: WEBHOOK_TASK}

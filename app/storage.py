@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+from app.atomic import fsync_dir, write_atomic
 
 _KEY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[0-9a-f]{64}\.[a-z0-9]{1,6}$")
 _TMP_PREFIX = ".tmp-"
@@ -65,20 +66,7 @@ class FileStore:
         except FileNotFoundError:
             pass
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_dir(target.parent)
+        write_atomic(target, data, prefix=_TMP_PREFIX)
         return True
 
     def size_and_mtime(self, key: str) -> tuple[int, float] | None:
@@ -98,7 +86,7 @@ class FileStore:
             self.path(key).unlink()
         except FileNotFoundError:
             return False
-        _fsync_dir(self.path(key).parent)
+        fsync_dir(self.path(key).parent)
         return True
 
     def iter_keys(self) -> Iterator[str]:
@@ -124,10 +112,3 @@ class FileStore:
             return []
         return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -19,7 +19,6 @@ import fcntl
 import io
 import os
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +28,7 @@ from pathlib import Path
 from PIL import Image
 from sqlalchemy import Engine, text
 
+from app.atomic import write_atomic
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
 SIZES = (128, 256, 512)
@@ -102,7 +102,7 @@ class ThumbnailCache:
             if found is not None:
                 return Thumbnail(found, etag(sha256, size), False)
             data = render_thumbnail(source(), size, max_pixels=max_pixels)
-            _write_atomic(target, data)
+            write_atomic(target, data, prefix=_TMP_PREFIX, sync_dir=False)  # a cache: regenerated if lost
         return Thumbnail(data, etag(sha256, size), True)
 
     def entries(self) -> Iterator[tuple[str, str, Path]]:
@@ -173,16 +173,3 @@ class _locked:
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
-
-
-def _write_atomic(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -103,7 +103,7 @@ def main() -> None:
     import shutil
     import tempfile
 
-    from app.cli.processes import Stack
+    from app.cli.stack import Stack
     from app.config import Settings, reset_settings
 
     tmp = Path(tempfile.mkdtemp(prefix="memeflow-ingest-"))

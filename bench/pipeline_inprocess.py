@@ -43,7 +43,7 @@ def main() -> None:
 
     from app.db.engine import make_engine
     from app.orchestrator import Orchestrator, RecordingPublisher
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
     from app.worker.run import handle_hint
 
     with bench_servers("memeflow-inproc-", args.database_url, "redis://unused") as (tmp, db_url, _):

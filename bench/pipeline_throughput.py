@@ -62,8 +62,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     from app.config import Settings
     from app.db.engine import make_engine
     from app.orchestrator import Orchestrator
-    from app.worker.celery_app import celery_app_for
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher, celery_app_for
 
     settings = Settings(
         database_url=db_url, broker_url=broker_url, var_dir=var_dir, visual_provider="deterministic",

@@ -7,7 +7,7 @@ Both sides in one run, on the same generated memes (rendered captions over a bus
 - **bare loop**: decode → visual → agent (OCR) → text embedding, one image at a time, models
   loaded once per process, no database, no broker. Run in 1..N processes (N = cores, by default),
   each taking every N-th image; the best rate is "what the box can do with these providers".
-- **pipeline**: :class:`app.cli.processes.Stack` with its default components (API, one worker
+- **pipeline**: :class:`app.cli.stack.Stack` with its default components (API, one worker
   per lane, beat, Flower; embedded PostgreSQL with fsync on and Redis) and the default settings
   (``--env K=V`` overrides, for A/B). ``--warmup`` images are uploaded and processed first
   (models warm), then ``--n`` images are uploaded through the API by one client, and the time runs
@@ -67,7 +67,7 @@ def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go,
     from app.config import Settings
     from app.orchestrator.fingerprints import semantic_document
     from app.stages.images import decode_image
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     settings = Settings(var_dir=Path(results_dir), local_threads=threads)
     providers = Providers(settings)
@@ -204,7 +204,7 @@ class Pipeline:
     def __enter__(self) -> Pipeline:
         import requests
 
-        from app.cli.processes import Stack
+        from app.cli.stack import Stack
         from app.config import Settings, reset_settings
         from app.db.engine import make_engine
 

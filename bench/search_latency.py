@@ -97,8 +97,8 @@ def main() -> None:
         from app.api import create_app
         from app.auth import LocalScopeResolver
         from app.orchestrator import Orchestrator, RecordingPublisher
+        from app.stages.providers import Providers
         from app.storage import FileStore
-        from app.worker.providers import Providers
 
         engine = make_engine(db_url)
         cfg = Providers(settings).text.config()

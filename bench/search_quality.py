@@ -276,7 +276,7 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def running_stack(var_dir: Path, echo: Callable[[str], None]):
     """The embedded stack (API, lane workers, maintenance, beat; no Flower) under ``var_dir``."""
-    from app.cli.processes import Stack
+    from app.cli.stack import Stack
     from app.config import Settings
 
     settings = Settings.from_env(database_url=None, broker_url=None, var_dir=var_dir, api_port=_free_port(),

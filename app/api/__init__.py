@@ -143,6 +143,6 @@ def _visual_json_schema():
 
 def default_publisher(settings: Any) -> Any:
     """Hints go to the broker named by the settings; a broker outage never fails an upload."""
-    from app.worker.publisher import publisher_from_settings
+    from app.publisher import publisher_from_settings
 
     return publisher_from_settings(settings)

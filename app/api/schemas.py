@@ -26,6 +26,7 @@ from app.db.enums import (
     JobMode,
     JobStatus,
     ReverseImagePolicy,
+    ServingKind,
     StageStatus,
 )
 from app.orchestrator.batches import MAX_BATCH_IDS
@@ -154,7 +155,7 @@ class ImagePatchSchema(StrictSchema):
 class ProcessSchema(StrictSchema):
     reverse_image_policy = fields.String(load_default="forbid", validate=validate.OneOf(POLICIES))
     force_stages = fields.List(
-        fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=3)
+        fields.String(validate=validate.OneOf(STAGES)), load_default=list, validate=validate.Length(max=len(STAGES))
     )
 
 
@@ -415,7 +416,7 @@ class VisualSearchResultSchema(Schema):
 
 
 class ServingArgsSchema(Schema):
-    kind = fields.String(load_default="text", validate=validate.OneOf(["text", "visual"]),
+    kind = fields.String(load_default="text", validate=validate.OneOf([k.value for k in ServingKind]),
                          metadata={"description": "which search: text (default) or visual"})
 
 

@@ -26,14 +26,14 @@ blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", descrip
 
 def _text_provider() -> Any:
     """The same text provider (name and options) the embedding workers use."""
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     return Providers(services().settings).text
 
 
 def _visual_provider() -> Any:
     """The same visual provider (name and options) the visual workers use."""
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     return Providers(services().settings).visual
 

@@ -34,7 +34,7 @@ def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> Non
         TimeElapsedColumn,
     )
 
-    from app.worker.publisher import publisher_from_settings
+    from app.publisher import publisher_from_settings
 
     with connected() as ctx:
         batch, hints = ctx.orch.create_batch(scope_id, all=True, reverse_image_policy=policy)

@@ -1,7 +1,7 @@
 """``memeflow demo``: the whole pipeline on the bundled sample memes, end to end.
 
 Embedded services → migrations → API, one worker per lane, beat and Flower (the ``Stack``
-supervisor of :mod:`app.cli.processes`) → generate samples → upload them through the REST API →
+supervisor of :mod:`app.cli.stack`) → generate samples → upload them through the REST API →
 live per-stage progress until every job is terminal → summary → text and visual searches →
 the library page's URL → stop (or, with ``--keep``, leave the stack and the page running until Ctrl-C).
 """
@@ -28,7 +28,7 @@ STAGE_DONE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "
 
 def start_stack(settings, echo):
     """Start embedded services, migrations and every process; returns the running stack."""
-    from app.cli.processes import Stack  # the Celery runtime's supervisor
+    from app.cli.stack import Stack  # the Celery runtime's supervisor
 
     return Stack(settings, echo=echo).start()
 
@@ -77,7 +77,9 @@ def wait_until_terminal(engine, image_ids: list[str], console, *, timeout_s: flo
         TimeElapsedColumn,
     )
 
-    stages = ("visual", "agent", "text_embedding")
+    from app.db.enums import STAGE_ORDER
+
+    stages = [s.value for s in STAGE_ORDER]
     deadline = time.monotonic() + timeout_s
     with Progress(TextColumn("{task.description:<15}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -109,7 +111,9 @@ def print_summary(console, jobs: dict[str, int], timings: dict[str, tuple[int, f
     table = Table(title="time per stage")
     for col in ("stage", "runs", "mean"):
         table.add_column(col, justify="left" if col == "stage" else "right")
-    for stage in ("visual", "agent", "text_embedding"):
+    from app.db.enums import STAGE_ORDER
+
+    for stage in (s.value for s in STAGE_ORDER):
         runs, mean = timings.get(stage, (0, 0.0))
         table.add_row(stage, str(runs), f"{mean * 1000:.0f} ms")
     console.print(table)

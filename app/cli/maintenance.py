@@ -16,7 +16,7 @@ from app.cli.common import connected, friendly_errors
 @friendly_errors
 def sweep() -> None:
     """Run the reconcile sweep once (what beat runs every MEMEFLOW_SWEEP_INTERVAL_S) and publish its hints."""
-    from app.worker.publisher import publisher_from_settings
+    from app.publisher import publisher_from_settings
 
     with connected() as ctx:
         report = ctx.orch.sweep()

@@ -16,7 +16,7 @@ def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: s
     """Exactly ``GET /api/v1/search/text``: the configured text provider and the API's search code."""
     from app.search.service import search_text
     from app.search.serving import text_source
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     source = text_source(engine, scope_id, Providers(settings).text, settings)
     result = search_text(engine, source.provider, scope_id, query, limit=limit, mode=mode)

@@ -10,6 +10,7 @@ import click
 
 from app.cli.common import connected, friendly_errors
 from app.cli.safe_text import cell, printable
+from app.db.enums import ServingKind
 
 
 def serving_table(rows: list[dict[str, Any]]) -> Any:
@@ -52,7 +53,7 @@ def search_model() -> None:
     """Which text model each scope's search reads; cut over early, roll back, resume."""
 
 
-KIND = click.option("--kind", type=click.Choice(["text", "visual"]), default="text", show_default=True,
+KIND = click.option("--kind", type=click.Choice([k.value for k in ServingKind]), default="text", show_default=True,
                     help="which search")
 
 
@@ -96,7 +97,7 @@ def cutover_cmd(scope_id: str, kind: str, as_json: bool) -> None:
 @friendly_errors
 def rollback_cmd(scope_id: str, kind: str, as_json: bool) -> None:
     """Abort a backfill, or serve the previous model again after a cutover; the scope stays pinned."""
-    from app.worker.publisher import publisher_from_settings
+    from app.publisher import publisher_from_settings
 
     with connected() as ctx:
         doc, hints = ctx.orch.search_rollback(scope_id, kind)

@@ -23,7 +23,7 @@ from app.runtime import embedded_services
 def up(no_flower: bool, pool: str | None, concurrency: int | None, maintenance_worker: bool) -> None:
     """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
     API, one worker per lane (each also runs the sweeps), a webhooks worker, beat and Flower."""
-    from app.cli.processes import Stack, StackError
+    from app.cli.stack import Stack, StackError
 
     settings = cli_settings()
     wanted = Stack.DEFAULT + (("maintenance",) if maintenance_worker else ())

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from typing import Any
 
 import click
 
 from app.cli.common import connected, friendly_errors
 from app.cli.safe_text import cell, printable
+from app.ids import parse_uuid
 
 TERMINAL_STAGE = ("succeeded", "reused", "failed", "blocked", "unknown_execution", "cancelled", "skipped")
 
@@ -122,10 +122,10 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
     from rich.live import Live
 
     if job_id is not None:
-        try:
-            job_id = str(uuid.UUID(job_id))
-        except ValueError:
-            raise click.BadParameter(f"not a job id: {job_id!r}", param_hint="JOB_ID") from None
+        parsed = parse_uuid(job_id)
+        if parsed is None:
+            raise click.BadParameter(f"not a job id: {job_id!r}", param_hint="JOB_ID")
+        job_id = str(parsed)
     if watch and as_json:
         raise click.UsageError("--watch and --json do not go together")
     console = Console()

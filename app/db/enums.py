@@ -15,16 +15,11 @@ STAGE_ORDER: tuple[Stage, ...] = (Stage.VISUAL, Stage.AGENT, Stage.TEXT_EMBEDDIN
 
 
 class Lane(StrEnum):
+    """The Celery queues of the stages' leaf tasks; which stage runs on which: app/orchestrator/stages.py."""
+
     VISUAL = "visual"
     AGENT = "agent"
     EMBEDDING = "embedding"
-
-
-STAGE_LANE: dict[Stage, Lane] = {
-    Stage.VISUAL: Lane.VISUAL,
-    Stage.AGENT: Lane.AGENT,
-    Stage.TEXT_EMBEDDING: Lane.EMBEDDING,
-}
 
 
 class JobStatus(StrEnum):

@@ -18,12 +18,10 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.db.enums import (
     ACTIVE_JOB_STATUSES,
     NEEDS_HUMAN_JOB_STATUSES,
-    STAGE_LANE,
     STAGE_ORDER,
     ContextStatus,
     JobMode,
     JobStatus,
-    Lane,
     Stage,
     StageStatus,
 )
@@ -33,7 +31,9 @@ from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import wake_group_size
 from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
 from app.orchestrator.policy import Denial
-from app.orchestrator.store import artifacts, images, jobs, tasks
+from app.orchestrator.stages import BATCHED_LANES, STAGES, lane_of
+from app.orchestrator.stages import spec as stage_spec
+from app.orchestrator.store import images, jobs, tasks
 from app.orchestrator.types import StageConfigs
 
 if TYPE_CHECKING:
@@ -45,14 +45,12 @@ DONE_STAGE = (StageStatus.SUCCEEDED, StageStatus.REUSED)
 
 
 def image_facts_txn(conn: Connection, image: RowMapping, configs: StageConfigs) -> ImageFacts:
-    scope, iid, sha = image["scope_id"], image["id"], image["sha256"]
     return ImageFacts(
-        sha256=sha,
+        sha256=image["sha256"],
         context_status=image["context_status"],
         provenance=image["context_provenance"],
         metadata_hash=image["metadata_hash"],
-        visual_exists=artifacts.visual_exists_txn(conn, scope, iid, sha, configs.visual),
-        text_exists=artifacts.text_exists_txn(conn, scope, iid, sha, image["metadata_hash"], configs.text),
+        **{s.exists_field: s.exists_txn(conn, image, configs) for s in STAGES if s.exists_txn and s.exists_field},
     )
 
 
@@ -183,26 +181,19 @@ def _run_stage_txn(
         return  # already waiting on a live task
     assert fingerprint is not None
     new = _NewTask(job, image, configs, stage, fingerprint, job_fields)
-    (pending.agent if stage == Stage.AGENT else pending.tasks).append(new)
+    (pending.agent if stage_spec(stage).paid else pending.tasks).append(new)
 
 
 def _task_values(orch: Orchestrator, new: _NewTask, grant_id: uuid.UUID | None) -> dict:
     job, image, configs, stage = new.job, new.image, new.configs, new.stage
-    stage_config = {"visual": configs.visual, "agent": configs.agent, "text_embedding": configs.text}[stage]
+    s = stage_spec(stage)
     payload: dict = {
         "image_id": str(image["id"]), "image_sha256": image["sha256"], "stage": stage,
-        "stage_config_hash": fp.config_hash(stage_config),
+        "stage_config_hash": fp.config_hash(s.config(configs)), **s.payload(job, image, configs),
     }
-    resource_key = ""
-    if stage == Stage.AGENT:
-        payload["reverse_image_policy"] = job["reverse_image_policy"]
-        payload["agent_config_hash"] = configs.agent_hash
-        resource_key = f"{configs.agent.get('provider', '')}:{configs.agent.get('model', '')}"
-    elif stage == Stage.TEXT_EMBEDDING:
-        payload["metadata_hash"] = image["metadata_hash"]
     return {
-        "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": STAGE_LANE[Stage(stage)].value,
-        "resource_key": resource_key, "payload": payload, "input_fingerprint": new.fingerprint,
+        "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane_of(stage),
+        "resource_key": s.resource_key(configs), "payload": payload, "input_fingerprint": new.fingerprint,
         "dedupe_key": fp.dedupe_key(image["id"], stage, new.fingerprint), "image_id": image["id"],
         "image_sha256": image["sha256"], "priority": orch.job_priority(job),
         "max_attempts": orch.settings.max_attempts, "grant_id": grant_id,
@@ -252,10 +243,6 @@ def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
     return groups
 
 
-# lanes whose hint claims through tasks.claim_group_txn, where a new task may join a queued group
-_JOINABLE_LANES = frozenset({Lane.VISUAL.value, Lane.EMBEDDING.value})
-
-
 def _join_open_groups_txn(
     orch: Orchestrator, conn: Connection, groups: list[list[dict]], now: datetime
 ) -> list[list[dict]]:
@@ -268,7 +255,7 @@ def _join_open_groups_txn(
         first = group[0]
         size = wake_group_size(orch.settings, first["lane"])
         leader = None
-        if first["lane"] in _JOINABLE_LANES and len(group) < size:
+        if first["lane"] in BATCHED_LANES and len(group) < size:
             leader = tasks.join_open_group_txn(conn, first["scope_id"], first["lane"], first["resource_key"],
                                                first["priority"], len(group), size, now)
         if leader is None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from app.db.enums import ACTIVE_JOB_STATUSES, JobMode, JobStatus
+from app.ids import parse_uuid
 from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
 from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, NotFound
 from app.orchestrator.events import emit_batch_progress
@@ -40,10 +41,12 @@ REQUEST_PAGE = 16
 def _uuid_list(values: Iterable) -> list[uuid.UUID]:
     """The ids as UUIDs, duplicates dropped, first-seen order kept (linear: a dict is the set)."""
     try:
-        parsed = (v if isinstance(v, uuid.UUID) else uuid.UUID(str(v)) for v in values)
-        out = list(dict.fromkeys(parsed))
-    except (ValueError, TypeError, AttributeError):
-        raise InvalidRequest("image_ids must be a list of image ids", code="invalid_image_ids") from None
+        parsed = [parse_uuid(v) for v in values]
+    except (TypeError, AttributeError):  # not a list at all
+        parsed = [None]
+    if None in parsed:
+        raise InvalidRequest("image_ids must be a list of image ids", code="invalid_image_ids")
+    out = list(dict.fromkeys(parsed))
     if len(out) > MAX_BATCH_IDS:
         raise InvalidRequest(f"at most {MAX_BATCH_IDS} image ids per batch (use all=true for the whole library)",
                              code="too_many_image_ids")
@@ -258,9 +261,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
 
 
 def _batch_uuid(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise NotFound("batch not found") from None
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise NotFound("batch not found")
+    return parsed

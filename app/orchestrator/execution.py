@@ -13,11 +13,12 @@ from sqlalchemy.exc import DBAPIError
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
+from app.orchestrator import stages
 from app.orchestrator.advance import advance_jobs_txn
 from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import lane_batch_budget
 from app.orchestrator.retry import decide_retry
-from app.orchestrator.store import artifacts, attempts, counters, images, jobs, tasks
+from app.orchestrator.store import attempts, counters, images, jobs, tasks
 from app.orchestrator.types import AgentArtifact, BatchClaim, Claim, TextArtifact, VisualArtifact
 from app.stages.errors import OutcomeUnknownError, StageError
 
@@ -233,7 +234,7 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list
                 _rejected_txn(orch, conn, claim, "complete")
             else:
                 landed.append((claim, artifact))
-        _write_embeddings_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
+        stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
         locked.update(_write_agent_results_txn(orch, conn, [
             (c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]
         ], locked))
@@ -261,24 +262,6 @@ def _result_summary(artifact: Any) -> dict:
     if isinstance(artifact, AgentArtifact):
         return {"model": artifact.model, "attempt_id": artifact.attempt_id}
     return {}
-
-
-def _write_embeddings_txn(conn: Connection, results: list[tuple[Claim, Any]]) -> None:
-    """The visual and text embeddings of landed, non-stale claims: one statement per kind."""
-    artifacts.insert_visual_many_txn(conn, [
-        {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "model": a.model,
-         "preprocess_version": a.preprocess_version, "dims": a.dims, "vector": a.vector, "task_id": c.task_id}
-        for c, v in results if isinstance(v, VisualArtifact) for a in (v, *v.extra)
-    ])
-    artifacts.insert_text_many_txn(conn, [
-        {"scope_id": c.scope_id, "image_id": c.image_id, "sha": c.image_sha256, "metadata_hash": a.metadata_hash,
-         "model": a.model, "dims": a.dims, "document_version": a.document_version, "document": a.document,
-         "vector": a.vector, "task_id": c.task_id}
-        for c, t in results if isinstance(t, TextArtifact) for a in (t, *t.extra)
-    ])
-    unknown = [a for _, a in results if not isinstance(a, (VisualArtifact, TextArtifact, AgentArtifact))]
-    if unknown:
-        raise TypeError(f"unknown artifact {type(unknown[0]).__name__}")
 
 
 def _write_agent_results_txn(

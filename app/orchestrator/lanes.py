@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.db.enums import Lane
 from app.orchestrator.hints import Hint
+from app.orchestrator.stages import SLOT_LANES, by_lane
 from app.orchestrator.store import slots, tasks
 from app.orchestrator.types import Claim
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 GLOBAL_KEY = "*"
 _SLOTS_READY: set[tuple[str, str, str, int]] = set()
-LIMITED_LANES = (Lane.AGENT.value,)
+LIMITED_LANES = SLOT_LANES  # the agent lane
 
 
 def _pools(orch: Orchestrator, resource_key: str) -> list[tuple[str, int]]:
@@ -74,20 +74,23 @@ def lane_batch_size(settings, lane: str) -> int:
 
     The agent lane's batch (``Settings.agent_batch``: 1 for a local agent, whose worker runs a
     call per core in threads) never exceeds its lane limit (a batch holds one slot per task)."""
-    lane = str(lane)
-    if lane == Lane.AGENT.value:
+    spec = by_lane(lane)
+    if spec is None:
+        return 1
+    size = getattr(settings, spec.batch_size_setting)
+    if spec.slots:
         limits = [n for n in (settings.agent_slots, settings.agent_resource_limit) if n > 0]
-        return max(1, min([settings.agent_batch, *limits]))
-    return {Lane.VISUAL.value: settings.visual_batch_size, Lane.EMBEDDING.value: settings.embedding_batch_size}.get(
-        lane, 1
-    )
+        return max(1, min([size, *limits]))
+    return size
 
 
 def lane_batch_budget(settings, lane: str) -> int:
     """How much one batch of a batched lane may hold, in the unit of ``tasks.BATCH_COST``: decoded
     pixels (visual) or document characters (embedding). A batch always takes at least one task."""
-    return {Lane.VISUAL.value: settings.visual_batch_max_pixels,
-            Lane.EMBEDDING.value: settings.embedding_batch_max_chars}[str(lane)]
+    spec = by_lane(lane)
+    if spec is None or spec.batch_budget_setting is None:
+        raise KeyError(str(lane))
+    return getattr(settings, spec.batch_budget_setting)
 
 
 def wake_group_size(settings, lane: str) -> int:
@@ -99,7 +102,8 @@ def wake_group_size(settings, lane: str) -> int:
     ceil(waiting scopes / reserve) claims away, however many of one scope's hints are ahead of it
     in the broker. A batch size of 1 leaves no room: such a lane is served in hint order."""
     n = lane_batch_size(settings, lane)
-    if str(lane) in (Lane.VISUAL.value, Lane.EMBEDDING.value) and n > 1:
+    spec = by_lane(lane)
+    if spec is not None and spec.batched and n > 1:
         return n - max(1, n // 8)
     return n
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from app.db.enums import STAGE_ORDER, ContextStatus, Stage
-from app.orchestrator import fingerprints as fp
+from app.orchestrator.stages import STAGES, agent_context_valid
 from app.orchestrator.types import StageConfigs
+
+__all__ = ["Action", "ImageFacts", "JobFacts", "Plan", "agent_context_valid", "plan"]
 
 
 class Action(StrEnum):
@@ -56,44 +57,17 @@ class Plan:
         return all(a is Action.REUSE for a in self.actions.values())
 
 
-def agent_context_valid(image: ImageFacts, job: JobFacts) -> bool:
-    """A context counts for this job if it describes the current bytes and, unless a human edited
-    it, was produced with the job's agent config and reverse_image_policy."""
-    if image.context_status not in (ContextStatus.READY, ContextStatus.EDITED):
-        return False
-    prov = image.provenance or {}
-    if prov.get("image_sha256") != image.sha256:
-        return False
-    if image.context_status == ContextStatus.EDITED:
-        return True
-    return (
-        prov.get("agent_config_hash") == job.configs.agent_hash
-        and prov.get("reverse_image_policy") == job.reverse_image_policy
-    )
-
-
 def plan(image: ImageFacts, job: JobFacts) -> Plan:
     """Walk the stages in order: valid prefix → REUSE, first invalid → RUN, the rest → WAIT."""
-    sha = image.sha256
-    fps: dict[str, str | None] = {
-        Stage.VISUAL: fp.visual_fingerprint(sha, job.configs.visual),
-        Stage.AGENT: fp.agent_fingerprint(sha, job.configs.agent_hash, job.reverse_image_policy),
-        Stage.TEXT_EMBEDDING: (
-            fp.text_fingerprint(sha, image.metadata_hash, job.configs.text) if image.metadata_hash else None
-        ),
-    }
-    valid = {
-        Stage.VISUAL: image.visual_exists,
-        Stage.AGENT: agent_context_valid(image, job),
-        Stage.TEXT_EMBEDDING: image.metadata_hash is not None and image.text_exists,
-    }
+    fps: dict[str, str | None] = {s.stage: s.fingerprint(image, job) for s in STAGES}
     actions: dict[str, Action] = {}
     blocked = False
-    for stage in STAGE_ORDER:
+    for s in STAGES:
+        stage = s.stage
         forced = stage in job.force_stages and stage not in job.succeeded_in_job
         if blocked:
             actions[stage] = Action.WAIT
-        elif valid[stage] and not forced:
+        elif s.valid(image, job) and not forced:
             actions[stage] = Action.REUSE
         else:
             actions[stage] = Action.RUN

@@ -19,11 +19,13 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
+from app.ids import parse_uuid
 from app.orchestrator import batches, changes, events, execution, grants, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
 from app.orchestrator.policy import Denial, OperationPolicy, policy_from_settings
+from app.orchestrator.stages import by_lane
 from app.orchestrator.store import reads
 from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
 
@@ -127,13 +129,15 @@ class Orchestrator:
     def complete_tasks(self, results: list[tuple[Claim, Any]]) -> list[Hint]:
         """Complete several claims of one lane in one transaction (each fenced on its own)."""
         for claim, artifact in results:
-            table = {"visual": "visual_embeddings", "embedding": "text_embeddings"}.get(claim.lane)
-            if table is not None:
+            spec = by_lane(claim.lane)
+            if spec is not None and spec.vector_index:
+                table = spec.artifact_table
                 self.ensure_vector_index(table, artifact.model, artifact.dims)
                 for extra in getattr(artifact, "extra", ()):
                     self.ensure_vector_index(table, extra.model, extra.dims)
         hints = execution.complete_tasks(self, results)
-        kind = {"embedding": serving_reads.TEXT, "visual": serving_reads.VISUAL}.get(results[0][0].lane) if results else None
+        spec = by_lane(results[0][0].lane) if results else None
+        kind = spec.serving_kind if spec is not None else None
         if kind is not None:
             serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind)
         return hints
@@ -271,12 +275,10 @@ class Orchestrator:
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise NotFound("not found") from None
+    parsed = parse_uuid(value)
+    if parsed is None:
+        raise NotFound("not found")
+    return parsed
 
 
 def _page(items: list[dict], limit: int) -> tuple[list[dict], Any]:

@@ -24,7 +24,7 @@ KINDS = (TEXT, VISUAL)
 
 def configured_ref(orch: Orchestrator, kind: str) -> dict[str, Any]:
     """The model new jobs are configured with, as a model ref (spec + options rebuild it anywhere)."""
-    from app.worker.providers import text_options, visual_options
+    from app.stages.providers import text_options, visual_options
 
     if kind == TEXT:
         cfg = dict(orch.stage_configs.text)

@@ -19,7 +19,10 @@ class StageConfigs:
     text: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"visual": self.visual, "agent": self.agent, "text_embedding": self.text}
+        """The configs by stage name, as a job's ``config`` column stores them."""
+        from app.orchestrator.stages import STAGES  # which field is whose: the stage registry
+
+        return {s.stage.value: getattr(self, s.config_field) for s in STAGES}
 
     @property
     def hash(self) -> str:
@@ -31,14 +34,19 @@ class StageConfigs:
 
     @classmethod
     def from_job_config(cls, config: dict[str, Any]) -> StageConfigs:
-        return cls(visual=config["visual"], agent=config["agent"], text=config["text_embedding"])
+        """The configs a job froze (its ``config`` column), by stage name."""
+        from app.orchestrator.stages import STAGES
+
+        return cls(**{s.config_field: config[s.stage.value] for s in STAGES})
 
     @classmethod
     def from_settings(cls, settings) -> StageConfigs:
         """Configs of the configured providers (cheap: loads no model)."""
-        from app.worker.providers import provider_configs
+        from app.orchestrator.stages import STAGES
+        from app.stages.providers import provider_configs
 
-        return provider_configs(settings)
+        by_kind = provider_configs(settings)
+        return cls(**{s.config_field: by_kind[s.provider_kind] for s in STAGES})
 
 
 @dataclass(frozen=True)

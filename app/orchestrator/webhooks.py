@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import metrics
 from app.db.enums import EventType
+from app.ids import parse_uuid
 from app.netguard import OutboundRefused, allowed_networks, check_outbound_url
 from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks
 from app.orchestrator.events import event_doc
@@ -103,10 +104,9 @@ def list_webhooks(orch: Orchestrator, scope_id: str) -> list[dict[str, Any]]:
 
 def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID | str) -> None:
     """Delete a subscription: no delivery starts after this returns (a claim in flight is fenced)."""
-    try:
-        sub = uuid.UUID(str(subscription_id))
-    except ValueError:
-        raise NotFound("webhook not found") from None
+    sub = parse_uuid(subscription_id)
+    if sub is None:
+        raise NotFound("webhook not found")
     with orch.engine.begin() as conn:
         if not q.delete_txn(conn, scope_id, sub):
             raise NotFound("webhook not found")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
+from app.atomic import write_atomic
 from app.samples.catalog import NEAR_DUPLICATES, SAMPLES, Sample
 from app.samples.fonts import find_font
 
@@ -210,12 +210,6 @@ def _jpeg_bytes(img: Image.Image, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def generate_samples(out_dir: Path | str, *, limit: int | None = None) -> list[Path]:
     """Write the samples (and their near-duplicates) into ``out_dir``; returns the paths written.
 
@@ -231,7 +225,7 @@ def generate_samples(out_dir: Path | str, *, limit: int | None = None) -> list[P
         img = render_sample(sample)
         rendered[sample.name] = img
         path = out / sample.filename
-        _write_atomic(path, _png_bytes(img))
+        write_atomic(path, _png_bytes(img), durable=False, sync_dir=False)  # regenerable
         written.append(path)
     for filename, (source, scale, quality) in NEAR_DUPLICATES.items():
         if source not in rendered:
@@ -240,7 +234,7 @@ def generate_samples(out_dir: Path | str, *, limit: int | None = None) -> list[P
         if scale != 1.0:
             img = img.resize((round(WIDTH * scale), round(HEIGHT * scale)), Image.Resampling.LANCZOS)
         path = out / filename
-        _write_atomic(path, _jpeg_bytes(img, quality))
+        write_atomic(path, _jpeg_bytes(img, quality), durable=False, sync_dir=False)
         written.append(path)
     return written
 

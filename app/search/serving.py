@@ -39,7 +39,7 @@ def text_source(engine: Engine, scope_id: str, configured: Any, settings: Any) -
     info = _info(row)
     if (row["serving_model"], row["serving_dims"]) == (str(cfg["model"]), int(cfg["dims"])):
         return TextSource(configured, info)
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     try:
         provider = Providers(settings).text_for(row["serving_ref"])
@@ -83,7 +83,7 @@ def visual_source(engine: Engine, scope_id: str, configured: Any, settings: Any)
     served = (row["serving_model"], int(row["serving_dims"]), str(ref.get("preprocess_version")))
     if served == mine:
         return configured_source(info)
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
 
     try:
         provider = Providers(settings).visual_for(ref)

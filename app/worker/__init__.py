@@ -1,1 +1,1 @@
-"""Celery runtime: the app, thin tasks, and the hint publisher over the broker."""
+"""Celery runtime: the app and its thin tasks (hints are published by :mod:`app.publisher`)."""

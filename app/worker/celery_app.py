@@ -21,12 +21,5 @@ celery_app.config_from_object("celeryconfig")
 celery_app.conf.imports = ("app.worker.tasks",)
 celery = celery_app  # `celery -A app.worker.celery_app` looks for `app` or `celery`
 
+from app.publisher import celery_app_for  # noqa: E402, F401 - moved to app.publisher; kept for merges
 from app.worker import tasks as _tasks  # noqa: F401, E402 - registers the tasks on import
-
-
-def celery_app_for(broker_url: str, name: str = "memeflow-client") -> Celery:
-    """A client-side app with memeflow's config on an explicit broker (supervisor, tests, bench)."""
-    client = Celery(name)
-    client.config_from_object("celeryconfig")
-    client.conf.broker_url = broker_url
-    return client

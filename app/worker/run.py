@@ -16,8 +16,8 @@ from app.orchestrator.service import Orchestrator
 from app.orchestrator.types import Claim
 from app.stages.agent import records
 from app.stages.errors import StageError
+from app.stages.providers import Providers
 from app.worker import executor
-from app.worker.providers import Providers
 
 log = logging.getLogger(__name__)
 

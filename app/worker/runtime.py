@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import uuid
 from typing import Any
 
 from app.config import Settings, get_settings
@@ -17,7 +19,6 @@ from app.config import Settings, get_settings
 log = logging.getLogger(__name__)
 #: Optional ``module:callable(celery_app) -> HintPublisher``; chaos tests inject faulty publishers.
 PUBLISHER_ENV = "MEMEFLOW_WORKER_PUBLISHER"
-_LANE_PROVIDER = {"visual": "visual", "agent": "agent", "embedding": "text"}
 
 
 class WorkerRuntime:
@@ -26,9 +27,9 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, celery_app) -> None:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
+        from app.publisher import CeleryHintPublisher
+        from app.stages.providers import Providers
         from app.worker.broker import database_url_for
-        from app.worker.providers import Providers
-        from app.worker.publisher import CeleryHintPublisher, new_owner_id
 
         self.settings = settings
         self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4, pre_ping=False)
@@ -48,7 +49,9 @@ class WorkerRuntime:
 
     def load_lane(self, lane: str) -> Any:
         """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
-        provider = getattr(self.providers, _LANE_PROVIDER[lane])
+        from app.orchestrator.stages import by_lane
+
+        provider = self.providers.get(by_lane(lane).provider_kind)
         warm = getattr(provider, "warm", None) or getattr(provider, "load", None)
         if callable(warm):
             warm()
@@ -57,6 +60,11 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def new_owner_id() -> str:
+    """A claim owner id unique to this process and start: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def _publisher_factory():

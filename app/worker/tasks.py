@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 
 from celery import signals
 
 import celeryconfig
+from app.ids import parse_uuid
 from app.worker.celery_app import celery_app
 from app.worker.runtime import get_runtime, preload, reset_runtime
 
@@ -27,15 +27,8 @@ PRELOAD_ENV = "MEMEFLOW_WORKER_LANES"
 MAINTENANCE_ENV = "MEMEFLOW_WORKER_MAINTENANCE"
 
 
-def _parse_id(raw: object) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(raw))
-    except (TypeError, ValueError):
-        return None
-
-
 def _run_leaf(lane: str, raw_task_id: object) -> None:
-    task_id = _parse_id(raw_task_id)
+    task_id = parse_uuid(raw_task_id)
     if task_id is None:
         log.warning("malformed hint dropped", extra={"lane": lane})
         return
@@ -45,28 +38,26 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
 
 
-@celery_app.task(name=celeryconfig.LANE_TASKS["visual"], ignore_result=True)
-def run_visual(task_id: str) -> None:
-    """Wake-up hint for a visual task; drains several due tasks per model call."""
-    _run_leaf("visual", task_id)
+def _lane_task(lane: str):
+    """The Celery task woken by a hint on ``lane``: claims the hinted task and its wake-up group
+    (a batched lane drains several due tasks per model call) and runs them."""
+
+    def run_leaf(task_id: str) -> None:
+        _run_leaf(lane, task_id)
+
+    run_leaf.__name__ = run_leaf.__qualname__ = f"run_{lane}"
+    run_leaf.__doc__ = f"Wake-up hint for a {lane} task."
+    return celery_app.task(name=celeryconfig.LANE_TASKS[lane], ignore_result=True)(run_leaf)
 
 
-@celery_app.task(name=celeryconfig.LANE_TASKS["agent"], ignore_result=True)
-def run_agent(task_id: str) -> None:
-    """Wake-up hint for an agent task."""
-    _run_leaf("agent", task_id)
-
-
-@celery_app.task(name=celeryconfig.LANE_TASKS["embedding"], ignore_result=True)
-def run_embedding(task_id: str) -> None:
-    """Wake-up hint for a text-embedding task; drains several due tasks per model call."""
-    _run_leaf("embedding", task_id)
+#: One task per stage lane (celeryconfig.LANES, from app.db.enums.Lane).
+LANE_TASKS = {lane: _lane_task(lane) for lane in celeryconfig.LANES}
 
 
 @celery_app.task(name=celeryconfig.WEBHOOK_TASK, ignore_result=True)
 def deliver_webhooks(subscription_id: str) -> None:
     """Wake-up hint for a webhook subscription: deliver its due events, in order (DB-claimed)."""
-    sub = _parse_id(subscription_id)
+    sub = parse_uuid(subscription_id)
     if sub is None:
         log.warning("malformed hint dropped", extra={"lane": celeryconfig.WEBHOOKS})
         return
@@ -99,7 +90,7 @@ def seed_batch(batch_id: str) -> None:
     The id only says "a batch changed"; which pages to seed (and back-pressure) is decided by the
     orchestrator from PostgreSQL, the same step the sweep runs.
     """
-    if _parse_id(batch_id) is None:
+    if parse_uuid(batch_id) is None:
         log.warning("malformed batch hint dropped")
         return
     rt = get_runtime()

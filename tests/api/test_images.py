@@ -195,7 +195,7 @@ def test_context_generation_in_progress(client, orch):
     body = upload(client, png_bytes()).get_json()
     image_id = body["image"]["id"]
     # run the visual stage, then hold the agent task claimed (running) without completing it
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
     from app.worker.run import run_task
 
     visual_task = body["job"]["stages"][0]["task_id"]

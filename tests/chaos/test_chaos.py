@@ -121,8 +121,7 @@ def test_chaos_kills_restarts_and_lost_hints_lose_nothing_and_repeat_no_paid_cal
     rng = random.Random(20250611)
     engine = make_engine(urls.database_url, pool_size=4, max_overflow=4)
     from app.orchestrator import Orchestrator
-    from app.worker.celery_app import celery_app_for
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher, celery_app_for
 
     orch = Orchestrator(engine, settings)
     client = celery_app_for(urls.broker_url, "memeflow-chaos-uploads")

@@ -156,7 +156,7 @@ def test_only_a_provably_unsent_paid_call_is_retried_automatically(engine, setti
 def test_provider_error_bodies_never_reach_the_tenant(engine, settings, mode, status):
     """A provider's error body (masked key, internal host) and the endpoint's host name stay in the
     log: the task, its attempt, the job and its stage store a stable code and a generic message."""
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
     from tests.support.pipeline import Workers
     from tests.unit.stages.test_openai_compatible import PROVIDER_SECRET, FakeServer
 

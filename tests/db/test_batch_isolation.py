@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages import registry
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from app.worker.run import handle_hint
 from tests.support import poison
 from tests.support.pipeline import png_bytes, store_and_ingest

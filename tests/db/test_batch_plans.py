@@ -11,7 +11,7 @@ import re
 from sqlalchemy import event, text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from app.worker.run import handle_hint
 from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
 

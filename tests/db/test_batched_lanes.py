@@ -13,8 +13,8 @@ from sqlalchemy import event, text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.orchestrator.types import AgentArtifact
+from app.stages.providers import Providers
 from app.worker import executor
-from app.worker.providers import Providers
 from app.worker.run import handle_hint
 from tests.support.clock import FakeClock
 from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task

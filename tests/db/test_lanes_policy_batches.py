@@ -68,7 +68,7 @@ def test_a_task_cancelled_before_any_attempt_releases_its_grant(engine, settings
     pub = RecordingPublisher()
     res = store_and_ingest(orch, "local", png_bytes(1))
     pub.publish(res.hints)
-    from app.worker.providers import Providers
+    from app.stages.providers import Providers
     from tests.support.agents import step
 
     hint = step(orch, Providers(settings), pub, stop_lane="agent")

@@ -10,7 +10,7 @@ import threading
 from sqlalchemy import event, text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from app.worker.run import handle_hint
 from tests.conftest import poll_until
 from tests.support.pipeline import Workers, png_bytes, store_and_ingest, visual_task

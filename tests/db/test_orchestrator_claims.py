@@ -8,8 +8,8 @@ import uuid
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
+from app.stages.providers import Providers
 from app.worker import executor
-from app.worker.providers import Providers
 from tests.support.clock import FakeClock
 from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
 

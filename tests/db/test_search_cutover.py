@@ -10,7 +10,7 @@ from sqlalchemy import text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.search.service import search_text
 from app.search.serving import text_source
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from tests.conftest import poll_until
 from tests.support.pipeline import Workers, png_bytes, store_and_ingest
 from tests.support.textmodels import SPEC_B, SPEC_C

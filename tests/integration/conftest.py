@@ -39,8 +39,7 @@ def redis_url_with_db(url: str, db: int) -> str:
 
 def make_publisher(broker_url: str):
     """A CeleryHintPublisher on a Celery app pointed at ``broker_url`` (the test's own)."""
-    from app.worker.celery_app import celery_app_for
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher, celery_app_for
 
     app = celery_app_for(broker_url, "memeflow-test")
     return CeleryHintPublisher(app, cooldown_s=0.2), app

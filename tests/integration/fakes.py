@@ -160,6 +160,6 @@ class FaultyPublisher:
 
 def faulty_celery_publisher(celery_app) -> FaultyPublisher:
     """``MEMEFLOW_WORKER_PUBLISHER`` factory for worker processes."""
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher
 
     return FaultyPublisher(CeleryHintPublisher(celery_app))

@@ -17,7 +17,8 @@ import psutil
 import pytest
 import requests
 
-from app.cli.processes import Stack, api_cmd
+from app.cli.processes import api_cmd
+from app.cli.stack import Stack
 from app.netguard import UnsafeBind
 from tests.conftest import poll_until
 from tests.integration.conftest import ROOT

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from app.orchestrator import Orchestrator
 from app.search.service import search_text
 from app.search.serving import text_source
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from tests.conftest import poll_until
 from tests.integration.conftest import Sweeper
 from tests.support.pipeline import png_bytes, store_and_ingest

@@ -106,7 +106,7 @@ def test_a_sweep_never_waits_inside_a_busy_worker(cluster, engine, publisher, tm
     busy worker runs the prefork pool, whose main process keeps consuming while its child works
     (a solo worker cannot consume while busy at all): it must still reserve nothing."""
     import celeryconfig
-    from app.worker.celery_app import celery_app_for
+    from app.publisher import celery_app_for
 
     gate = tmp_path / "gate"
     gate.mkdir()

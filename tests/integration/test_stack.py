@@ -11,7 +11,7 @@ import pytest
 import requests
 from PIL import Image
 
-from app.cli.processes import Stack
+from app.cli.stack import Stack
 from app.embedded import _pid_alive
 from tests.conftest import poll_until
 

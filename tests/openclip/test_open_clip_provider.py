@@ -26,9 +26,9 @@ from app.stages import registry
 from app.stages.base import VisualProvider, config_hash
 from app.stages.errors import PermanentError
 from app.stages.images import decode_image
+from app.stages.providers import Providers
 from app.stages.visual import openclip as openclip_module
 from app.worker.executor import execute_visual
-from app.worker.providers import Providers
 from tests.unit.stages.helpers import decoded, encode, random_scene
 
 TINY = "memeflow-tiny-vit"

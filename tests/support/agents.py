@@ -13,7 +13,7 @@ from app.orchestrator import Orchestrator, RecordingPublisher
 from app.orchestrator.policy import Denial, QuotaPolicy
 from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.base import LookupResult
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from app.worker.run import handle_hint
 
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.errors import PermanentError, RetryableError
+from app.stages.providers import Providers
 from app.stages.text.deterministic import DeterministicTextProvider
 from app.stages.visual.deterministic import DeterministicVisualProvider
-from app.worker.providers import Providers
 
 _lock = threading.Lock()
 

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.orchestrator.hints import Hint
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 from app.worker.run import handle_hint
 
 

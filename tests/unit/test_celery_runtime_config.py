@@ -49,7 +49,7 @@ def _failures(lane: str) -> float:
 
 
 def test_publisher_sends_the_task_id_only_on_the_lane_queue_without_retries():
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher
 
     app = _App()
     tid = uuid.uuid4()
@@ -58,7 +58,7 @@ def test_publisher_sends_the_task_id_only_on_the_lane_queue_without_retries():
 
 
 def test_publisher_never_raises_counts_failures_and_cools_down():
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher
 
     now = [100.0]
     app = _App(fail=True)
@@ -75,7 +75,7 @@ def test_publisher_never_raises_counts_failures_and_cools_down():
 
 
 def test_unknown_lane_is_counted_not_sent():
-    from app.worker.publisher import CeleryHintPublisher
+    from app.publisher import CeleryHintPublisher
 
     app = _App()
     before = _failures("bogus")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.cli.demo import library_banner
-from app.cli.processes import Stack
+from app.cli.stack import Stack
 from app.config import Settings
 
 

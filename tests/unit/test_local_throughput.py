@@ -7,11 +7,12 @@ import os
 
 import pytest
 
-from app.cli.processes import Stack, lane_pool
+from app.cli.processes import lane_pool
+from app.cli.stack import Stack
 from app.config import LOCAL_AGENT_LANE_LIMIT, REMOTE_AGENT_LANE_LIMIT, Settings, SettingsError
 from app.orchestrator.lanes import lane_batch_size
 from app.stages.cpu import available_cores
-from app.worker.providers import agent_options, text_options
+from app.stages.providers import agent_options, text_options
 
 
 def test_available_cores_is_within_the_machine():

@@ -5,18 +5,23 @@ Callers hand over the hints an orchestrator call returned, i.e. after its transa
 reconcile sweep re-hints every queued task whose last hint is older than the grace period, so a
 lost hint only delays work. After a failure the publisher stays quiet for ``cooldown_s`` so a dead
 Redis costs an upload one failed connect, not one per hint.
+
+Shared by the API, the CLI and the workers (below all three: it needs only the Celery config, never
+the worker's tasks), so the API and CLI publish without importing ``app.worker``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Protocol
+
+from celery import Celery
 
 from app import metrics
 
@@ -28,16 +33,27 @@ class _HintLike(Protocol):
     task_id: uuid.UUID
 
 
-def new_owner_id() -> str:
-    """A claim owner id unique to this process and start: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def celery_config():
+    """The top-level ``celeryconfig`` module (imported on first use: it resolves the broker URL)."""
+    try:
+        import celeryconfig
+    except ImportError:  # running from a source checkout whose root is not on sys.path
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        import celeryconfig
+    return celeryconfig
+
+
+def celery_app_for(broker_url: str, name: str = "memeflow-client") -> Celery:
+    """A client-side app with memeflow's config on an explicit broker (API, CLI, supervisor, tests, bench)."""
+    client = Celery(name)
+    client.config_from_object(celery_config())
+    client.conf.broker_url = broker_url
+    return client
 
 
 def lane_task_name(lane: str) -> str | None:
     """The Celery task name that wakes a worker of ``lane`` (or of ``webhooks``; None for an unknown lane)."""
-    import celeryconfig
-
-    return celeryconfig.HINT_TASKS.get(lane)
+    return celery_config().HINT_TASKS.get(lane)
 
 
 class CeleryHintPublisher:
@@ -84,9 +100,6 @@ class CeleryHintPublisher:
 
 
 def publisher_from_settings(settings) -> CeleryHintPublisher:
-    """A publisher on ``settings.broker_url`` (the API's and CLI's default; see app.api)."""
-    from app.worker.celery_app import celery_app, celery_app_for
-
-    if settings.broker_url:
-        return CeleryHintPublisher(celery_app_for(settings.broker_url, "memeflow-publisher"))
-    return CeleryHintPublisher(celery_app)
+    """A publisher on ``settings.broker_url``, else on the broker ``celeryconfig`` resolved (the API's
+    and CLI's default; see app.api)."""
+    return CeleryHintPublisher(celery_app_for(settings.broker_url or celery_config().broker_url, "memeflow-publisher"))
