@@ -45,8 +45,9 @@ import psycopg2  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from app.api import search_queries as VQ  # noqa: E402
-from app.db.engine import ensure_scope_vector_indexes, ensure_vector_index, make_engine, upgrade_to_head, vector_index_name  # noqa: E402
+from app.db.engine import ensure_vector_index, make_engine, upgrade_to_head, vector_index_name  # noqa: E402
 from app.embedded import EmbeddedServices  # noqa: E402
+from app.orchestrator.scope_indexes import ensure_scope_vector_indexes  # noqa: E402
 from app.search import queries as Q  # noqa: E402
 from app.search import service  # noqa: E402
 from app.search.queries import vector_literal  # noqa: E402

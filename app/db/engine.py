@@ -84,22 +84,6 @@ def scope_vector_index_name(table: str, model: str, dims: int, scope_id: str) ->
     return f"ix_{table}_hnsw_s_{digest}"
 
 
-def ensure_scope_vector_indexes(engine: Engine, table: str, model: str, dims: int, *, min_images: int,
-                                max_share: float = 0.5, maintenance_work_mem: str | None = None) -> list[str]:
-    """Give every scope of more than ``min_images`` images (``scope_usage``) and below
-    ``max_share`` of all images its own partial HNSW index of the model, built CONCURRENTLY, and
-    rebuild an invalid one an interrupted build left; the names built. One pass of
-    app/orchestrator/scope_indexes.py for this one model (waiting for a pass that runs, dropping
-    nothing else) — what beat's maintenance runs for every served model."""
-    from app.orchestrator.scope_indexes import run_pass
-
-    if table not in ("visual_embeddings", "text_embeddings"):
-        raise ValueError(f"no vector column on {table}")
-    return run_pass(engine, [(table, model, int(dims))], min_images=int(min_images), max_share=float(max_share),
-                    maintenance_work_mem=maintenance_work_mem, only={table}, drop_unwanted=False, wait=True,
-                    serving=False).built
-
-
 def alembic_config(url: str):
     from alembic.config import Config
 

@@ -52,7 +52,7 @@ def iterative_scan(conn: Any) -> None:
     """Let HNSW keep scanning when the scope filter discards candidates (pgvector >= 0.8)."""
     conn.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
     conn.execute(text(f"SET LOCAL hnsw.ef_search = {int(HNSW_EF_SEARCH)}"))
-    # plan with the scope id's value, so a scope's own HNSW index (``ensure_scope_vector_indexes``)
+    # plan with the scope id's value, so a scope's own HNSW index (``scope_indexes.ensure_scope_vector_indexes``)
     # is used: psycopg prepares a statement on its fifth run and a generic plan can't prove the
     # partial index's ``scope_id = …`` predicate
     conn.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
@@ -65,7 +65,7 @@ def iterative_scan(conn: Any) -> None:
 # the filter never reaches them). So a scope of at most EXACT_SCAN_MAX_IMAGES images is searched
 # exactly (its rows through the (scope_id, …) unique btree, every distance computed: cost ∝ the
 # scope's size, recall 1); a larger one below half the images gets its own partial HNSW index
-# (app.db.engine.ensure_scope_vector_indexes), which the planner picks for a query naming the
+# (app.orchestrator.scope_indexes, built by maintenance), which the planner picks for a query naming the
 # scope (recall@10 1.0); the largest scopes use the shared index. HNSW_EF_SEARCH 1000 (pgvector's
 # maximum): at 400 a query of the 500k scope in 3 got 0 of its 10 (a graph search stuck in a
 # wrong cluster). All chosen by measurement (bench/search_scale.py, docs/performance.md §8).

@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import event, text
 
 from app.api import search_queries as VQ
-from app.db.engine import ensure_scope_vector_indexes, ensure_vector_index, scope_vector_index_name
+from app.db.engine import ensure_vector_index, scope_vector_index_name
+from app.orchestrator.scope_indexes import ensure_scope_vector_indexes
 from app.search import queries as Q
 from app.search import service
 from app.search.queries import vector_literal
@@ -166,6 +167,7 @@ def test_memeflow_search_indexes_builds_the_scope_indexes_of_the_configured_mode
     from click.testing import CliRunner
 
     from app.cli import main
+    from app.config import reset_settings
     from app.orchestrator import Orchestrator
 
     cfg = Orchestrator(engine, settings).stage_configs
@@ -186,7 +188,11 @@ def test_memeflow_search_indexes_builds_the_scope_indexes_of_the_configured_mode
     env = {"MEMEFLOW_DATABASE_URL": settings.database_url, "MEMEFLOW_BROKER_URL": settings.broker_url,
            "MEMEFLOW_TEXT_PROVIDER": settings.text_provider, "MEMEFLOW_VISUAL_PROVIDER": settings.visual_provider,
            "MEMEFLOW_AGENT_PROVIDER": settings.agent_provider, "MEMEFLOW_VAR_DIR": str(settings.var_dir)}
-    runs = [CliRunner().invoke(main, ["search-indexes", "--min-images", "10"], env=env) for _ in range(2)]
+    reset_settings()  # the CLI reads its settings from this env, not from what an earlier test cached
+    try:
+        runs = [CliRunner().invoke(main, ["search-indexes", "--min-images", "10"], env=env) for _ in range(2)]
+    finally:
+        reset_settings()
     assert [r.exit_code for r in runs] == [0, 0], [r.output for r in runs]
     name = scope_vector_index_name("text_embeddings", model, dims, "grown")
     assert name in runs[0].output and "text_embeddings" in runs[1].output and name not in runs[1].output
