@@ -105,6 +105,9 @@ class Settings:
     retention_batch_size: int = 1000
     retention_max_batches: int = 2
     retention_scan_rows: int = 5000
+    # wall-clock budget of a sweep's retention (ms; 0 = none): no step starts past it, and the kinds
+    # take turns, least recently walked first, so a sweep's time stays flat as history grows
+    retention_budget_ms: float = 150.0
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000
     # model changes (docs/operations.md): a scope in backfill checks whether the new model covers every
@@ -235,6 +238,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_RETENTION_*_S must be >= 0 (0 = keep forever)")
         if min(self.retention_batch_size, self.retention_max_batches, self.retention_scan_rows) < 1:
             raise SettingsError("MEMEFLOW_RETENTION_BATCH_SIZE, _MAX_BATCHES and _SCAN_ROWS must be >= 1")
+        if self.retention_budget_ms < 0:
+            raise SettingsError("MEMEFLOW_RETENTION_BUDGET_MS must be >= 0 (0 = no budget)")
         if self.search_index_interval_s < 0 or (self.search_index_min_images or 0) < 0:
             raise SettingsError("MEMEFLOW_SEARCH_INDEX_INTERVAL_S and _MIN_IMAGES must be >= 0")
         if self.operation_policy not in ("allow-all", "quota"):

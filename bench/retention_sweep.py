@@ -5,7 +5,8 @@ History is added in steps (by SQL in bulk) to one database until it holds each t
 ago), one ended task per job, one completed attempt per task, stale text embeddings (an older
 metadata_hash) and per-minute ops_counters buckets — all older than the default retention ages.
 At each size it times ``--sweeps`` full sweeps (retention on: each deletes its bounded batches),
-each after a sweep with retention off (for reference: the same minute's load), and the WAL each
+each after a sweep with retention off (for reference: the same minute's load) and followed by one
+with the default ``MEMEFLOW_RETENTION_BUDGET_MS``, and the WAL each
 retention sweep writes (full-page images of the pages its deletes dirty: the work, whatever the
 load). ``--keep DIR`` keeps the database (and reuses its history); ``--explain`` prints EXPLAIN
 (ANALYZE, BUFFERS) of each kind's next step. Uses the embedded PostgreSQL under a temp dir (fsync on).
@@ -130,7 +131,8 @@ def main() -> None:
                     " ON CONFLICT DO NOTHING")
         engine = make_engine(url, pre_ping=False)
         base = Settings(database_url=url, broker_url=urls.broker_url, var_dir=root / "var", rehint_grace_s=3600)
-        on = Orchestrator(engine, base, stage_configs=CONFIGS)
+        on = Orchestrator(engine, base.replace(retention_budget_ms=0.0), stage_configs=CONFIGS)
+        budgeted = Orchestrator(engine, base, stage_configs=CONFIGS)  # MEMEFLOW_RETENTION_BUDGET_MS default
         off = Orchestrator(engine, base.replace(retention_jobs_s=0, retention_tasks_s=0, retention_attempts_s=0,
                                                 retention_embeddings_s=0, retention_ops_counters_s=0),
                            stage_configs=CONFIGS)
@@ -151,7 +153,8 @@ def main() -> None:
                         " + (SELECT count(*) FROM ops_counters)")
             present = cur.fetchone()[0]
             times_off, times_on, pruned, kinds, wal = [], [], 0, {}, []
-            for _ in range(args.sweeps):  # interleaved: a sweep with retention off, then one with it on
+            times_budget, pruned_budget = [], 0
+            for _ in range(args.sweeps):  # interleaved: retention off, on without a budget, on with the default one
                 t = time.perf_counter()
                 off.sweep()
                 times_off.append(time.perf_counter() - t)
@@ -166,13 +169,18 @@ def main() -> None:
                 for k, v in report.counts.items():
                     if k.startswith("retention_ms_"):
                         kinds.setdefault(k[13:], []).append(v)
+                t = time.perf_counter()
+                report = budgeted.sweep()
+                times_budget.append(time.perf_counter() - t)
+                pruned_budget += sum(v for k, v in report.counts.items() if k.startswith("pruned_"))
             print("  ms per kind (median): " + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in kinds.items()))
-            rows.append((size, present, times_off, times_on, pruned, statistics.median(wal)))
+            rows.append((size, present, times_off, times_on, pruned, statistics.median(wal), times_budget, pruned_budget))
             if args.explain:
                 explain(engine, on)
             print(f"history {size:,}: sweep {statistics.median(times_on) * 1000:.0f} ms (retention off "
                   f"{statistics.median(times_off) * 1000:.0f} ms), pruned {pruned:,} in {args.sweeps} sweeps, "
-                  f"WAL {statistics.median(wal) / 1e6:.1f} MB per sweep", flush=True)
+                  f"WAL {statistics.median(wal) / 1e6:.1f} MB per sweep; with the default budget "
+                  f"{statistics.median(times_budget) * 1000:.0f} ms, pruned {pruned_budget:,}", flush=True)
         engine.dispose()
         raw.close()
     finally:
@@ -181,12 +189,14 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"command: python bench/retention_sweep.py --sizes {args.sizes} --sweeps {args.sweeps}\n")
-    print("| prunable history rows | sweep p50 / max ms, retention on | retention off p50 ms | rows pruned per sweep"
-          " | WAL per sweep MB |")
-    print("|---:|---:|---:|---:|---:|")
-    for _size, present, off_t, on_t, pruned, wal_p50 in rows:
+    print("| prunable history rows | sweep p50 / max ms, retention on, no budget | rows pruned per sweep"
+          " | WAL per sweep MB | sweep p50 / max ms, default budget | rows pruned per sweep | retention off p50 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for _size, present, off_t, on_t, pruned, wal_p50, bud_t, pruned_b in rows:
         print(f"| {present:,} | {statistics.median(on_t) * 1000:.0f} / {max(on_t) * 1000:.0f} |"
-              f" {statistics.median(off_t) * 1000:.0f} | {pruned / len(on_t):,.0f} | {wal_p50 / 1e6:.1f} |")
+              f" {pruned / len(on_t):,.0f} | {wal_p50 / 1e6:.1f} |"
+              f" {statistics.median(bud_t) * 1000:.0f} / {max(bud_t) * 1000:.0f} | {pruned_b / len(bud_t):,.0f} |"
+              f" {statistics.median(off_t) * 1000:.0f} |")
 
 
 if __name__ == "__main__":

@@ -30,11 +30,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+OPS_COUNTERS = "ops_counters"
+
 
 def prune(orch: Orchestrator) -> dict[str, int]:
     """One bounded retention pass; rows deleted per kind (``pruned_<kind>``), the time each kind
-    took (``retention_ms_<kind>``) and steps that failed (``retention_errors``; a lock timeout or
-    deadlock with live work — the next sweep retries)."""
+    took (``retention_ms_<kind>``), kinds left for the next sweep because ``retention_budget_ms`` was
+    spent (``retention_deferred``; the least recently walked kind goes first, and at least one kind
+    runs every sweep) and steps that failed (``retention_errors``; a lock timeout or deadlock with
+    live work — the next sweep retries)."""
     s = orch.settings
     now = orch.now()
 
@@ -54,40 +58,54 @@ def prune(orch: Orchestrator) -> dict[str, int]:
                               "keep": [f"{cfg.visual['model']}|{cfg.visual['preprocess_version']}"],
                               "keep_after": keep_after},
     }
-    counts: dict[str, int] = {"retention_errors": 0}
-    for kind, params in walks.items():
+    counts: dict[str, int] = {"retention_errors": 0, "retention_deferred": 0}
+    ops_age = max(s.retention_ops_counters_s, 3600.0) if s.retention_ops_counters_s > 0 else 0.0  # /ops: last hour
+    due = [k for k, p in walks.items()
+           if p is not None and any(p.get(c) is not None for c in ("cutoff", "stale_cutoff", "model_cutoff"))]
+    due += [OPS_COUNTERS] if ops_age else []
+    for kind in (*walks, OPS_COUNTERS):
         counts[f"pruned_{kind}"] = 0
-        if params is None or all(params.get(k) is None for k in ("cutoff", "stale_cutoff", "model_cutoff")):
+    if not due:
+        return counts
+    deadline = time.monotonic() + s.retention_budget_ms / 1000 if s.retention_budget_ms > 0 else math.inf
+    with orch.engine.begin() as conn:
+        order = q.walk_order_txn(conn, due)
+    for n, kind in enumerate(order):
+        if n and time.monotonic() >= deadline:  # spent (the first kind always runs): first next sweep
+            counts["retention_deferred"] += 1
             continue
         started = time.monotonic()
         try:
-            counts[f"pruned_{kind}"] = _walk(orch, kind, params)
+            if kind == OPS_COUNTERS:
+                counts[f"pruned_{kind}"] = _prune_ops_counters(orch, now - timedelta(seconds=ops_age), deadline)
+            else:
+                counts[f"pruned_{kind}"] = _walk(orch, kind, walks[kind], deadline)
         except DBAPIError:
             log.warning("retention step failed", extra={"kind": kind}, exc_info=True)
             counts["retention_errors"] += 1
         counts[f"retention_ms_{kind}"] = round((time.monotonic() - started) * 1000)
-    counts["pruned_ops_counters"] = 0
-    ops_age = max(s.retention_ops_counters_s, 3600.0) if s.retention_ops_counters_s > 0 else 0.0  # /ops: last hour
-    if ops_age:
-        started = time.monotonic()
-        for _ in range(s.retention_max_batches):
-            try:
-                with orch.engine.begin() as conn:
-                    n = q.prune_ops_counters_txn(conn, now - timedelta(seconds=ops_age), s.retention_batch_size)
-            except DBAPIError:
-                log.warning("retention step failed", extra={"kind": "ops_counters"}, exc_info=True)
-                counts["retention_errors"] += 1
-                break
-            counts["pruned_ops_counters"] += n
-            if n < s.retention_batch_size:
-                break
-        counts["retention_ms_ops_counters"] = round((time.monotonic() - started) * 1000)
     return counts
 
 
-def _walk(orch: Orchestrator, kind: str, params: dict[str, Any]) -> int:
-    """Up to ``retention_max_batches`` steps of ``kind``'s walk, resuming at the heap page where the
-    last sweep stopped and starting over past the table's end; rows deleted."""
+def _prune_ops_counters(orch: Orchestrator, before: datetime, deadline: float) -> int:
+    """Up to ``retention_max_batches`` deletes of per-minute buckets older than ``before``."""
+    s = orch.settings
+    deleted = 0
+    with orch.engine.begin() as conn:
+        q.touch_walk_txn(conn, OPS_COUNTERS)
+    for _ in range(s.retention_max_batches):
+        with orch.engine.begin() as conn:
+            n = q.prune_ops_counters_txn(conn, before, s.retention_batch_size)
+        deleted += n
+        if n < s.retention_batch_size or time.monotonic() >= deadline:
+            break
+    return deleted
+
+
+def _walk(orch: Orchestrator, kind: str, params: dict[str, Any], deadline: float) -> int:
+    """Up to ``retention_max_batches`` steps of ``kind``'s walk (none started past ``deadline``),
+    resuming at the heap page where the last sweep stopped and starting over past the table's end;
+    rows deleted."""
     s = orch.settings
     deleted = 0
     with orch.engine.begin() as conn:
@@ -107,6 +125,6 @@ def _walk(orch: Orchestrator, kind: str, params: dict[str, Any]) -> int:
                     page, wrapped = 0, True
             q.set_walk_position_txn(conn, kind, page)
         deleted += n
-        if wrapped:
+        if wrapped or time.monotonic() >= deadline:
             break
     return deleted

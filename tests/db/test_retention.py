@@ -12,8 +12,10 @@ from app.orchestrator import Orchestrator, retention
 from tests.support.pipeline import png_bytes, store_and_ingest
 
 DAY = 86400.0
+# no time budget: these tests count what one sweep deletes (the budget has its own test)
 AGES = dict(retention_jobs_s=30 * DAY, retention_tasks_s=7 * DAY, retention_attempts_s=7 * DAY,
-            retention_embeddings_s=DAY, retention_ops_counters_s=7 * DAY)
+            retention_embeddings_s=DAY, retention_ops_counters_s=7 * DAY, retention_budget_ms=0.0)
+KINDS = ("jobs", "tasks", "attempts", "text_embeddings", "visual_embeddings", "ops_counters")
 
 
 def _image(conn, sha: str, mh: str = "m2") -> uuid.UUID:
@@ -212,6 +214,26 @@ def test_each_sweep_deletes_a_bounded_batch_and_the_rest_later(engine, settings)
     assert sum(p[1] for p in pruned) == 30
     with engine.connect() as conn:
         assert _ids(conn, "text_embeddings") == {current}
+
+
+def test_a_spent_budget_leaves_the_other_kinds_for_later_sweeps_in_turn(engine, settings):
+    """With the budget spent after the first step, each sweep runs one kind — the least recently
+    walked — and defers the rest: every kind has its turn within as many sweeps as there are kinds,
+    and a backlog still drains."""
+    orch = Orchestrator(engine, settings.replace(**{**AGES, "retention_budget_ms": 0.001}, retention_batch_size=4,
+                                                 retention_max_batches=3, retention_scan_rows=8))
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO ops_counters (bucket, name, count) SELECT date_trunc('minute', now())"
+                          " - make_interval(days => 10, mins => g), 'test', 1 FROM generate_series(1, 10) g"))
+    ran = []
+    for _ in range(2 * len(KINDS)):
+        counts = retention.prune(orch)
+        kinds = [k for k in KINDS if f"retention_ms_{k}" in counts]
+        assert len(kinds) == 1 and counts["retention_deferred"] == len(KINDS) - 1, counts
+        ran.append(kinds[0])
+    assert sorted(ran[:len(KINDS)]) == sorted(KINDS) and ran[len(KINDS):] == ran[:len(KINDS)]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM ops_counters WHERE name = 'test'")).scalar() == 2  # 2 × 4 of 10
 
 
 def test_retention_statements_are_index_driven(engine, settings):

@@ -178,3 +178,23 @@ def set_walk_position_txn(conn: Connection, kind: str, page: int) -> None:
         ),
         {"k": kind, "a": str(int(page))},
     )
+
+
+def walk_order_txn(conn: Connection, kinds: list[str]) -> list[str]:
+    """``kinds`` least recently walked first (never walked: first, in the given order) — the turns
+    of a sweep whose retention budget runs out before every kind had its steps."""
+    seen = {r.name: r.updated_at for r in conn.execute(
+        sql("SELECT name, updated_at FROM retention_walks WHERE name = ANY(:k)"), {"k": list(kinds)})}
+    never = [k for k in kinds if k not in seen]
+    return never + sorted((k for k in kinds if k in seen), key=lambda k: seen[k])
+
+
+def touch_walk_txn(conn: Connection, kind: str) -> None:
+    """Record that ``kind`` had its turn (a kind without a walk position: ops counters)."""
+    conn.execute(
+        sql(
+            "INSERT INTO retention_walks (name, after_key, updated_at) VALUES (:k, NULL, now())"
+            " ON CONFLICT (name) DO UPDATE SET updated_at = EXCLUDED.updated_at"
+        ),
+        {"k": kind},
+    )
