@@ -330,7 +330,10 @@ def _write_agent_results_txn(
             "metadata_hash": fp.metadata_hash(locked[claim.image_id]["display_name"], artifact.context),
             "display_name": locked[claim.image_id]["display_name"],
         })
-    written = images.write_agent_contexts_txn(conn, contexts, now)
+    # an image missing from the written rows changed its bytes under the lock: impossible, since
+    # the caller locked them FOR UPDATE and checked the sha (stale claims are not passed here)
+    written = {r["id"]: r for r in images.write_agent_contexts_txn(conn, contexts, now).rows}
+    # not matched cannot be: each attempt is external_started until this fenced completion closes it
     attempts.complete_many_txn(conn, [
         {"attempt_id": a.attempt_id, "task_id": c.task_id, "result": {"context": a.context, "model": a.model},
          "request_id": a.request_id} for c, a in results
@@ -361,7 +364,8 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
             return []
         if claim.attempt_id:
             state = AttemptState.UNKNOWN_EXECUTION if decision.unknown else AttemptState.FAILED
-            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err)
+            if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err).matched:
+                log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
         lanes.release_slot_txn(orch, conn, claim)
         if decision.retry:
             # not matched: no stage waits on the task any more (its job ended meanwhile) — nothing to do
@@ -401,7 +405,9 @@ def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") ->
         if not done.matched:  # fenced out: someone else owns the task now, and it holds no slot of ours
             return
         if claim.attempt_id:
-            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, orch.now(),
-                                        error={"code": reason, "message": reason})
+            closed = attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED,
+                                                 orch.now(), error={"code": reason, "message": reason})
+            if not closed.matched:
+                log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
         lanes.release_slot_txn(orch, conn, claim)
         grants.release_if_unattempted_txn(orch, conn, claim.task_id)

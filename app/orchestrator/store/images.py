@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 from app.search.lexical import image_terms
 
 
@@ -57,7 +57,6 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
 # What a completion needs of its images (target check, planning facts, the metadata hash's
 # inputs) — not the context document itself, which can be large and is not read there.
 _FACTS = "id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision"
-_FACTS_OF_I = ", ".join(f"i.{c}" for c in _FACTS.split(", "))  # the same, as an UPDATE … RETURNING list
 
 
 def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
@@ -79,28 +78,31 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
     )
 
 
-def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> dict[uuid.UUID, RowMapping]:
-    """Store agent-produced contexts — each only if its image still has the bytes it describes —
-    in one statement, with their lexical terms. ``rows``: id, sha, context, provenance,
-    metadata_hash, display_name (the locked image's, which the metadata hash covered too).
-    Returns the updated images' facts (as ``lock_images_txn``) by id."""
+WRITE_AGENT_CONTEXTS = sql("""
+UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready', context_provenance = CAST(r.prov AS jsonb),
+       metadata_hash = r.mh, revision = i.revision + 1, search_tsv = to_tsvector('simple', r.terms), updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text, prov text, mh text, terms text)
+WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha
+RETURNING i.id, i.scope_id, i.sha256, i.storage_key, i.display_name, i.context_status, i.context_provenance,
+          i.metadata_hash, i.revision
+""")
+
+
+@transition
+def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> Outcome[RowMapping]:
+    """context → ready (+ provenance, metadata_hash, lexical terms), each image only if it still has the bytes described.
+
+    One statement. ``rows``: id, sha, context, provenance, metadata_hash, display_name (the locked
+    image's, which the metadata hash covered too). ``rows`` of the outcome: the updated images'
+    facts (as ``lock_images_txn``); an image missing from them changed its bytes.
+    """
     if not rows:
-        return {}
+        return Outcome(False)
     doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
                        "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"],
                        "terms": image_terms(r["display_name"], r["context"])} for r in rows])
-    result = conn.execute(
-        sql(
-            "UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready',"
-            " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
-            " search_tsv = to_tsvector('simple', r.terms),"
-            " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
-            " prov text, mh text, terms text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
-            + _FACTS_OF_I
-        ),
-        {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
-    ).mappings().all()
-    return {r["id"]: r for r in result}
+    return Outcome.of(conn.execute(WRITE_AGENT_CONTEXTS, {"rows": doc, "ids": [r["id"] for r in rows],
+                                                          "now": now}).mappings().all())
 
 
 def edit_context_txn(

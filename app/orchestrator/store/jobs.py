@@ -283,8 +283,10 @@ RETURNING pj.id
 
 @transition
 def complete_jobs_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]], now: datetime) -> Outcome[uuid.UUID]:
-    """queued / running → succeeded, jobs whose every stage is done; ``rows``: (job id, metadata_hash to set
-    on a job that has none yet, or None). ``rows`` of the outcome: the jobs that ended."""
+    """queued / running → succeeded, N jobs whose every stage is done, in one statement.
+
+    ``rows``: (job id, metadata_hash to set on a job that has none yet, or None). ``rows`` of the
+    outcome: the jobs that ended."""
     if not rows:
         return Outcome(False)
     return Outcome.of(conn.execute(COMPLETE_JOBS, {

@@ -432,8 +432,9 @@ def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) 
 
 
 INSERT_AND_LINK_MANY = sql("""WITH r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid,
-    scope_id text, job_id uuid, stage text, lane text, resource_key text, payload jsonb, input_fingerprint text, dedupe_key text, image_id uuid,
-    image_sha256 text, priority int, max_attempts int, grant_id uuid, hint_group uuid, hint_members int, mh text)
+    scope_id text, job_id uuid, stage text, lane text, resource_key text, payload jsonb, input_fingerprint text,
+    dedupe_key text, image_id uuid, image_sha256 text, priority int, max_attempts int, grant_id uuid,
+    hint_group uuid, hint_members int, mh text)
 ), t AS (
   INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,
                      image_id, image_sha256, status, priority, available_at, max_attempts, last_hint_at,
