@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus
+from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus, ReverseImagePolicy
 from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
 from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, NotFound
 from app.orchestrator.events import emit_batch_progress
@@ -64,7 +64,7 @@ def create_batch(
     ``fill_models`` (with ``all``; a model backfill, app/orchestrator/serving.py): only images with a
     context that lack a current text embedding of one of these models ``{model, dims}`` are seeded,
     each with the reverse_image_policy its context was made with (so its valid agent stage is reused)."""
-    if reverse_image_policy not in ("forbid", "auto"):
+    if reverse_image_policy not in tuple(ReverseImagePolicy):
         raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
     if bool(all) == bool(image_ids):
         raise InvalidRequest("give either all=true or a non-empty image_ids list", code="invalid_batch_target")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from app import metrics
-from app.db.enums import ServingAction, ServingState
+from app.db.enums import BatchStatus, ServingAction, ServingState
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
 from app.orchestrator.serving_reads import (
@@ -194,7 +194,7 @@ def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hin
     waits for an operator (cut over early, or roll back)."""
     with orch.engine.connect() as conn:
         batch = batches_q.batch_txn(conn, row["batch_id"])
-    if batch is not None and batch["status"] in ("seeding", "running"):
+    if batch is not None and batch["status"] in (BatchStatus.SEEDING, BatchStatus.RUNNING):
         return []
     if row["fill_rounds"] >= orch.settings.search_fill_rounds:
         return []

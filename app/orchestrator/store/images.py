@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
+from app.db.enums import ContextStatus
 from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
@@ -117,7 +118,7 @@ def edit_context_txn(
                 " search_tsv = to_tsvector('simple', :terms), updated_at = :now WHERE id = :id RETURNING *"
             ),
             {
-                "terms": image_terms(display_name, context if context_status in ("ready", "edited") else None),
+                "terms": image_terms(display_name, context if context_status in (ContextStatus.READY, ContextStatus.EDITED) else None),
                 "dn": display_name, "ctx": None if context is None else canonical_json(context),
                 "cs": context_status, "prov": None if provenance is None else canonical_json(provenance),
                 "mh": metadata_hash, "now": now, "id": image_id,
