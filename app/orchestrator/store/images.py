@@ -44,28 +44,30 @@ def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], no
     )
 
 
+LOCK_IMAGE = sql("SELECT * FROM images WHERE scope_id = :s AND id = :id FOR UPDATE")
+LOCK_IMAGE_SHARE = sql("SELECT * FROM images WHERE scope_id = :s AND id = :id FOR SHARE")
+
+
 def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, share: bool = False) -> RowMapping | None:
-    mode = "FOR SHARE" if share else "FOR UPDATE"
-    return (
-        conn.execute(
-            sql(f"SELECT * FROM images WHERE scope_id = :s AND id = :id {mode}"), {"s": scope_id, "id": image_id}
-        )
-        .mappings()
-        .first()
-    )
+    """Lock (``share``: FOR SHARE) and read one image of the scope; None when there is none."""
+    return conn.execute(LOCK_IMAGE_SHARE if share else LOCK_IMAGE, {"s": scope_id, "id": image_id}).mappings().first()
 
 
 # What a completion needs of its images (target check, planning facts, the metadata hash's
 # inputs) — not the context document itself, which can be large and is not read there.
-_FACTS = "id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision"
+LOCK_IMAGES = sql("""
+SELECT id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision
+FROM images WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
+""")
+LOCK_IMAGES_SHARE = sql("""
+SELECT id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision
+FROM images WHERE id = ANY(:ids) ORDER BY id FOR SHARE
+""")
 
 
 def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
     """Lock several images in id order (the order every multi-image writer uses); their facts by id."""
-    mode = "FOR SHARE" if share else "FOR UPDATE"
-    rows = conn.execute(
-        sql(f"SELECT {_FACTS} FROM images WHERE id = ANY(:ids) ORDER BY id {mode}"), {"ids": list(image_ids)}
-    ).mappings()
+    rows = conn.execute(LOCK_IMAGES_SHARE if share else LOCK_IMAGES, {"ids": list(image_ids)}).mappings()
     return {r["id"]: r for r in rows}
 
 
