@@ -75,3 +75,17 @@ def test_transitions_run_module_level_statements():
         assert constants, f"{name} runs no named statement"
         for constant in constants:
             assert isinstance(getattr(modules[module], constant), TextClause), f"{name}: {constant} is no statement"
+
+
+def test_batch_cost_names_the_expressions_the_batched_claims_spell_out():
+    from app.orchestrator.store import tasks
+
+    for statement in (tasks.CLAIM_GROUP, tasks.CLAIM_FAIR_BATCH):
+        assert f"WHEN t.lane = 'visual' THEN {tasks.BATCH_COST['visual']}" in statement.text
+        assert f"ELSE {tasks.BATCH_COST['embedding']} END AS cost" in " ".join(statement.text.split())
+
+
+def test_has_pending_names_the_predicate_the_webhook_claim_spells_out():
+    from app.orchestrator.store import webhooks
+
+    assert webhooks.HAS_PENDING in " ".join(webhooks.CLAIM.text.split())

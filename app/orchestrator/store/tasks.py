@@ -20,11 +20,17 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
-# What one task of a batched lane costs the worker that holds the batch in memory (BATCH_COST),
-# read from its image row: decoded pixels (visual), or the characters its semantic document is
-# rendered from (embedding: the display name and the context's JSON text, which is at least as
-# long as the rendered fields). A batch claims a prefix of its candidates whose costs sum within
-# the lane's budget (``lanes.lane_batch_budget``). Spelled as the same CASE in both batched claims.
+# What one task of a batched lane costs the worker that holds the batch in memory, read from its
+# image row: decoded pixels (visual), or the characters its semantic document is rendered from
+# (embedding: the display name and the context's JSON text, which is at least as long as the
+# rendered fields). A batch claims a prefix of its candidates whose costs sum within the lane's
+# budget (``lanes.lane_batch_budget``). The expressions are spelled out in the CASE of both
+# batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH); this mapping names them for the stage registry
+# and is never pasted into a statement (tests/unit/test_transition_table.py checks they agree).
+BATCH_COST = {
+    "visual": "i.width::bigint * i.height",
+    "embedding": "coalesce(length(i.display_name), 0) + coalesce(length(i.context::text), 0)",
+}
 
 INSERT_TASK = sql("""
 INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,

@@ -20,6 +20,12 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
+# A subscription has an event to deliver (ix_events_scope_id range from its cursor) — the predicate
+# CLAIM and DUE_FOR_HINT spell out in full.
+HAS_PENDING = (
+    "EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
+    " AND e.type = ANY(s.event_types))"
+)
 PUBLIC_COLUMNS = (
     "id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,"
     " last_error, last_delivery_at, created_at"
