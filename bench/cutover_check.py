@@ -92,8 +92,8 @@ def main() -> None:
 
             def cutover(engine=engine, now=now):
                 with engine.begin() as conn:
-                    assert q.cutover_txn(conn, "bench", target="model-b", target_dims=4, early=False,
-                                         now=now) is None
+                    assert not q.cutover_txn(conn, "bench", target="model-b", target_dims=4, early=False,
+                                             now=now).matched
 
             def fill_page(engine=engine, now=now):
                 with engine.connect() as conn:

@@ -9,7 +9,7 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import limit_rate, protect, publish, scope_id, services
-from app.api.images import _error_docs
+from app.api.errors import error_docs
 from app.orchestrator.batches import REQUEST_PAGE
 
 blp = protect(Blueprint("batches", __name__, url_prefix="/api/v1/batches", description="Batches"))
@@ -23,7 +23,7 @@ def _orch_call(name: str):
 class Batches(MethodView):
     @blp.arguments(S.BatchCreateSchema)
     @blp.response(202, S.BatchEnvelopeSchema)
-    @blp.doc(responses=_error_docs({404: "not_found", 422: "validation_error"}))
+    @blp.doc(responses=error_docs({404: "not_found", 422: "validation_error"}))
     def post(self, args):
         """Snapshot the target set (all images or the given ids) and process it in explicit mode."""
         limit_rate("processing")
@@ -41,7 +41,7 @@ class Batches(MethodView):
 @blp.route("/<uuid:batch_id>")
 class BatchById(MethodView):
     @blp.response(200, S.BatchEnvelopeSchema)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def get(self, batch_id: uuid.UUID):
         """Exact progress: counts of the batch's item jobs by status."""
         return {"batch": _orch_call("get_batch")(scope_id(), batch_id)}
@@ -50,7 +50,7 @@ class BatchById(MethodView):
 @blp.route("/<uuid:batch_id>/cancel")
 class BatchCancel(MethodView):
     @blp.response(200, S.BatchEnvelopeSchema)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def post(self, batch_id: uuid.UUID):
         """Stop seeding and cancel the batch's queued jobs; a finished batch is returned unchanged."""
         result = _orch_call("cancel_batch")(scope_id(), batch_id)

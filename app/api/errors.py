@@ -23,6 +23,18 @@ from app.orchestrator.errors import OrchestratorError, QuotaExceeded, RateLimite
 
 log = logging.getLogger("memeflow.api")
 
+
+def error_docs(codes: dict[int, str]) -> dict[str, Any]:
+    """OpenAPI ``responses`` entries for a view's error statuses, each an ``Error`` body with its code."""
+    return {
+        str(status): {
+            "description": f"error code: {code}",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for status, code in codes.items()
+    }
+
+
 # A validation error on one of these fields gets the specific stable code of SPEC §6.
 FIELD_CODES = {
     "reverse_image_policy": "invalid_reverse_image_policy",

@@ -21,8 +21,7 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import RequestContext, scope_id, services
-from app.api.errors import ApiError
-from app.api.images import _error_docs
+from app.api.errors import ApiError, error_docs
 from app.auth import Unauthorized
 from app.orchestrator.errors import TooManyStreams
 from app.scopes import validate_scope_id
@@ -105,7 +104,7 @@ def _last_event_id() -> int | None:
 class Events(MethodView):
     @blp.arguments(S.EventsArgsSchema, location="query")
     @blp.response(200, S.EventPageSchema, content_type="application/json")
-    @blp.doc(responses=_error_docs({401: "unauthorized", 422: "invalid_after / validation_error",
+    @blp.doc(responses=error_docs({401: "unauthorized", 422: "invalid_after / validation_error",
                                     429: "too_many_streams"}))
     def get(self, args):
         """The scope's events with id > ``after``, oldest first. ``wait`` > 0 long-polls until a first

@@ -12,7 +12,7 @@ from flask_smorest import Blueprint
 from app import thumbnails
 from app.api import schemas as S
 from app.api.context import limit_rate, protect, publish, scope_id, services
-from app.api.errors import ApiError
+from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
 from app.metrics import THUMBNAILS_GENERATED
@@ -44,16 +44,6 @@ def _multipart_body(with_form: bool) -> dict[str, Any]:
     }
 
 
-def _error_docs(codes: dict[int, str]) -> dict[str, Any]:
-    return {
-        str(status): {
-            "description": f"error code: {code}",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-        for status, code in codes.items()
-    }
-
-
 def file_key(upload: ValidatedUpload, scope: str) -> str:
     """The content-addressed key of the validated bytes under the scope's namespace. The file
     itself is written by the orchestrator, in the transaction that references it."""
@@ -65,7 +55,7 @@ def file_key(upload: ValidatedUpload, scope: str) -> str:
 class Images(MethodView):
     @blp.arguments(S.PageArgsSchema, location="query")
     @blp.response(200, S.ImageListSchema)
-    @blp.doc(responses=_error_docs({422: "invalid_cursor"}))
+    @blp.doc(responses=error_docs({422: "invalid_cursor"}))
     def get(self, args):
         """List images of the scope, oldest first (keyset pagination)."""
         svc = services()
@@ -75,7 +65,7 @@ class Images(MethodView):
 
     @blp.response(201, S.UploadResultSchema)
     @blp.alt_response(200, schema=S.UploadResultSchema, description="identical bytes: the existing image")
-    @blp.doc(requestBody=_multipart_body(True), responses=_error_docs(_UPLOAD_ERRORS))
+    @blp.doc(requestBody=_multipart_body(True), responses=error_docs(_UPLOAD_ERRORS))
     def post(self):
         """Upload an image (multipart ``file``); creates its job unless ``process=false``."""
         limit_rate("uploads")
@@ -105,14 +95,14 @@ def _stored_file(upload: Any, scope: str, store: Any) -> dict[str, Any]:
 @blp.route("/<uuid:image_id>")
 class ImageById(MethodView):
     @blp.response(200, S.ImageSchema)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def get(self, image_id: uuid.UUID):
         """One image with its context and latest job summary."""
         return services().orchestrator.get_image(scope_id(), image_id)
 
     @blp.arguments(S.ImagePatchSchema)
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(responses=_error_docs({404: "not_found", 409: "context_generation_in_progress"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress"}))
     def patch(self, args, image_id: uuid.UUID):
         """Edit display_name and/or context; a new metadata hash re-runs the text stage."""
         svc = services()
@@ -121,7 +111,7 @@ class ImageById(MethodView):
         return {"image": result.image, "job": result.job}
 
     @blp.response(204)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def delete(self, image_id: uuid.UUID):
         """Delete the image, its jobs, tasks and artifacts; the file goes after the commit."""
         svc = services()
@@ -138,7 +128,7 @@ class ImageContent(MethodView):
                             ("image/png", "image/jpeg", "image/gif", "image/webp")},
             },
             "304": {"description": "not modified (If-None-Match matched)"},
-            **_error_docs({404: "not_found"}),
+            **error_docs({404: "not_found"}),
         }
     )
     def get(self, image_id: uuid.UUID):
@@ -160,7 +150,7 @@ class ImageContent(MethodView):
         return resp
 
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(requestBody=_multipart_body(False), responses=_error_docs(
+    @blp.doc(requestBody=_multipart_body(False), responses=error_docs(
         {**_UPLOAD_ERRORS, 404: "not_found", 409: "duplicate_image / generation_policy_conflict"}))
     def put(self, image_id: uuid.UUID):
         """Replace the image's bytes; the active job ends target_changed and a new one starts."""
@@ -183,7 +173,7 @@ class ImageThumbnail(MethodView):
             "200": {"description": "a WebP thumbnail of the current version; ETag names version and size",
                     "content": {thumbnails.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
             "304": {"description": "not modified (If-None-Match matched)"},
-            **_error_docs({404: "not_found", 422: "invalid_image / validation_error"}),
+            **error_docs({404: "not_found", 422: "invalid_image / validation_error"}),
         }
     )
     def get(self, args, image_id: uuid.UUID):
@@ -230,7 +220,7 @@ class ImageProcess(MethodView):
     @blp.arguments(S.ProcessSchema)
     @blp.response(201, S.JobCreatedSchema)
     @blp.alt_response(200, schema=S.JobCreatedSchema, description="every stage already valid: the latest job")
-    @blp.doc(responses=_error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage"}))
     def post(self, args, image_id: uuid.UUID):
         """Explicitly (re)process an image; ``force_stages`` re-runs the listed stages."""
         limit_rate("processing")

@@ -9,7 +9,7 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import limit_rate, protect, publish, scope_id, services
-from app.api.images import _error_docs
+from app.api.errors import error_docs
 
 blp = protect(Blueprint("jobs", __name__, url_prefix="/api/v1/jobs", description="Processing jobs"))
 tasks_blp = protect(Blueprint("tasks", __name__, url_prefix="/api/v1/tasks", description="Leaf tasks"))
@@ -19,7 +19,7 @@ tasks_blp = protect(Blueprint("tasks", __name__, url_prefix="/api/v1/tasks", des
 class Jobs(MethodView):
     @blp.arguments(S.JobListArgsSchema, location="query")
     @blp.response(200, S.JobListSchema)
-    @blp.doc(responses=_error_docs({422: "invalid_cursor / validation_error"}))
+    @blp.doc(responses=error_docs({422: "invalid_cursor / validation_error"}))
     def get(self, args):
         """List jobs of the scope, oldest first, optionally by status and image."""
         svc = services()
@@ -33,7 +33,7 @@ class Jobs(MethodView):
 @blp.route("/<uuid:job_id>")
 class JobById(MethodView):
     @blp.response(200, S.JobSchema)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def get(self, job_id: uuid.UUID):
         """A job with its stages (visual, agent, text_embedding), progress and error."""
         return services().orchestrator.get_job(scope_id(), job_id)
@@ -42,7 +42,7 @@ class JobById(MethodView):
 @blp.route("/<uuid:job_id>/retry")
 class JobRetry(MethodView):
     @blp.response(201, S.JobEnvelopeSchema)
-    @blp.doc(responses=_error_docs({404: "not_found", 409: "job_not_retryable"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable"}))
     def post(self, job_id: uuid.UUID):
         """A new revision that resumes at the first failed, blocked, unknown or stale stage."""
         limit_rate("processing")
@@ -54,7 +54,7 @@ class JobRetry(MethodView):
 @blp.route("/<uuid:job_id>/cancel")
 class JobCancel(MethodView):
     @blp.response(200, S.JobEnvelopeSchema)
-    @blp.doc(responses=_error_docs({404: "not_found", 409: "job_not_active"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_active"}))
     def post(self, job_id: uuid.UUID):
         """Cancel a queued or running job (running leaf tasks are asked to stop)."""
         return {"job": services().orchestrator.cancel_job(scope_id(), job_id)}
@@ -63,7 +63,7 @@ class JobCancel(MethodView):
 @tasks_blp.route("/<uuid:task_id>")
 class TaskById(MethodView):
     @tasks_blp.response(200, S.TaskSchema)
-    @tasks_blp.doc(responses=_error_docs({404: "not_found"}))
+    @tasks_blp.doc(responses=error_docs({404: "not_found"}))
     def get(self, task_id: uuid.UUID):
         """A leaf task: status, attempts, available_at, error."""
         return services().orchestrator.get_task(scope_id(), task_id)

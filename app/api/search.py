@@ -11,8 +11,7 @@ from flask_smorest import Blueprint
 from app.api import schemas as S
 from app.api import search_queries as Q
 from app.api.context import protect, scope_id, services
-from app.api.errors import ApiError
-from app.api.images import _error_docs
+from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import lookalike
@@ -42,7 +41,7 @@ def _visual_provider() -> Any:
 class TextSearch(MethodView):
     @blp.arguments(S.TextSearchArgsSchema, location="query")
     @blp.response(200, S.TextSearchResultSchema)
-    @blp.doc(responses=_error_docs({422: "validation_error / unknown_model"}))
+    @blp.doc(responses=error_docs({422: "validation_error / unknown_model"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
         terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone.
@@ -85,7 +84,7 @@ class VisualSearch(MethodView):
     @blp.response(200, S.VisualSearchResultSchema)
     @blp.doc(
         requestBody=_VISUAL_BODY,
-        responses=_error_docs({400: "missing_file", 404: "not_found", 413: "payload_too_large",
+        responses=error_docs({400: "missing_file", 404: "not_found", 413: "payload_too_large",
                                415: "unsupported_media_type", 422: "validation_error / invalid_image"}),
     )
     def post(self):

@@ -9,7 +9,7 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import protect, publish, scope_id, services
-from app.api.images import _error_docs
+from app.api.errors import error_docs
 
 blp = protect(Blueprint("search_serving", __name__, url_prefix="/api/v1/search/serving",
                         description="Search serving model (model changes)"))
@@ -28,7 +28,7 @@ class Serving(MethodView):
 class ServingCutover(MethodView):
     @blp.arguments(S.ServingArgsSchema, location="query")
     @blp.response(200, S.ServingStateSchema)
-    @blp.doc(responses=_error_docs({409: "serving_state_conflict"}))
+    @blp.doc(responses=error_docs({409: "serving_state_conflict"}))
     def post(self, args):
         """Serve the target model now, before it covers every image (those it lacks are found by words only)."""
         return services().orchestrator.search_cutover(scope_id(), args["kind"])
@@ -38,7 +38,7 @@ class ServingCutover(MethodView):
 class ServingRollback(MethodView):
     @blp.arguments(S.ServingArgsSchema, location="query")
     @blp.response(200, S.ServingStateSchema)
-    @blp.doc(responses=_error_docs({409: "serving_state_conflict"}))
+    @blp.doc(responses=error_docs({409: "serving_state_conflict"}))
     def post(self, args):
         """Abort a backfill, or serve the previous model again after a cutover; the scope stays pinned."""
         doc, hints = services().orchestrator.search_rollback(scope_id(), args["kind"])
@@ -50,7 +50,7 @@ class ServingRollback(MethodView):
 class ServingResume(MethodView):
     @blp.arguments(S.ServingArgsSchema, location="query")
     @blp.response(200, S.ServingStateSchema)
-    @blp.doc(responses=_error_docs({409: "serving_state_conflict"}))
+    @blp.doc(responses=error_docs({409: "serving_state_conflict"}))
     def post(self, args):
         """Unpin: the sweep starts a backfill towards the configured model if it differs."""
         return services().orchestrator.search_resume(scope_id(), args["kind"])

@@ -9,7 +9,7 @@ from flask_smorest import Blueprint
 
 from app.api import schemas as S
 from app.api.context import protect, scope_id, services
-from app.api.images import _error_docs
+from app.api.errors import error_docs
 
 blp = protect(Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks", description="Webhooks"))
 
@@ -18,7 +18,7 @@ blp = protect(Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks", des
 class Webhooks(MethodView):
     @blp.arguments(S.WebhookCreateSchema)
     @blp.response(201, S.WebhookCreatedSchema)
-    @blp.doc(responses=_error_docs({
+    @blp.doc(responses=error_docs({
         409: "too_many_webhooks",
         422: "invalid_webhook_url / webhook_url_too_long / webhook_url_forbidden / webhook_url_unresolvable"
              " / invalid_event_type"}))
@@ -37,7 +37,7 @@ class Webhooks(MethodView):
 @blp.route("/<uuid:webhook_id>")
 class WebhookById(MethodView):
     @blp.response(204)
-    @blp.doc(responses=_error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found"}))
     def delete(self, webhook_id: uuid.UUID):
         """Delete a subscription: no delivery to it starts after this returns."""
         services().orchestrator.delete_webhook(scope_id(), webhook_id)

@@ -8,6 +8,7 @@ import time
 import click
 
 from app.cli.common import connected, friendly_errors
+from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus
 
 BAD_OUTCOMES = ("failed", "blocked", "unknown_execution")
 
@@ -47,9 +48,9 @@ def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> Non
             bar = progress.add_task("batch", total=max(batch["total"], 1))
             while True:
                 batch = ctx.orch.get_batch(scope_id, batch["id"])
-                done = sum(n for s, n in batch["counts"].items() if s not in ("queued", "running"))
+                done = sum(n for s, n in batch["counts"].items() if s not in ACTIVE_JOB_STATUSES)
                 progress.update(bar, completed=done if batch["total"] else 1)
-                if batch["status"] in ("completed", "cancelled") or (batch["status"] == "running"
+                if batch["status"] in (BatchStatus.COMPLETED, BatchStatus.CANCELLED) or (batch["status"] == BatchStatus.RUNNING
                                                                       and batch["progress"] >= 1.0):
                     break
                 if time.monotonic() > deadline:
@@ -58,4 +59,4 @@ def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> Non
                 time.sleep(0.5)
     counts = ", ".join(f"{s} {n}" for s, n in sorted(batch["counts"].items())) or "no jobs"
     click.echo(f"batch {batch['id']} {batch['status']}: {counts}")
-    sys.exit(1 if batch["status"] == "cancelled" or any(batch["counts"].get(s) for s in BAD_OUTCOMES) else 0)
+    sys.exit(1 if batch["status"] == BatchStatus.CANCELLED or any(batch["counts"].get(s) for s in BAD_OUTCOMES) else 0)

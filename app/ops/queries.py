@@ -13,7 +13,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
 from app.config import Settings
-from app.db.enums import STAGE_ORDER, JobStatus, Lane, StageStatus
+from app.db.enums import STAGE_ORDER, BatchStatus, JobStatus, Lane, StageStatus
 from app.orchestrator.liveness import Liveness, read_liveness_txn
 
 NEEDS_HUMAN = (JobStatus.UNKNOWN_EXECUTION, JobStatus.BLOCKED, JobStatus.FAILED)
@@ -48,7 +48,7 @@ class BatchRow:
 
     @property
     def progress(self) -> float:
-        return self.done / self.total if self.total else (1.0 if self.status == "completed" else 0.0)
+        return self.done / self.total if self.total else (1.0 if self.status == BatchStatus.COMPLETED else 0.0)
 
 
 @dataclass

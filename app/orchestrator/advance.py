@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import (
     ACTIVE_JOB_STATUSES,
+    ACTIVE_TASK_STATUSES,
     NEEDS_HUMAN_JOB_STATUSES,
     STAGE_ORDER,
     ContextStatus,
@@ -26,6 +27,7 @@ from app.db.enums import (
     StageStatus,
 )
 from app.orchestrator import fingerprints as fp
+from app.orchestrator import grants
 from app.orchestrator.errors import GenerationPolicyConflict
 from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import wake_group_size
@@ -62,15 +64,16 @@ def plan_for_txn(
     return plan(facts, JobFacts(image["sha256"], configs, policy, frozenset(force), frozenset(succeeded)))
 
 
-def _end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
+def end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
+    """End an active job the caller holds locked (cancel, target changed, superseded): the job, its
+    open stages and its tasks (queued → cancelled, their unattempted grants released; running →
+    cancel requested)."""
     now = orch.now()
-    jobs.update_job_txn(
-        conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=status,
-        error={"code": code, "message": msg}, completed_at=now,
-    )
-    jobs.cancel_open_stages_txn(conn, job["id"], StageStatus.CANCELLED, now)
-    for task_id in tasks.cancel_job_tasks_txn(conn, job["id"], now, status):
-        orch.on_task_cancelled_txn(conn, task_id)
+    jobs.end_job_txn(conn, job["id"], status, {"code": code, "message": msg}, now).expect(
+        "the caller holds the job locked active")
+    jobs.cancel_open_stages_txn(conn, job["id"], now)  # not matched: no stage was still open — fine
+    for task_id in tasks.cancel_job_tasks_txn(conn, job["id"], now, status).rows:
+        grants.release_if_unattempted_txn(orch, conn, task_id)
     log.info("job ended", extra={"job_id": job["id"], "scope_id": job["scope_id"], "code": code})
 
 
@@ -136,10 +139,10 @@ def _advance_txn(
     if job is None or job["status"] not in ACTIVE_JOB_STATUSES:
         return
     if image is None or image["sha256"] != job["image_sha256"]:
-        _end_job_txn(orch, conn, job, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
+        end_job_txn(orch, conn, job, JobStatus.TARGET_CHANGED, "target_changed", "the image content changed")
         return
     if job["metadata_hash"] is not None and image["metadata_hash"] != job["metadata_hash"]:
-        _end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
+        end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
         return
     stages = {r["stage"]: r for r in job["stage_rows"]}
     configs = StageConfigs.from_job_config(job["config"])
@@ -157,10 +160,9 @@ def _advance_txn(
     for stage in STAGE_ORDER:
         action, row = p.actions[stage], stages[stage]
         if action is Action.REUSE and row["status"] not in DONE_STAGE:
-            jobs.update_stage_txn(
-                conn, job["id"], stage, now, status=StageStatus.REUSED,
-                input_fingerprint=p.fingerprints[stage], completed_at=now, error=None,
-            )
+            if not jobs.reuse_stage_txn(conn, job["id"], stage, p.fingerprints[stage], now).matched:
+                log.warning("stage not reusable from its status", extra={"job_id": job["id"], "stage": stage,
+                                                                         "code": row["status"]})
     if p.complete:
         pending.completed.append((job["id"], fields.get("metadata_hash")))
         return
@@ -175,8 +177,8 @@ def _run_stage_txn(
 ) -> None:
     """Make sure the first invalid stage has an active leaf task (queue its creation — an agent
     task's after its grant — or see it already waits on a live one), and point the job at it."""
-    live = ("queued", "running")
-    if row["status"] in live and row["task_id"] is not None and row["task_status"] in live:
+    if (row["status"] in (StageStatus.QUEUED, StageStatus.RUNNING) and row["task_id"] is not None
+            and row["task_status"] in ACTIVE_TASK_STATUSES):
         _point_job_txn(orch, conn, job, stage, job_fields)
         return  # already waiting on a live task
     assert fingerprint is not None
@@ -202,17 +204,17 @@ def _task_values(orch: Orchestrator, new: _NewTask, grant_id: uuid.UUID | None) 
 
 def _granted_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[tuple[_NewTask, dict]]:
     """The new agent tasks' grants, acquired together; a denied job is blocked (SPEC §4.6)."""
-    answers = orch.agent_grants_txn(conn, [(n.job, n.fingerprint) for n in pending.agent])
+    answers = grants.agent_grants_txn(orch, conn, [(n.job, n.fingerprint) for n in pending.agent])
     now = orch.now()
     granted = []
     for new, answer in zip(pending.agent, answers, strict=True):
         if isinstance(answer, Denial):
             job, stage = new.job, new.stage
-            jobs.update_stage_txn(conn, job["id"], stage, now, status=StageStatus.BLOCKED, error=answer.error,
-                                  retry_at=answer.retry_at, input_fingerprint=new.fingerprint)
-            jobs.update_job_txn(conn, job["id"], now, from_statuses=ACTIVE_JOB_STATUSES, status=JobStatus.BLOCKED,
-                                error=answer.error, retry_at=answer.retry_at, current_stage=stage, completed_at=now,
-                                **new.job_fields)
+            # the job is locked active (job_facts_many_txn) and its stage is the one it must run
+            jobs.block_stage_txn(conn, job["id"], stage, new.fingerprint, answer.error, answer.retry_at, now).expect(
+                "the job is locked active and this stage is open")
+            jobs.block_job_txn(conn, job["id"], stage, answer.error, answer.retry_at,
+                               new.job_fields.get("metadata_hash"), now).expect("the job is locked active")
         else:
             granted.append((new, _task_values(orch, new, answer)))
     return granted
@@ -220,8 +222,8 @@ def _granted_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> lis
 
 def _point_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, stage: str, job_fields: dict) -> None:
     if job_fields or job["current_stage"] != stage:
-        jobs.update_job_txn(conn, job["id"], orch.now(), from_statuses=ACTIVE_JOB_STATUSES, current_stage=stage,
-                            **job_fields)
+        jobs.point_job_txn(conn, job["id"], stage, job_fields.get("metadata_hash"), orch.now()).expect(
+            "the job is locked active")
 
 
 def _wake_groups(orch: Orchestrator, rows: list[dict]) -> list[list[dict]]:
@@ -256,8 +258,9 @@ def _join_open_groups_txn(
         size = wake_group_size(orch.settings, first["lane"])
         leader = None
         if first["lane"] in BATCHED_LANES and len(group) < size:
-            leader = tasks.join_open_group_txn(conn, first["scope_id"], first["lane"], first["resource_key"],
+            joined = tasks.join_open_group_txn(conn, first["scope_id"], first["lane"], first["resource_key"],
                                                first["priority"], len(group), size, now)
+            leader = joined.row if joined.matched else None  # not matched: no open group — hint our own
         if leader is None:
             own.append(group)
             continue
@@ -271,12 +274,12 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
     creates, binds, links and points them all, and one hint per wake-up group wakes them); a
     deduplicated one is linked to the live task."""
     now = orch.now()
-    jobs.complete_many_txn(conn, pending.completed, now)
+    jobs.complete_jobs_txn(conn, pending.completed, now)  # every job is locked active: all of them land
     new_tasks = [(n, _task_values(orch, n, None)) for n in pending.tasks] + _granted_txn(orch, conn, pending)
     rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "hint_members": 0,
              "mh": new.job_fields.get("metadata_hash")} for new, values in new_tasks]
     groups = _join_open_groups_txn(orch, conn, _wake_groups(orch, rows), now)
-    created = tasks.insert_and_link_many_txn(conn, rows, now)
+    created = dict(tasks.insert_and_link_many_txn(conn, rows, now).rows)  # missing: deduplicated, below
     hints: list[Hint] = []
     for group in groups:
         landed = [r for r in group if created.get(r["job_id"]) == r["id"]]
@@ -287,17 +290,15 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
     for new, values in new_tasks:
         job, stage = new.job, new.stage
         if job["id"] not in created:  # an identical task is already active (dedupe): link this stage to it
-            task_id, task_status, is_new = tasks.insert_task_txn(
-                conn, {k: v for k, v in values.items() if k != "grant_id"}, now
-            )
-            jobs.update_stage_txn(
-                conn, job["id"], stage, now, status=task_status, task_id=task_id,
-                input_fingerprint=values["input_fingerprint"], error=None, retry_at=None,
-            )
+            inserted = tasks.insert_task_txn(conn, {k: v for k, v in values.items() if k != "grant_id"}, now)
+            task_id, task_status = inserted.row
+            jobs.link_stage_txn(conn, job["id"], stage, task_id, task_status, values["input_fingerprint"], now).expect(
+                "the job is locked active and this stage is open")
             _point_job_txn(orch, conn, job, stage, new.job_fields)
-            if is_new:
-                orch.bind_grant_txn(conn, values["grant_id"], task_id)
+            if inserted.matched:  # a new task (the identical one ended meanwhile): bind the grant, hint it
+                grants.bind_grant_txn(orch, conn, values["grant_id"], task_id)
                 hints.append(Hint(values["lane"], task_id))
+            # not matched: the stage now waits on the live identical task, which keeps its own grant
     return hints
 
 
@@ -341,6 +342,6 @@ def create_or_reuse_job_txn(
         conn, scope_id=image["scope_id"], image_id=image["id"], revision=(latest["revision"] + 1) if latest else 1,
         image_sha256=image["sha256"], config=configs.as_dict(), config_hash=chash, reverse_image_policy=policy,
         mode=mode, force_stages=force, batch_id=batch_id, now=orch.now(),
-    )
+    ).row
     hints = advance_job_txn(orch, conn, job["id"], image)
     return jobs.lock_job_txn(conn, job["id"]), True, hints

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from app.db.enums import ACTIVE_JOB_STATUSES, JobMode, JobStatus
+from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus, ReverseImagePolicy
 from app.ids import parse_uuid
-from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
+from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
 from app.orchestrator.errors import GenerationPolicyConflict, InvalidRequest, NotFound
 from app.orchestrator.events import emit_batch_progress
 from app.orchestrator.hints import Hint
@@ -27,7 +27,7 @@ from app.orchestrator.store import serving_fill as serving_q
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
 
-SEEDING, RUNNING, COMPLETED, CANCELLED = "seeding", "running", "completed", "cancelled"
+SEEDING, RUNNING, COMPLETED, CANCELLED = BatchStatus.SEEDING, BatchStatus.RUNNING, BatchStatus.COMPLETED, BatchStatus.CANCELLED
 FINISHED = (COMPLETED, CANCELLED)
 CANCEL_PAGE = 500
 SWEEP_BATCHES = 20
@@ -67,7 +67,7 @@ def create_batch(
     ``fill_models`` (with ``all``; a model backfill, app/orchestrator/serving.py): only images with a
     context that lack a current text embedding of one of these models ``{model, dims}`` are seeded,
     each with the reverse_image_policy its context was made with (so its valid agent stage is reused)."""
-    if reverse_image_policy not in ("forbid", "auto"):
+    if reverse_image_policy not in tuple(ReverseImagePolicy):
         raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
     if bool(all) == bool(image_ids):
         raise InvalidRequest("give either all=true or a non-empty image_ids list", code="invalid_batch_target")
@@ -89,7 +89,7 @@ def create_batch(
             total = store.count_images_until_txn(conn, scope_id, now)
         batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
                                        policy=reverse_image_policy, cursor=cursor, total=total, now=now,
-                                       fill_models=fill_models)
+                                       fill_models=fill_models).row
     _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
     return get_batch(orch, scope_id, batch["id"]), hints
 
@@ -166,16 +166,16 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
             items.append({"batch_id": batch_id, "image_id": image_id, "scope_id": batch["scope_id"],
                           "job_id": job_id, "now": now})
         store.insert_items_txn(conn, items)
-        fields: dict = {"seed_cursor": cursor, "total": batch["total"] - gone}
+        total = batch["total"] - gone
         if batch["fill_models"]:
             # the total counted the images needing a model when the batch was made; one that got it
             # meanwhile (its own upload or edit job) is not seeded, so once seeded the items are the total
             cursor["seeded"] = int(cursor.get("seeded", 0)) + len(items)
             if done:
-                fields["total"] = cursor["seeded"]
-        if done:
-            fields["status"] = RUNNING
-        store.update_batch_txn(conn, batch_id, now, from_statuses=(SEEDING,), **fields)
+                total = cursor["seeded"]
+        # the batch is locked in seeding since the start of this transaction: "not matched" cannot be
+        landed = (store.finish_seeding_txn if done else store.record_seeded_page_txn)(conn, batch_id, cursor, total, now)
+        landed.expect("the batch is locked in seeding")
     return len(items), hints, not done
 
 
@@ -210,8 +210,8 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
             raise NotFound("batch not found")
         if batch["status"] in FINISHED:
             return get_batch(orch, scope_id, bid)
-        now = orch.now()
-        store.update_batch_txn(conn, bid, now, from_statuses=(SEEDING, RUNNING), status=CANCELLED, completed_at=now)
+        # locked and not finished: seeding or running, so the cancel lands
+        store.cancel_batch_txn(conn, bid, orch.now()).expect("the batch is locked unfinished")
     while True:  # page by page, through the same path as POST /jobs/{id}/cancel
         with orch.engine.connect() as conn:
             job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
@@ -224,7 +224,7 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                     continue
                 job = jobs.lock_job_txn(conn, job_id)
                 if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
-                    _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
+                    end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
         if len(job_ids) < CANCEL_PAGE:
             break
     return get_batch(orch, scope_id, bid)
@@ -253,8 +253,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
             if batch is None or batch["status"] != RUNNING:
                 continue
             if not store.has_active_item_jobs_txn(conn, b["id"]):  # its batch.completed event: a trigger
-                now = orch.now()
-                store.update_batch_txn(conn, b["id"], now, from_statuses=(RUNNING,), status=COMPLETED, completed_at=now)
+                store.complete_batch_txn(conn, b["id"], orch.now()).expect("the batch is locked running")
                 continue
         emit_batch_progress(orch, b["id"])
     return seeded, hints

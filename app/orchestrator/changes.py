@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.db.enums import ACTIVE_JOB_STATUSES, STAGE_ORDER, ContextStatus, JobMode, JobStatus
 from app.orchestrator import fingerprints as fp
-from app.orchestrator import limits
-from app.orchestrator.advance import _end_job_txn, create_or_reuse_job_txn
+from app.orchestrator import grants, limits
+from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
 from app.orchestrator.errors import (
     ContextGenerationInProgress,
     InvalidRequest,
@@ -138,7 +138,7 @@ def cancel_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> dict:
             raise NotFound("job not found")
         if job["status"] not in ACTIVE_JOB_STATUSES:
             raise JobNotActive(f"job is {job['status']}")
-        _end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "cancelled by request")
+        end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "cancelled by request")
     return orch.get_job(scope_id, job_id)
 
 
@@ -171,7 +171,7 @@ def edit_context(
         active = jobs.active_job_txn(conn, image_id)
         policy = active["reverse_image_policy"] if active else "forbid"
         if active is not None:
-            _end_job_txn(orch, conn, active, JobStatus.SUPERSEDED, "superseded", "the image context was edited")
+            end_job_txn(orch, conn, active, JobStatus.SUPERSEDED, "superseded", "the image context was edited")
         job = None
         if ctx is not None or active is not None:
             job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
@@ -205,7 +205,7 @@ def replace_content(
             active = jobs.active_job_txn(conn, image_id)
             policy = active["reverse_image_policy"] if active else "forbid"
             if active is not None:
-                _end_job_txn(orch, conn, active, JobStatus.TARGET_CHANGED, "target_changed",
+                end_job_txn(orch, conn, active, JobStatus.TARGET_CHANGED, "target_changed",
                              "the image content changed")
             image = images.replace_content_txn(
                 conn, image_id, {"sha256": sha256, "media_type": media_type, "extension": extension,
@@ -234,8 +234,8 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
             raise NotFound("image not found")
         active = jobs.active_job_txn(conn, image_id)
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
-            for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted"):
-                orch.on_task_cancelled_txn(conn, task_id)
+            for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:
+                grants.release_if_unattempted_txn(orch, conn, task_id)
         key = images.delete_image_txn(conn, scope_id, image_id)
     if key:
         release_file(orch, files, key)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import RowMapping
 
-from app.db.enums import ACTIVE_JOB_STATUSES, EventType
+from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, EventType
 from app.orchestrator.errors import TooManyStreams
 from app.orchestrator.store import batches as batches_q
 from app.orchestrator.store import events as q
@@ -103,7 +103,7 @@ def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
     since its last one (one per batch per sweep at most). True when an event was staged."""
     with orch.engine.begin() as conn:
         batch = batches_q.batch_txn(conn, batch_id, lock=True)
-        if batch is None or batch["status"] != "running":
+        if batch is None or batch["status"] != BatchStatus.RUNNING:
             return False
         counts = batches_q.item_counts_txn(conn, batch_id)
         last = q.last_batch_progress_txn(conn, batch_id)

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
-from app.orchestrator import stages
+from app.orchestrator import grants, lanes, stages
 from app.orchestrator.advance import advance_jobs_txn
 from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import lane_batch_budget
@@ -56,32 +56,49 @@ def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, 
     )
 
 
+class _Refused(Exception):
+    """Raised inside a claim transaction when admission (lane fairness, slots) refuses the claimed
+    row: leaving the ``with`` block rolls the claim back; ``_refused`` then records it."""
+
+    def __init__(self, lane: str):
+        super().__init__(lane)
+        self.lane = lane
+
+
+def _admit_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> None:
+    """Admit a just-claimed row (lane fairness and slots), or raise ``_Refused`` (the caller's
+    transaction must then roll back: it never commits a refused claim)."""
+    if not lanes.acquire_slot_txn(orch, conn, row):
+        raise _Refused(row["lane"])
+
+
+def _refused(orch: Orchestrator, hinted: uuid.UUID, lane: str) -> None:
+    """After a refused claim rolled back: mark the hint spent, in a transaction of its own (the
+    task and its group wait unhinted for the next freed slot)."""
+    with orch.engine.begin() as conn:
+        lanes.refused_txn(orch, conn, hinted)
+    metrics.EMPTY_CLAIMS.labels(lane).inc()
+
+
 @retry_on_disconnect
 def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
     to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop)."""
-    with orch.engine.begin() as conn:
-        row = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane)
-        if row is None:
-            metrics.EMPTY_CLAIMS.labels("unknown").inc()
-            return None
-        if not _admitted_txn(orch, conn, row, task_id):
-            return None
-        claim = _agent_attempts_txn(orch, conn, [row], owner)[0] if row["lane"] == Lane.AGENT else _claim_from_row(row, owner)
+    try:
+        with orch.engine.begin() as conn:
+            claimed = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane)
+            if not claimed.matched:  # stale, duplicate or wrong-lane hint: nothing to do
+                metrics.EMPTY_CLAIMS.labels("unknown").inc()
+                return None
+            row = claimed.row
+            _admit_txn(orch, conn, row)
+            claim = (_agent_attempts_txn(orch, conn, [row], owner)[0] if row["lane"] == Lane.AGENT
+                     else _claim_from_row(row, owner))
+    except _Refused as refused:
+        _refused(orch, task_id, refused.lane)
+        return None
     metrics.CLAIMS.labels(claim.lane).inc()
     return claim
-
-
-def _admitted_txn(orch: Orchestrator, conn: Connection, row: RowMapping, hinted: uuid.UUID) -> bool:
-    """Admit a just-claimed row (lane fairness and slots). A refusal rolls the claim back and, in a
-    transaction of its own, marks the hint spent (the task and its group wait unhinted)."""
-    if orch.acquire_slot_txn(conn, row):
-        return True
-    conn.rollback()
-    with orch.engine.begin() as c2:
-        orch.claim_refused_txn(c2, hinted)
-    metrics.EMPTY_CLAIMS.labels(row["lane"]).inc()
-    return False
 
 
 @retry_on_disconnect
@@ -92,7 +109,7 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
         raise ValueError("the agent lane is claimed one task at a time (attempt protocol, lane slots)")
     with orch.engine.begin() as conn:
         rows = tasks.claim_batch_txn(conn, lane, n, owner, orch.now(), orch.settings.lease_s,
-                                     budget=lane_batch_budget(orch.settings, lane))
+                                     budget=lane_batch_budget(orch.settings, lane)).rows  # none due: empty
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     return [_claim_from_row(r, owner) for r in rows]
@@ -115,15 +132,19 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
     budget = lane_batch_budget(orch.settings, lane)
     with orch.engine.begin() as conn:
+        # not matched (the hinted task is running, finished or unknown): its queued members may
+        # still be due — the group claim below decides
         tasks.lock_hinted_txn(conn, task_id, lane)
         now = orch.now()  # after the wait: a member that joined meanwhile is due by now
-        rows, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget)
-        used = sum(r["batch_cost"] for r in rows)
-        if rows:  # fill fairly; the group's scope counts as served even when nothing is left to fill
+        group, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget)
+        rows = list(group.rows)
+        if group.matched:  # fill fairly; the group's scope counts as served even when nothing is left to fill
+            used = sum(r["batch_cost"] for r in rows)
             room = n - len(rows) if not left_out and used < budget else 0
             rows += tasks.claim_batch_txn(conn, lane, max(0, room), owner, now, orch.settings.lease_s,
                                           budget=max(0, budget - used), at_least_one=False,
-                                          served=sorted({r["scope_id"] for r in rows}))
+                                          served=sorted({r["scope_id"] for r in rows})).rows  # none: batch of the group
+        # not matched: a stale, duplicate, wrong-lane or unknown hint — it claims nothing
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:
@@ -138,18 +159,23 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     nothing, as ``claim_task``), then up to ``n - 1`` more of the group while free slots last.
     Each claim commits its external_started attempt in this transaction."""
     now, lease_s = orch.now(), orch.settings.lease_s
-    with orch.engine.begin() as conn:
-        row = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT) or next(
-            iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s)), None
-        )
-        if row is None:
-            metrics.EMPTY_CLAIMS.labels("unknown").inc()
-            return []
-        if not _admitted_txn(orch, conn, row, task_id):
-            return []
-        group = task_id if row["id"] == task_id else row["hint_group"]
-        rows = [row] + (orch.claim_group_txn(conn, group, row, n - 1, owner) if n > 1 else [])
-        claims = _agent_attempts_txn(orch, conn, rows, owner)
+    try:
+        with orch.engine.begin() as conn:
+            claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT)
+            # not matched: the hinted task was taken — one due member of its group instead, if any
+            row = claimed.row if claimed.matched else next(
+                iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s)), None
+            )
+            if row is None:  # stale or duplicate hint, group drained: nothing to do
+                metrics.EMPTY_CLAIMS.labels("unknown").inc()
+                return []
+            _admit_txn(orch, conn, row)
+            group = task_id if row["id"] == task_id else row["hint_group"]
+            rows = [row] + (lanes.claim_group_txn(orch, conn, group, row, n - 1, owner) if n > 1 else [])
+            claims = _agent_attempts_txn(orch, conn, rows, owner)
+    except _Refused as refused:
+        _refused(orch, task_id, refused.lane)
+        return []
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(claims))
     return claims
 
@@ -176,12 +202,13 @@ def _agent_attempts_txn(orch: Orchestrator, conn: Connection, rows: list[RowMapp
 def heartbeat(orch: Orchestrator, claim: Claim) -> bool:
     """Extend the lease. False = stop: fenced out, or cancellation requested."""
     with orch.engine.begin() as conn:
-        row = tasks.heartbeat_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(), orch.settings.lease_s)
-        if row is None:
+        beat = tasks.heartbeat_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
+                                   orch.settings.lease_s)
+        if not beat.matched:  # fenced out: lease lost, re-claimed or finished
             _rejected_txn(orch, conn, claim, "heartbeat")
             return False
-        orch.extend_slot_txn(conn, claim)
-    return not row["cancel_requested"]
+        lanes.extend_slot_txn(orch, conn, claim)
+    return not beat.row["cancel_requested"]
 
 
 def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation: str) -> None:
@@ -227,7 +254,7 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list
                 "err": {"code": reason, "message": "the target changed while the task ran"} if reason else None,
                 "res": None if reason else _result_summary(artifact),
             })
-        finished = tasks.finish_many_txn(conn, rows, now)
+        finished = dict(tasks.finish_many_txn(conn, rows, now).rows)  # a claim missing from it: fenced out
         landed = []
         for claim, artifact in ordered:
             if claim.task_id not in finished:
@@ -238,11 +265,11 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list
         locked.update(_write_agent_results_txn(orch, conn, [
             (c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]
         ], locked))
-        orch.release_slots_txn(conn, [c for c, _ in landed])
+        lanes.release_slots_txn(orch, conn, [c for c, _ in landed])
         hints = advance_jobs_txn(orch, conn, [
             (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
         ])
-        hints += orch.next_fair_hints_txn(conn, results[0][0], len(landed))
+        hints += lanes.next_fair_hints_txn(orch, conn, results[0][0], len(landed))
     for claim, _ in landed:
         metrics.COMPLETIONS.labels(claim.lane, "stale" if stale[claim.task_id] else "succeeded").inc()
     return hints
@@ -285,12 +312,15 @@ def _write_agent_results_txn(
             "metadata_hash": fp.metadata_hash(locked[claim.image_id]["display_name"], artifact.context),
             "display_name": locked[claim.image_id]["display_name"],
         })
-    written = images.write_agent_contexts_txn(conn, contexts, now)
+    # an image missing from the written rows changed its bytes under the lock: impossible, since
+    # the caller locked them FOR UPDATE and checked the sha (stale claims are not passed here)
+    written = {r["id"]: r for r in images.write_agent_contexts_txn(conn, contexts, now).rows}
+    # not matched cannot be: each attempt is external_started until this fenced completion closes it
     attempts.complete_many_txn(conn, [
         {"attempt_id": a.attempt_id, "task_id": c.task_id, "result": {"context": a.context, "model": a.model},
          "request_id": a.request_id} for c, a in results
     ], now)
-    orch.commit_grants_txn(conn, [c for c, _ in results])
+    grants.commit_grants_txn(orch, conn, [c for c, _ in results])
     return written
 
 
@@ -311,34 +341,28 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
         else:
             done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
                                            status=TaskStatus.FAILED, error=err)
-        if done is None:
-            conn.rollback()
-            with orch.engine.begin() as c2:
-                _rejected_txn(orch, c2, claim, "fail")
+        if not done.matched:  # fenced out: nothing was written; count the rejection
+            _rejected_txn(orch, conn, claim, "fail")
             return []
         if claim.attempt_id:
             state = AttemptState.UNKNOWN_EXECUTION if decision.unknown else AttemptState.FAILED
-            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err)
-        orch.release_slot_txn(conn, claim)
+            if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err).matched:
+                log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
+        lanes.release_slot_txn(orch, conn, claim)
         if decision.retry:
-            jobs.set_stages_where_task_txn(
-                conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now, status=StageStatus.QUEUED,
-                error=err, retry_at=decision.available_at, attempt_count=claim.attempt_count,
-            )
+            # not matched: no stage waits on the task any more (its job ended meanwhile) — nothing to do
+            jobs.requeue_stages_of_task_txn(conn, claim.task_id, err, decision.available_at, claim.attempt_count, now)
             hints: list[Hint] = []
         else:
             stage_status = StageStatus.UNKNOWN_EXECUTION if decision.unknown else StageStatus.FAILED
             job_status = JobStatus.UNKNOWN_EXECUTION if decision.unknown else JobStatus.FAILED
             if decision.unknown:
-                orch.mark_grant_unknown_txn(conn, claim)
-            job_ids = jobs.set_stages_where_task_txn(
-                conn, claim.task_id, (StageStatus.QUEUED, StageStatus.RUNNING), now, status=stage_status,
-                error=err, completed_at=now, attempt_count=claim.attempt_count,
-            )
-            for job_id in job_ids:
-                jobs.update_job_txn(conn, job_id, now, from_statuses=("queued", "running"), status=job_status,
-                                    error=err, completed_at=now)
-            hints = orch.next_fair_hints_txn(conn, claim)
+                grants.mark_grant_unknown_txn(orch, conn, claim)
+            ended = jobs.end_stages_of_task_txn(conn, claim.task_id, stage_status, err, claim.attempt_count, now)
+            for job_id in ended.rows:  # not matched: no stage waited on it (its job ended) — no job to end
+                if not jobs.end_job_txn(conn, job_id, job_status, err, now).matched:
+                    log.info("job already ended", extra={"job_id": job_id, "task_id": claim.task_id})
+            hints = lanes.next_fair_hints_txn(orch, conn, claim)
     metrics.COMPLETIONS.labels(claim.lane, "retry" if decision.retry else decision.code or "failed").inc()
     log.info("task failed", extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
                                    "stage": claim.stage, "generation": claim.generation, "code": err["code"]})
@@ -360,10 +384,12 @@ def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") ->
     with orch.engine.begin() as conn:
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
                                        status=TaskStatus.CANCELLED, error={"code": reason, "message": reason})
-        if done is None:
+        if not done.matched:  # fenced out: someone else owns the task now, and it holds no slot of ours
             return
         if claim.attempt_id:
-            attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, orch.now(),
-                                        error={"code": reason, "message": reason})
-        orch.release_slot_txn(conn, claim)
-        orch.on_task_cancelled_txn(conn, claim.task_id)
+            closed = attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED,
+                                                 orch.now(), error={"code": reason, "message": reason})
+            if not closed.matched:
+                log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
+        lanes.release_slot_txn(orch, conn, claim)
+        grants.release_if_unattempted_txn(orch, conn, claim.task_id)

@@ -65,7 +65,7 @@ def commit_grants_txn(orch: Orchestrator, conn: Connection, claims: list[Claim])
     policy's own ``commit`` per grant otherwise."""
     ids = [g for g in (c.grant_id or store.task_grant_txn(conn, c.task_id) for c in claims) if g is not None]
     if type(orch.policy).commit is AllowAllPolicy.commit:
-        store.set_state_many_txn(conn, ids, orch.now(), "committed", ("acquired",))
+        store.commit_grants_txn(conn, ids, orch.now())  # not matched: no grant (or all committed): nothing to do
     else:
         for grant_id in ids:
             orch.policy.commit(conn, grant_id, orch.now())

@@ -78,14 +78,16 @@ class AllowAllPolicy:
         row = store.acquire_txn(conn, scope_id, operation, idempotency_key, now)
         return Grant(row["id"], row["state"])
 
+    # Each is idempotent: not matched means the grant already left ``acquired`` (committed once by
+    # the fenced completion, released or marked unknown before) — nothing to do.
     def commit(self, conn: Connection, grant_id: uuid.UUID, now: datetime) -> None:
-        store.set_state_txn(conn, grant_id, now, "committed", ("acquired",))
+        store.commit_grant_txn(conn, grant_id, now)
 
     def release(self, conn: Connection, grant_id: uuid.UUID, now: datetime) -> None:
-        store.set_state_txn(conn, grant_id, now, "released", ("acquired",))
+        store.release_grant_txn(conn, grant_id, now)
 
     def mark_unknown(self, conn: Connection, grant_id: uuid.UUID, now: datetime) -> None:
-        store.set_state_txn(conn, grant_id, now, "unknown", ("acquired",))
+        store.mark_grant_unknown_txn(conn, grant_id, now)
 
 
 def next_utc_midnight(now: datetime) -> datetime:

@@ -1,9 +1,9 @@
 """The Orchestrator: the one object the API, workers and CLI call to read or change state.
 
 It holds the engine, settings, clock and policy, and delegates each operation to the module that
-owns it (changes, execution, advance, sweep). Hooks for the operation policy, lane slots and
-batches (SPEC §4.6, §4.8, §4.10) are methods here so those modules plug in without touching
-the core transitions.
+owns it (changes, execution, advance, sweep). It is a facade for the API, the workers and the
+CLI only: the orchestrator's own modules call each other directly (``execution`` →
+``lanes``/``grants``/``advance``), never back through this class.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
 from app.ids import parse_uuid
-from app.orchestrator import batches, changes, events, execution, grants, lanes, limits, serving, serving_reads, webhooks
+from app.orchestrator import batches, changes, events, execution, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
-from app.orchestrator.policy import Denial, OperationPolicy, policy_from_settings
+from app.orchestrator.policy import OperationPolicy, policy_from_settings
 from app.orchestrator.stages import by_lane
 from app.orchestrator.store import reads
 from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
@@ -221,53 +221,14 @@ class Orchestrator:
     take_request = limits.take_request
     set_scope_limits = limits.set_scope_limits
 
-    # ------------------------------------------------------------------ hooks (policy, lanes, batches)
+    # ------------------------------------------------------------------ hooks
     def job_priority(self, job: RowMapping) -> int:
         """Interactive work (uploads, explicit requests) before library batches."""
         return 0 if job["batch_id"] else 1
 
-    def agent_grants_txn(
-        self, conn: Connection, items: list[tuple[RowMapping, str]]
-    ) -> list[uuid.UUID | Denial | None]:
-        """Acquire new logical agent tasks' grants (after dedupe); a Denial blocks its job."""
-        return grants.agent_grants_txn(self, conn, items)
-
-    def bind_grant_txn(self, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
-        grants.bind_grant_txn(self, conn, grant_id, task_id)
-
-    def commit_grants_txn(self, conn: Connection, claims: list[Claim]) -> None:
-        grants.commit_grants_txn(self, conn, claims)
-
-    def mark_grant_unknown_txn(self, conn: Connection, claim: Claim) -> None:
-        grants.mark_grant_unknown_txn(self, conn, claim)
-
-    def on_task_cancelled_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
-        grants.release_if_unattempted_txn(self, conn, task_id)
-
-    def acquire_slot_txn(self, conn: Connection, row: RowMapping) -> bool:
-        return lanes.acquire_slot_txn(self, conn, row)
-
-    def claim_group_txn(
-        self, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
-    ) -> list[RowMapping]:
-        return lanes.claim_group_txn(self, conn, group, row, n, owner)
-
-    def claim_refused_txn(self, conn: Connection, task_id: uuid.UUID) -> None:
-        lanes.refused_txn(self, conn, task_id)
-
-    def extend_slot_txn(self, conn: Connection, claim: Claim) -> None:
-        lanes.extend_slot_txn(self, conn, claim)
-
-    def release_slot_txn(self, conn: Connection, claim: Claim) -> None:
-        lanes.release_slot_txn(self, conn, claim)
-
-    def release_slots_txn(self, conn: Connection, claims: list[Claim]) -> None:
-        lanes.release_slots_txn(self, conn, claims)
-
-    def next_fair_hints_txn(self, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:
-        return lanes.next_fair_hints_txn(self, conn, claim, freed)
-
     def release_orphan_slots_txn(self, conn: Connection) -> int:
+        """The sweep's slot step (kept for ``orchestrator/sweep.py``, which calls it through the
+        facade; it should call ``lanes.release_orphan_slots_txn`` directly)."""
         return lanes.release_orphan_slots_txn(self, conn)
 
     def continue_batches(self) -> tuple[int, list[Hint]]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from app import metrics
-from app.db.enums import ServingAction, ServingState
+from app.db.enums import BatchStatus, ServingAction, ServingState
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
 from app.orchestrator.serving_reads import (
@@ -80,14 +80,15 @@ def _check(orch: Orchestrator, scope_id: str, kind: str, force_check: bool = Fal
     now = orch.now()
     interval = 0.0 if force_check else orch.settings.search_cutover_check_s
     with orch.engine.begin() as conn:
-        row = q.claim_check_txn(conn, scope_id, kind, now, interval)
-        if row is None:
+        checked = q.claim_check_txn(conn, scope_id, kind, now, interval)
+        if not checked.matched:  # throttled, seeding, or no longer in a backfill: nothing to do
             return SKIPPED
+        row = checked.row
         target = slot(row, "target")
         # the conditional UPDATE first: its NOT EXISTS stops at the first image still lacking the target
-        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
-                                 target_pv=target.get("preprocess_version"), early=False, now=now)
-        if switched is None:
+        cut = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                            target_pv=target.get("preprocess_version"), early=False, now=now)
+        if not cut.matched:  # an image still lacks the target (the check row is ours: no race)
             # the stored progress (search responses, the overview) is refreshed at a tenth of the rate:
             # counting is a whole-scope scan even when the gap is found at once
             stale = row["coverage_at"] is None or (now - row["coverage_at"]).total_seconds() >= 10 * interval
@@ -96,9 +97,9 @@ def _check(orch: Orchestrator, scope_id: str, kind: str, force_check: bool = Fal
                 q.set_coverage_txn(conn, scope_id, kind, coverage["ready"], coverage["total"], now)
             return GAP
         coverage = coverage_txn(conn, scope_id, kind, target)
-        _switched_txn(conn, switched, ServingAction.CUTOVER, coverage, now)
+        _switched_txn(conn, cut.row, ServingAction.CUTOVER, coverage, now)
     metrics.SEARCH_SWITCHES.labels(kind, ServingAction.CUTOVER.value).inc()
-    log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{switched['serving_model']}"})
+    log.info("search cutover", extra={"scope_id": scope_id, "code": f"{kind}:{cut.row['serving_model']}"})
     return SWITCHED
 
 
@@ -126,7 +127,7 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
     now = orch.now()
     with orch.engine.begin() as conn:
         for scope_id in q.scopes_without_serving_txn(conn, kind, SWEEP_SCOPES):
-            if q.bootstrap_txn(conn, scope_id, kind, ref, now):
+            if q.bootstrap_txn(conn, scope_id, kind, ref, now).matched:  # else: a concurrent bootstrap won
                 q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
                                    to_model=ref["model"], now=now)
                 counts["serving_bootstrapped"] += 1
@@ -137,7 +138,8 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
         scope_id = row["scope_id"]
         if row["state"] == ServingState.SERVING:
             with orch.engine.begin() as conn:
-                started = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
+                begun = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
+                started = begun.row  # None: pinned or switched meanwhile (a lost race) — nothing to start
                 if started is not None:
                     q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
                                        from_model=row["serving_model"], to_model=ref["model"], now=now)
@@ -179,7 +181,8 @@ def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any
         return []
     batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
     with orch.engine.begin() as conn:
-        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"], now=orch.now())
+        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"],
+                                   now=orch.now()).matched  # not matched: the backfill ended meanwhile
         if attached:  # the progress /ops and the CLI overview show until the first cutover check
             cov = coverage_txn(conn, scope_id, kind, ref)
             q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
@@ -194,7 +197,7 @@ def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hin
     waits for an operator (cut over early, or roll back)."""
     with orch.engine.connect() as conn:
         batch = batches_q.batch_txn(conn, row["batch_id"])
-    if batch is not None and batch["status"] in ("seeding", "running"):
+    if batch is not None and batch["status"] in (BatchStatus.SEEDING, BatchStatus.RUNNING):
         return []
     if row["fill_rounds"] >= orch.settings.search_fill_rounds:
         return []
@@ -213,11 +216,12 @@ def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[H
     with orch.engine.begin() as conn:
         if same(ref, slot(row, "serving")):
             done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.SERVING,
-                                      from_target=row["target_model"], now=now)
+                                      from_target=row["target_model"], now=now).row
             action = ServingAction.ABORT
         else:
-            done = q.retarget_txn(conn, scope_id, kind, ref, from_target=row["target_model"], now=now)
+            done = q.retarget_txn(conn, scope_id, kind, ref, from_target=row["target_model"], now=now).row
             action = ServingAction.RETARGET
+        # done is None (not matched): another sweep or an operator changed the row first — nothing to do
         if done is not None:
             q.record_event_txn(conn, scope_id, kind, action, done["epoch"], from_model=row["target_model"],
                                to_model=ref["model"], now=now)
@@ -242,11 +246,11 @@ def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[s
             raise ServingStateConflict("the scope's search is not in a backfill; nothing to cut over to")
         target = slot(row, "target")
         coverage = coverage_txn(conn, scope_id, kind, target)
-        switched = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
-                                 target_pv=target.get("preprocess_version"), early=True, now=now)
-        if switched is None:
+        cut = q.cutover_txn(conn, scope_id, kind=kind, target=target["model"], target_dims=target["dims"],
+                            target_pv=target.get("preprocess_version"), early=True, now=now)
+        if not cut.matched:
             raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
-        _switched_txn(conn, switched, ServingAction.EARLY_CUTOVER, coverage, now)
+        _switched_txn(conn, cut.row, ServingAction.EARLY_CUTOVER, coverage, now)
     metrics.SEARCH_SWITCHES.labels(kind, ServingAction.EARLY_CUTOVER.value).inc()
     _cancel(orch, scope_id, row["batch_id"])
     return status(orch, scope_id, kind)
@@ -263,14 +267,14 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
         if row is None:
             raise ServingStateConflict("the scope has no search serving state yet")
         if row["state"] == ServingState.BACKFILL:
-            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.PINNED, from_target=None, now=now)
+            done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.PINNED, from_target=None, now=now).row
             if done is None:
                 raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
             q.record_event_txn(conn, scope_id, kind, ServingAction.ABORT, done["epoch"],
                                from_model=row["target_model"], to_model=row["serving_model"], now=now)
             cancel, fill, switched_back = row["batch_id"], None, False
         else:
-            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now)
+            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now).row
             if done is None:
                 raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
             coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
@@ -290,7 +294,7 @@ def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any
     """Unpin: the sweep starts a backfill towards the configured model if it differs."""
     kind, now = check_kind(kind), orch.now()
     with orch.engine.begin() as conn:
-        done = q.resume_txn(conn, scope_id, kind, now)
+        done = q.resume_txn(conn, scope_id, kind, now).row
         if done is None:
             raise ServingStateConflict("the scope's search is not pinned")
         q.record_event_txn(conn, scope_id, kind, ServingAction.RESUME, done["epoch"], from_model=None,

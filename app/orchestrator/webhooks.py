@@ -116,10 +116,11 @@ def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID
 def claim_webhook(orch: Orchestrator, subscription_id: uuid.UUID, owner: str) -> WebhookClaim | None:
     """Claim a subscription that has an event due; None for a stale, duplicate or unknown hint."""
     with orch.engine.begin() as conn:
-        row = q.claim_txn(conn, subscription_id, owner, orch.now(), orch.settings.webhook_lease_s)
-    if row is None:
+        claimed = q.claim_txn(conn, subscription_id, owner, orch.now(), orch.settings.webhook_lease_s)
+    if not claimed.matched:  # stale, duplicate or unknown hint, or nothing due: nothing to do
         metrics.EMPTY_CLAIMS.labels(LANE).inc()
         return None
+    row = claimed.row
     metrics.CLAIMS.labels(LANE).inc()
     return WebhookClaim(row["id"], row["scope_id"], row["url"], row["secret"], list(row["event_types"]), owner,
                         row["claim_generation"], row["attempts"], row["cursor"])
@@ -136,7 +137,7 @@ def webhook_delivered(orch: Orchestrator, claim: WebhookClaim, event_id: int) ->
     """Fenced: move the cursor past a delivered event. False = fenced out (stop delivering)."""
     with orch.engine.begin() as conn:
         ok = q.delivered_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, orch.now(),
-                             orch.settings.webhook_lease_s)
+                             orch.settings.webhook_lease_s).matched
         if not ok:
             _rejected_txn(orch, conn)
     return ok
@@ -153,12 +154,12 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
                                      base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s, rand=orch.rand)
     with orch.engine.begin() as conn:
         if decision.give_up:
-            ok = q.gave_up_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, attempts, error,
-                               now, s.webhook_lease_s)
+            done = q.gave_up_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, attempts,
+                                 error, now, s.webhook_lease_s)
         else:
-            ok = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, attempts,
-                                   decision.available_at, error)
-        if not ok:
+            done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, attempts,
+                                     decision.available_at, error)
+        if not done.matched:
             _rejected_txn(orch, conn)
             return "fenced"
     metrics.COMPLETIONS.labels(LANE, "gave_up" if decision.give_up else "retry").inc()
@@ -167,6 +168,7 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
 
 def release_webhook(orch: Orchestrator, claim: WebhookClaim) -> None:
     with orch.engine.begin() as conn:
+        # not matched: the lease was lost (expired and re-claimed) — nothing of ours to release
         q.release_txn(conn, claim.subscription_id, claim.owner, claim.generation)
 
 

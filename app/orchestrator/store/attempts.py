@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 
 def open_attempt_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
@@ -28,60 +28,69 @@ def open_attempt_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
     )
 
 
+START_ATTEMPTS = sql("""
+INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state, input_digest,
+                           target_sha256, created_at, updated_at)
+SELECT r.a, r.s, r.t, coalesce((SELECT max(x.attempt_no) FROM task_attempts x WHERE x.task_id = r.t), 0) + 1, r.g,
+       'external_started', r.d, r.sha, :now, :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g bigint, d text, sha text)
+""")
+
+
+@transition
 def start_attempts_txn(conn: Connection, rows: list[dict], now: datetime) -> list[str]:
-    """Insert a new attempt in external_started for each row (scope_id, task_id, generation,
-    input_digest, target_sha256), each with an unguessable attempt id; returns the ids in order."""
+    """— → external_started, one attempt per claimed agent task, committed before any paid call.
+
+    ``rows``: scope_id, task_id, generation, input_digest, target_sha256. Each gets an
+    unguessable attempt id; returns the ids in order (an insert cannot be "not matched").
+    """
     ids = [secrets.token_hex(16) for _ in rows]
     if rows:
-        conn.execute(
-            sql(
-                "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
-                " input_digest, target_sha256, created_at, updated_at)"
-                " SELECT r.a, r.s, r.t, coalesce((SELECT max(x.attempt_no) FROM task_attempts x"
-                "  WHERE x.task_id = r.t), 0) + 1, r.g, 'external_started', r.d, r.sha, :now, :now"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g bigint, d text, sha text)"
-            ),
-            {"rows": json.dumps([
-                {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
-                 "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
-            ]), "now": now},
-        )
+        conn.execute(START_ATTEMPTS, {"rows": json.dumps([
+            {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
+             "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
+        ]), "now": now})
     return ids
 
 
+FINISH_ATTEMPT = sql("""
+UPDATE task_attempts SET state = :st, result = CAST(:res AS jsonb), error = CAST(:err AS jsonb),
+       provider_request_id = coalesce(:rid, provider_request_id), updated_at = :now
+WHERE attempt_id = :a AND task_id = :t AND state = 'external_started'
+""")
+
+
+@transition
 def finish_attempt_txn(
     conn: Connection, attempt_id: str, task_id: uuid.UUID, state: str, now: datetime, *,
     result: dict | None = None, error: dict | None = None, request_id: str | None = None,
-) -> bool:
-    res = conn.execute(
-        sql(
-            "UPDATE task_attempts SET state = :st, result = CAST(:res AS jsonb), error = CAST(:err AS jsonb),"
-            " provider_request_id = coalesce(:rid, provider_request_id), updated_at = :now"
-            " WHERE attempt_id = :a AND task_id = :t AND state = 'external_started'"
-        ),
-        {"a": attempt_id, "t": task_id, "st": state, "now": now, "rid": request_id,
-         "res": None if result is None else canonical_json(result),
-         "err": None if error is None else canonical_json(error)},
-    )
-    return res.rowcount > 0
+) -> Outcome[None]:
+    """external_started → completed / failed / unknown_execution. Not matched: the attempt was closed already."""
+    return Outcome.count(conn.execute(FINISH_ATTEMPT, {
+        "a": attempt_id, "t": task_id, "st": state, "now": now, "rid": request_id,
+        "res": None if result is None else canonical_json(result),
+        "err": None if error is None else canonical_json(error),
+    }).rowcount)
 
 
-def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> None:
-    """Several attempts external_started → completed, one statement. ``rows``: attempt_id, task_id,
-    result (dict), request_id."""
-    if rows:
-        conn.execute(
-            sql(
-                "UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),"
-                " provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)"
-                " WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t"
-                " AND a.state = 'external_started'"
-            ),
-            {"rows": json.dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
-                                  "rid": r["request_id"]} for r in rows]),
-             "ids": [r["attempt_id"] for r in rows], "now": now},
-        )
+COMPLETE_ATTEMPTS = sql("""
+UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),
+       provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)
+WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t AND a.state = 'external_started'
+""")
+
+
+@transition
+def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> Outcome[None]:
+    """external_started → completed, several attempts in one statement (rows: attempt_id, task_id, result, request_id)."""
+    if not rows:
+        return Outcome(False)
+    return Outcome.count(conn.execute(COMPLETE_ATTEMPTS, {
+        "rows": json.dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
+                             "rid": r["request_id"]} for r in rows]),
+        "ids": [r["attempt_id"] for r in rows], "now": now,
+    }).rowcount)
 
 
 def open_attempt_ids_txn(conn: Connection, attempt_ids: list[str]) -> set[str]:

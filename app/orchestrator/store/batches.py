@@ -10,32 +10,38 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import Lane
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
-ACTIVE_JOB = "('queued', 'running')"
+INSERT_BATCH = sql("""
+INSERT INTO batches (id, scope_id, status, select_all, requested_ids, reverse_image_policy, seed_cursor, total,
+                     fill_models, created_at, updated_at)
+VALUES (:id, :s, 'seeding', :all, :ids, :p, CAST(:cur AS jsonb), :total, CAST(:fill AS jsonb), :now, :now)
+RETURNING *
+""")
 
 
+@transition
 def insert_batch_txn(
     conn: Connection, scope_id: str, *, select_all: bool, requested_ids: list[uuid.UUID] | None, policy: str,
     cursor: dict[str, Any], total: int, now: datetime, fill_models: list[dict[str, Any]] | None = None,
-) -> RowMapping:
-    return conn.execute(
-        sql(
-            "INSERT INTO batches (id, scope_id, status, select_all, requested_ids, reverse_image_policy, seed_cursor,"
-            " total, fill_models, created_at, updated_at) VALUES (:id, :s, 'seeding', :all, :ids, :p,"
-            " CAST(:cur AS jsonb), :total, CAST(:fill AS jsonb), :now, :now) RETURNING *"
-        ),
+) -> Outcome[RowMapping]:
+    """— → seeding: a batch with its snapshot target and the seed cursor at its start."""
+    return Outcome.of(conn.execute(
+        INSERT_BATCH,
         {"id": uuid.uuid4(), "s": scope_id, "all": select_all, "ids": requested_ids, "p": policy,
          "cur": canonical_json(cursor), "total": total, "now": now,
          "fill": canonical_json(fill_models) if fill_models else None},
-    ).mappings().one()
+    ).mappings().all())
+
+
+BATCH = sql("SELECT * FROM batches WHERE id = :id AND (CAST(:s AS text) IS NULL OR scope_id = :s)")
+LOCK_BATCH = sql("SELECT * FROM batches WHERE id = :id AND (CAST(:s AS text) IS NULL OR scope_id = :s) FOR UPDATE")
 
 
 def batch_txn(conn: Connection, batch_id: uuid.UUID, scope_id: str | None = None, *, lock: bool = False
               ) -> RowMapping | None:
-    statement = "SELECT * FROM batches WHERE id = :id" + (" AND scope_id = :s" if scope_id else "")
-    statement += " FOR UPDATE" if lock else ""
-    return conn.execute(sql(statement), {"id": batch_id, "s": scope_id}).mappings().first()
+    """Read (``lock``: lock) a batch, of ``scope_id`` when given; None when there is none."""
+    return conn.execute(LOCK_BATCH if lock else BATCH, {"id": batch_id, "s": scope_id}).mappings().first()
 
 
 def count_images_until_txn(conn: Connection, scope_id: str, until: datetime) -> int:
@@ -100,15 +106,58 @@ def insert_items_txn(conn: Connection, rows: list[dict[str, Any]]) -> None:
         )
 
 
-def update_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime, *, from_statuses: tuple[str, ...],
-                     **fields: Any) -> bool:
-    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "seed_cursor" else f"{k} = :{k}" for k in fields)
-    params = {k: (canonical_json(v) if k == "seed_cursor" else v) for k, v in fields.items()}
-    res = conn.execute(
-        sql(f"UPDATE batches SET {sets}, updated_at = :now WHERE id = :id AND status = ANY(:from_)"),
-        {"id": batch_id, "now": now, "from_": list(from_statuses), **params},
-    )
-    return res.rowcount > 0
+RECORD_SEEDED_PAGE = sql("""
+UPDATE batches SET seed_cursor = CAST(:cur AS jsonb), total = :total, updated_at = :now
+WHERE id = :id AND status = 'seeding'
+""")
+
+
+@transition
+def record_seeded_page_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[str, Any], total: int,
+                           now: datetime) -> Outcome[None]:
+    """seeding → seeding, the cursor past the page just seeded (and the total without vanished images)."""
+    return Outcome.count(conn.execute(RECORD_SEEDED_PAGE, {
+        "id": batch_id, "cur": canonical_json(cursor), "total": total, "now": now,
+    }).rowcount)
+
+
+FINISH_SEEDING = sql("""
+UPDATE batches SET status = 'running', seed_cursor = CAST(:cur AS jsonb), total = :total, updated_at = :now
+WHERE id = :id AND status = 'seeding'
+""")
+
+
+@transition
+def finish_seeding_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[str, Any], total: int,
+                       now: datetime) -> Outcome[None]:
+    """seeding → running: the last page is seeded; the batch completes when its item jobs are terminal."""
+    return Outcome.count(conn.execute(FINISH_SEEDING, {
+        "id": batch_id, "cur": canonical_json(cursor), "total": total, "now": now,
+    }).rowcount)
+
+
+CANCEL_BATCH = sql("""
+UPDATE batches SET status = 'cancelled', completed_at = :now, updated_at = :now
+WHERE id = :id AND status IN ('seeding', 'running')
+""")
+
+
+@transition
+def cancel_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """seeding / running → cancelled: seeding stops (its active jobs are cancelled page by page after)."""
+    return Outcome.count(conn.execute(CANCEL_BATCH, {"id": batch_id, "now": now}).rowcount)
+
+
+COMPLETE_BATCH = sql("""
+UPDATE batches SET status = 'completed', completed_at = :now, updated_at = :now
+WHERE id = :id AND status = 'running'
+""")
+
+
+@transition
+def complete_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """running → completed: every item job is terminal."""
+    return Outcome.count(conn.execute(COMPLETE_BATCH, {"id": batch_id, "now": now}).rowcount)
 
 
 def item_counts_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, int]:
@@ -126,7 +175,7 @@ def has_active_item_jobs_txn(conn: Connection, batch_id: uuid.UUID) -> bool:
     return conn.execute(
         sql(
             "SELECT EXISTS (SELECT 1 FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id"
-            f" WHERE bi.batch_id = :b AND j.status IN {ACTIVE_JOB})"
+            " WHERE bi.batch_id = :b AND j.status IN ('queued', 'running'))"
         ),
         {"b": batch_id},
     ).scalar_one()
@@ -136,7 +185,7 @@ def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list
     """Active jobs the batch created (ix_processing_jobs_batch), a page at a time."""
     return list(
         conn.execute(
-            sql(f"SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN {ACTIVE_JOB} LIMIT :n"),
+            sql("SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN ('queued', 'running') LIMIT :n"),
             {"b": batch_id, "n": n},
         ).scalars()
     )

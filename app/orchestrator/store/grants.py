@@ -8,9 +8,10 @@ from datetime import datetime
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.orchestrator.store._sql import sql
+from app.db.enums import GrantState
+from app.orchestrator.store._sql import Outcome, sql, transition
 
-COUNTED = ("acquired", "committed", "unknown")  # grants that consume quota
+COUNTED = (GrantState.ACQUIRED, GrantState.COMMITTED, GrantState.UNKNOWN)  # grants that consume quota
 
 
 def lock_usage_txn(conn: Connection, scope_id: str, operation: str) -> None:
@@ -47,31 +48,44 @@ def acquire_txn(conn: Connection, scope_id: str, operation: str, key: str, now: 
     return acquire_many_txn(conn, [(scope_id, operation, key)], now)[0]
 
 
-def set_state_txn(
-    conn: Connection, grant_id: uuid.UUID, now: datetime, state: str, from_states: tuple[str, ...]
-) -> bool:
-    """Conditional state change; False when the grant is not in one of ``from_states``."""
-    res = conn.execute(
-        sql(
-            "UPDATE operation_grants SET state = :st, updated_at = :now WHERE id = :id AND state = ANY(:from_)"
-        ),
-        {"id": grant_id, "st": state, "now": now, "from_": list(from_states)},
-    )
-    return res.rowcount > 0
+COMMIT_GRANT = sql("UPDATE operation_grants SET state = 'committed', updated_at = :now WHERE id = :id AND state = 'acquired'")
 
 
-def set_state_many_txn(
-    conn: Connection, grant_ids: list[uuid.UUID], now: datetime, state: str, from_states: tuple[str, ...]
-) -> None:
-    """``set_state_txn`` for several grants in one statement."""
-    if grant_ids:
-        conn.execute(
-            sql(
-                "UPDATE operation_grants SET state = :st, updated_at = :now"
-                " WHERE id = ANY(:ids) AND state = ANY(:from_)"
-            ),
-            {"ids": grant_ids, "st": state, "now": now, "from_": list(from_states)},
-        )
+@transition
+def commit_grant_txn(conn: Connection, grant_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """acquired → committed: the paid operation happened. Not matched: committed, released or unknown already."""
+    return Outcome.count(conn.execute(COMMIT_GRANT, {"id": grant_id, "now": now}).rowcount)
+
+
+COMMIT_GRANTS = sql("""
+UPDATE operation_grants SET state = 'committed', updated_at = :now WHERE id = ANY(:ids) AND state = 'acquired'
+""")
+
+
+@transition
+def commit_grants_txn(conn: Connection, grant_ids: list[uuid.UUID], now: datetime) -> Outcome[None]:
+    """acquired → committed, several grants in one statement (a batch's fenced completion)."""
+    if not grant_ids:
+        return Outcome(False)
+    return Outcome.count(conn.execute(COMMIT_GRANTS, {"ids": grant_ids, "now": now}).rowcount)
+
+
+RELEASE_GRANT = sql("UPDATE operation_grants SET state = 'released', updated_at = :now WHERE id = :id AND state = 'acquired'")
+
+
+@transition
+def release_grant_txn(conn: Connection, grant_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """acquired → released: its task was cancelled before any attempt. Not matched: it was used or released."""
+    return Outcome.count(conn.execute(RELEASE_GRANT, {"id": grant_id, "now": now}).rowcount)
+
+
+MARK_GRANT_UNKNOWN = sql("UPDATE operation_grants SET state = 'unknown', updated_at = :now WHERE id = :id AND state = 'acquired'")
+
+
+@transition
+def mark_grant_unknown_txn(conn: Connection, grant_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """acquired → unknown: the paid call may or may not have happened (it still counts)."""
+    return Outcome.count(conn.execute(MARK_GRANT_UNKNOWN, {"id": grant_id, "now": now}).rowcount)
 
 
 def bind_task_txn(conn: Connection, grant_id: uuid.UUID, task_id: uuid.UUID, now: datetime) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
+from app.db.enums import ContextStatus
 from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 from app.search.lexical import image_terms
 
 
@@ -43,29 +44,30 @@ def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], no
     )
 
 
+LOCK_IMAGE = sql("SELECT * FROM images WHERE scope_id = :s AND id = :id FOR UPDATE")
+LOCK_IMAGE_SHARE = sql("SELECT * FROM images WHERE scope_id = :s AND id = :id FOR SHARE")
+
+
 def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, share: bool = False) -> RowMapping | None:
-    mode = "FOR SHARE" if share else "FOR UPDATE"
-    return (
-        conn.execute(
-            sql(f"SELECT * FROM images WHERE scope_id = :s AND id = :id {mode}"), {"s": scope_id, "id": image_id}
-        )
-        .mappings()
-        .first()
-    )
+    """Lock (``share``: FOR SHARE) and read one image of the scope; None when there is none."""
+    return conn.execute(LOCK_IMAGE_SHARE if share else LOCK_IMAGE, {"s": scope_id, "id": image_id}).mappings().first()
 
 
 # What a completion needs of its images (target check, planning facts, the metadata hash's
 # inputs) — not the context document itself, which can be large and is not read there.
-_FACTS = "id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision"
-_FACTS_OF_I = ", ".join(f"i.{c}" for c in _FACTS.split(", "))  # the same, as an UPDATE … RETURNING list
+LOCK_IMAGES = sql("""
+SELECT id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision
+FROM images WHERE id = ANY(:ids) ORDER BY id FOR UPDATE
+""")
+LOCK_IMAGES_SHARE = sql("""
+SELECT id, scope_id, sha256, storage_key, display_name, context_status, context_provenance, metadata_hash, revision
+FROM images WHERE id = ANY(:ids) ORDER BY id FOR SHARE
+""")
 
 
 def lock_images_txn(conn: Connection, image_ids: list[uuid.UUID], *, share: bool = False) -> dict[uuid.UUID, RowMapping]:
     """Lock several images in id order (the order every multi-image writer uses); their facts by id."""
-    mode = "FOR SHARE" if share else "FOR UPDATE"
-    rows = conn.execute(
-        sql(f"SELECT {_FACTS} FROM images WHERE id = ANY(:ids) ORDER BY id {mode}"), {"ids": list(image_ids)}
-    ).mappings()
+    rows = conn.execute(LOCK_IMAGES_SHARE if share else LOCK_IMAGES, {"ids": list(image_ids)}).mappings()
     return {r["id"]: r for r in rows}
 
 
@@ -79,28 +81,31 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
     )
 
 
-def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> dict[uuid.UUID, RowMapping]:
-    """Store agent-produced contexts — each only if its image still has the bytes it describes —
-    in one statement, with their lexical terms. ``rows``: id, sha, context, provenance,
-    metadata_hash, display_name (the locked image's, which the metadata hash covered too).
-    Returns the updated images' facts (as ``lock_images_txn``) by id."""
+WRITE_AGENT_CONTEXTS = sql("""
+UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready', context_provenance = CAST(r.prov AS jsonb),
+       metadata_hash = r.mh, revision = i.revision + 1, search_tsv = to_tsvector('simple', r.terms), updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text, prov text, mh text, terms text)
+WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha
+RETURNING i.id, i.scope_id, i.sha256, i.storage_key, i.display_name, i.context_status, i.context_provenance,
+          i.metadata_hash, i.revision
+""")
+
+
+@transition
+def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) -> Outcome[RowMapping]:
+    """context → ready (+ provenance, metadata_hash, lexical terms), each image only if it still has the bytes described.
+
+    One statement. ``rows``: id, sha, context, provenance, metadata_hash, display_name (the locked
+    image's, which the metadata hash covered too). ``rows`` of the outcome: the updated images'
+    facts (as ``lock_images_txn``); an image missing from them changed its bytes.
+    """
     if not rows:
-        return {}
+        return Outcome(False)
     doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
                        "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"],
                        "terms": image_terms(r["display_name"], r["context"])} for r in rows])
-    result = conn.execute(
-        sql(
-            "UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready',"
-            " context_provenance = CAST(r.prov AS jsonb), metadata_hash = r.mh, revision = i.revision + 1,"
-            " search_tsv = to_tsvector('simple', r.terms),"
-            " updated_at = :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text,"
-            " prov text, mh text, terms text) WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha RETURNING "
-            + _FACTS_OF_I
-        ),
-        {"rows": doc, "ids": [r["id"] for r in rows], "now": now},
-    ).mappings().all()
-    return {r["id"]: r for r in result}
+    return Outcome.of(conn.execute(WRITE_AGENT_CONTEXTS, {"rows": doc, "ids": [r["id"] for r in rows],
+                                                          "now": now}).mappings().all())
 
 
 def edit_context_txn(
@@ -115,7 +120,7 @@ def edit_context_txn(
                 " search_tsv = to_tsvector('simple', :terms), updated_at = :now WHERE id = :id RETURNING *"
             ),
             {
-                "terms": image_terms(display_name, context if context_status in ("ready", "edited") else None),
+                "terms": image_terms(display_name, context if context_status in (ContextStatus.READY, ContextStatus.EDITED) else None),
                 "dn": display_name, "ctx": None if context is None else canonical_json(context),
                 "cs": context_status, "prov": None if provenance is None else canonical_json(provenance),
                 "mh": metadata_hash, "now": now, "id": image_id,

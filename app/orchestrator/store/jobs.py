@@ -12,136 +12,227 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import STAGE_ORDER
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
-ACTIVE = "('queued', 'running')"
+ACTIVE_JOB_OF_IMAGE = sql("""
+SELECT * FROM processing_jobs WHERE image_id = :i AND status IN ('queued', 'running') FOR UPDATE
+""")
 
 
 def active_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
-    return (
-        conn.execute(
-            sql(f"SELECT * FROM processing_jobs WHERE image_id = :i AND status IN {ACTIVE} FOR UPDATE"),
-            {"i": image_id},
-        )
-        .mappings()
-        .first()
-    )
+    """Lock and read the image's active job (at most one: ``ix_processing_jobs_one_active``)."""
+    return conn.execute(ACTIVE_JOB_OF_IMAGE, {"i": image_id}).mappings().first()
+
+
+LATEST_JOB_OF_IMAGE = sql("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1")
 
 
 def latest_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
-    return (
-        conn.execute(
-            sql("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"), {"i": image_id}
-        )
-        .mappings()
-        .first()
-    )
+    """The image's newest job revision, unlocked."""
+    return conn.execute(LATEST_JOB_OF_IMAGE, {"i": image_id}).mappings().first()
 
 
+INSERT_JOB = sql("""
+INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
+                             reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)
+VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b, :now, :now)
+RETURNING *
+""")
+
+INSERT_PENDING_STAGE = sql("""
+INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)
+VALUES (:j, :stage, :s, :pos, 'pending', :now, :now)
+""")
+
+
+@transition
 def insert_job_txn(
     conn: Connection, *, scope_id: str, image_id: uuid.UUID, revision: int, image_sha256: str,
     config: dict[str, Any], config_hash: str, reverse_image_policy: str, mode: str, force_stages: Iterable[str],
     batch_id: uuid.UUID | None, now: datetime,
-) -> RowMapping:
-    """Insert a queued job and its three pending stages (the active-job index is the referee)."""
-    job = (
-        conn.execute(
-            sql(
-                "INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,"
-                " reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)"
-                " VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b,"
-                " :now, :now) RETURNING *"
-            ),
-            {"id": uuid.uuid4(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
-             "cfg": canonical_json(config), "ch": config_hash, "rip": reverse_image_policy, "mode": mode,
-             "force": list(force_stages), "b": batch_id, "now": now},
-        )
-        .mappings()
-        .one()
-    )
-    conn.execute(
-        sql(
-            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
-            " VALUES (:j, :stage, :s, :pos, 'pending', :now, :now)"
-        ),
-        [{"j": job["id"], "stage": st.value, "s": scope_id, "pos": n, "now": now} for n, st in enumerate(STAGE_ORDER)],
-    )
-    return job
+) -> Outcome[RowMapping]:
+    """— → queued, a job and its three pending stages (the active-job index is the referee: a second raises)."""
+    job = conn.execute(INSERT_JOB, {
+        "id": uuid.uuid4(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
+        "cfg": canonical_json(config), "ch": config_hash, "rip": reverse_image_policy, "mode": mode,
+        "force": list(force_stages), "b": batch_id, "now": now,
+    }).mappings().one()
+    conn.execute(INSERT_PENDING_STAGE, [
+        {"j": job["id"], "stage": st.value, "s": scope_id, "pos": n, "now": now} for n, st in enumerate(STAGE_ORDER)
+    ])
+    return Outcome(True, (job,))
+
+
+LOCK_JOB = sql("""
+SELECT * FROM processing_jobs WHERE id = :id AND (CAST(:s AS text) IS NULL OR scope_id = :s) FOR UPDATE
+""")
 
 
 def lock_job_txn(conn: Connection, job_id: uuid.UUID, scope_id: str | None = None) -> RowMapping | None:
-    statement = "SELECT * FROM processing_jobs WHERE id = :id" + (" AND scope_id = :s" if scope_id else "") + " FOR UPDATE"
-    return conn.execute(sql(statement), {"id": job_id, "s": scope_id}).mappings().first()
+    """Lock a job (of ``scope_id``, when given) and read it; None when there is none."""
+    return conn.execute(LOCK_JOB, {"id": job_id, "s": scope_id}).mappings().first()
 
 
-def update_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, now: datetime, **fields: Any) -> None:
-    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
-    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
-    conn.execute(
-        sql(f"UPDATE job_stages SET {sets}, updated_at = :now WHERE job_id = :j AND stage = :stage"),
-        {"j": job_id, "stage": stage, "now": now, **params},
-    )
+# ---------------------------------------------------------------------------------------- stages
+REUSE_STAGE = sql("""
+UPDATE job_stages SET status = 'reused', input_fingerprint = :fp, completed_at = :now, error = NULL, updated_at = :now
+WHERE job_id = :j AND stage = :stage AND status IN ('pending', 'queued', 'running')
+""")
 
 
-def set_stages_where_task_txn(
-    conn: Connection, task_id: uuid.UUID, from_statuses: tuple[str, ...], now: datetime, **fields: Any
-) -> list[uuid.UUID]:
-    """Transition every stage that waits on ``task_id``; returns their job ids."""
-    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
-    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
-    return list(
-        conn.execute(
-            sql(
-                f"UPDATE job_stages SET {sets}, updated_at = :now WHERE task_id = :t AND status = ANY(:from_)"
-                " RETURNING job_id"
-            ),
-            {"t": task_id, "from_": list(from_statuses), "now": now, **params},
-        ).scalars()
-    )
+@transition
+def reuse_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, fingerprint: str | None,
+                    now: datetime) -> Outcome[None]:
+    """pending / queued / running → reused: the stage's artifact is valid already. Not matched: it is done."""
+    return Outcome.count(conn.execute(REUSE_STAGE, {"j": job_id, "stage": stage, "fp": fingerprint,
+                                                    "now": now}).rowcount)
 
 
-def update_job_txn(
-    conn: Connection, job_id: uuid.UUID, now: datetime, *, from_statuses: tuple[str, ...] | None = None,
-    **fields: Any,
-) -> bool:
-    """Conditional job update; False when the job is no longer in one of ``from_statuses``."""
-    sets = ", ".join(f"{k} = CAST(:{k} AS jsonb)" if k == "error" else f"{k} = :{k}" for k in fields)
-    params = {k: (canonical_json(v) if k == "error" and v is not None else v) for k, v in fields.items()}
-    cond = " AND status = ANY(:from_)" if from_statuses else ""
-    res = conn.execute(
-        sql(f"UPDATE processing_jobs SET {sets}, updated_at = :now WHERE id = :id{cond}"),
-        {"id": job_id, "now": now, "from_": list(from_statuses or ()), **params},
-    )
-    return res.rowcount > 0
+BLOCK_STAGE = sql("""
+UPDATE job_stages SET status = 'blocked', error = CAST(:err AS jsonb), retry_at = :retry_at, input_fingerprint = :fp,
+       updated_at = :now
+WHERE job_id = :j AND stage = :stage AND status IN ('pending', 'queued', 'running', 'reused')
+""")
 
 
-def cancel_open_stages_txn(conn: Connection, job_id: uuid.UUID, status: str, now: datetime) -> None:
-    conn.execute(
-        sql(
-            "UPDATE job_stages SET status = :st, updated_at = :now WHERE job_id = :j"
-            " AND status IN ('pending', 'queued', 'running')"
-        ),
-        {"j": job_id, "st": status, "now": now},
-    )
+@transition
+def block_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, fingerprint: str, error: dict,
+                    retry_at: datetime | None, now: datetime) -> Outcome[None]:
+    """pending / queued / running / reused → blocked: the operation policy denied the stage's task."""
+    return Outcome.count(conn.execute(BLOCK_STAGE, {
+        "j": job_id, "stage": stage, "fp": fingerprint, "err": canonical_json(error), "retry_at": retry_at,
+        "now": now,
+    }).rowcount)
+
+
+LINK_STAGE = sql("""
+UPDATE job_stages SET status = :st, task_id = :t, input_fingerprint = :fp, error = NULL, retry_at = NULL,
+       updated_at = :now
+WHERE job_id = :j AND stage = :stage AND CAST(:st AS text) IN ('queued', 'running')
+  AND status IN ('pending', 'queued', 'running', 'reused')
+""")
+
+
+@transition
+def link_stage_txn(conn: Connection, job_id: uuid.UUID, stage: str, task_id: uuid.UUID, task_status: str,
+                   fingerprint: str, now: datetime) -> Outcome[None]:
+    """pending / queued / running / reused → queued / running: wait on an identical active task (dedupe)."""
+    return Outcome.count(conn.execute(LINK_STAGE, {
+        "j": job_id, "stage": stage, "t": task_id, "st": task_status, "fp": fingerprint, "now": now,
+    }).rowcount)
+
+
+REQUEUE_STAGES_OF_TASK = sql("""
+UPDATE job_stages SET status = 'queued', error = CAST(:err AS jsonb), retry_at = :retry_at, attempt_count = :n,
+       updated_at = :now
+WHERE task_id = :t AND status IN ('queued', 'running')
+RETURNING job_id
+""")
+
+
+@transition
+def requeue_stages_of_task_txn(conn: Connection, task_id: uuid.UUID, error: dict, retry_at: datetime,
+                               attempt_count: int, now: datetime) -> Outcome[uuid.UUID]:
+    """queued / running → queued (retry_at = backoff), every stage waiting on a requeued task; rows = job ids."""
+    return Outcome.of(conn.execute(REQUEUE_STAGES_OF_TASK, {
+        "t": task_id, "err": canonical_json(error), "retry_at": retry_at, "n": attempt_count, "now": now,
+    }).scalars().all())
+
+
+END_STAGES_OF_TASK = sql("""
+UPDATE job_stages SET status = :st, error = CAST(:err AS jsonb), completed_at = :now, attempt_count = :n,
+       updated_at = :now
+WHERE task_id = :t AND status IN ('queued', 'running') AND CAST(:st AS text) IN ('failed', 'unknown_execution')
+RETURNING job_id
+""")
+
+
+@transition
+def end_stages_of_task_txn(conn: Connection, task_id: uuid.UUID, status: str, error: dict, attempt_count: int,
+                           now: datetime) -> Outcome[uuid.UUID]:
+    """queued / running → failed / unknown_execution, every stage waiting on a failed task; rows = job ids."""
+    return Outcome.of(conn.execute(END_STAGES_OF_TASK, {
+        "t": task_id, "st": status, "err": canonical_json(error), "n": attempt_count, "now": now,
+    }).scalars().all())
+
+
+CANCEL_OPEN_STAGES = sql("""
+UPDATE job_stages SET status = 'cancelled', updated_at = :now
+WHERE job_id = :j AND status IN ('pending', 'queued', 'running')
+""")
+
+
+@transition
+def cancel_open_stages_txn(conn: Connection, job_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """pending / queued / running → cancelled, every open stage of an ending job. Not matched: none was open."""
+    return Outcome.count(conn.execute(CANCEL_OPEN_STAGES, {"j": job_id, "now": now}).rowcount)
+
+
+# ------------------------------------------------------------------------------------------ jobs
+POINT_JOB = sql("""
+UPDATE processing_jobs SET current_stage = :stage, metadata_hash = coalesce(:mh, metadata_hash), updated_at = :now
+WHERE id = :id AND status IN ('queued', 'running')
+""")
+
+
+@transition
+def point_job_txn(conn: Connection, job_id: uuid.UUID, stage: str, metadata_hash: str | None,
+                  now: datetime) -> Outcome[None]:
+    """queued / running → same status, current_stage = the stage it waits on (and a first metadata_hash)."""
+    return Outcome.count(conn.execute(POINT_JOB, {"id": job_id, "stage": stage, "mh": metadata_hash,
+                                                  "now": now}).rowcount)
+
+
+BLOCK_JOB = sql("""
+UPDATE processing_jobs SET status = 'blocked', error = CAST(:err AS jsonb), retry_at = :retry_at,
+       current_stage = :stage, completed_at = :now, metadata_hash = coalesce(:mh, metadata_hash), updated_at = :now
+WHERE id = :id AND status IN ('queued', 'running')
+""")
+
+
+@transition
+def block_job_txn(conn: Connection, job_id: uuid.UUID, stage: str, error: dict, retry_at: datetime | None,
+                  metadata_hash: str | None, now: datetime) -> Outcome[None]:
+    """queued / running → blocked: the operation policy denied its next stage (the only road into blocked)."""
+    return Outcome.count(conn.execute(BLOCK_JOB, {
+        "id": job_id, "stage": stage, "err": canonical_json(error), "retry_at": retry_at, "mh": metadata_hash,
+        "now": now,
+    }).rowcount)
+
+
+END_JOB = sql("""
+UPDATE processing_jobs SET status = :st, error = CAST(:err AS jsonb), completed_at = :now, updated_at = :now
+WHERE id = :id AND status IN ('queued', 'running')
+  AND CAST(:st AS text) IN ('failed', 'unknown_execution', 'target_changed', 'superseded', 'cancelled')
+""")
+
+
+@transition
+def end_job_txn(conn: Connection, job_id: uuid.UUID, status: str, error: dict, now: datetime) -> Outcome[None]:
+    """queued / running → failed / unknown_execution / target_changed / superseded / cancelled, with its error."""
+    return Outcome.count(conn.execute(END_JOB, {"id": job_id, "st": status, "err": canonical_json(error),
+                                                "now": now}).rowcount)
+
+
+AGENT_STAGE_IN_PROGRESS = sql("""
+SELECT EXISTS (SELECT 1 FROM processing_jobs j JOIN job_stages s ON s.job_id = j.id
+               WHERE j.image_id = :i AND j.status IN ('queued', 'running') AND s.stage = 'agent'
+                 AND s.status IN ('queued', 'running'))
+""")
 
 
 def agent_stage_in_progress_txn(conn: Connection, image_id: uuid.UUID) -> bool:
-    return conn.execute(
-        sql(
-            "SELECT EXISTS (SELECT 1 FROM processing_jobs j JOIN job_stages s ON s.job_id = j.id"
-            f" WHERE j.image_id = :i AND j.status IN {ACTIVE} AND s.stage = 'agent'"
-            " AND s.status IN ('queued', 'running'))"
-        ),
-        {"i": image_id},
-    ).scalar_one()
+    """Does an active job of the image have its agent stage queued or running?"""
+    return conn.execute(AGENT_STAGE_IN_PROGRESS, {"i": image_id}).scalar_one()
+
+
+IMAGE_REF_OF_JOB = sql("SELECT scope_id, image_id FROM processing_jobs WHERE id = :id")
 
 
 def image_ref_txn(conn: Connection, job_id: uuid.UUID) -> RowMapping | None:
     """(scope_id, image_id) of a job, unlocked: callers lock the image first, then the job."""
-    return conn.execute(
-        sql("SELECT scope_id, image_id FROM processing_jobs WHERE id = :id"), {"id": job_id}
-    ).mappings().first()
+    return conn.execute(IMAGE_REF_OF_JOB, {"id": job_id}).mappings().first()
 
 
 def job_facts_many_txn(
@@ -181,17 +272,23 @@ def job_facts_many_txn(
     return {r["id"]: r for r in rows}
 
 
-def complete_many_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]], now: datetime) -> None:
-    """Active jobs whose every stage is done → succeeded; ``rows``: (job id, metadata_hash to set
-    on a job that has none yet, or None)."""
-    if rows:
-        conn.execute(
-            sql(
-                "UPDATE processing_jobs pj SET status = 'succeeded', current_stage = NULL, completed_at = :now,"
-                " error = NULL, updated_at = :now, metadata_hash = coalesce(pj.metadata_hash, r.mh)"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, mh text)"
-                f" WHERE pj.id = r.id AND pj.id = ANY(:ids) AND pj.status IN {ACTIVE}"
-            ),
-            {"rows": json.dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows],
-             "now": now},
-        )
+COMPLETE_JOBS = sql("""
+UPDATE processing_jobs pj SET status = 'succeeded', current_stage = NULL, completed_at = :now, error = NULL,
+       updated_at = :now, metadata_hash = coalesce(pj.metadata_hash, r.mh)
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, mh text)
+WHERE pj.id = r.id AND pj.id = ANY(:ids) AND pj.status IN ('queued', 'running')
+RETURNING pj.id
+""")
+
+
+@transition
+def complete_jobs_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]], now: datetime) -> Outcome[uuid.UUID]:
+    """queued / running → succeeded, N jobs whose every stage is done, in one statement.
+
+    ``rows``: (job id, metadata_hash to set on a job that has none yet, or None). ``rows`` of the
+    outcome: the jobs that ended."""
+    if not rows:
+        return Outcome(False)
+    return Outcome.of(conn.execute(COMPLETE_JOBS, {
+        "rows": json.dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows], "now": now,
+    }).scalars().all())

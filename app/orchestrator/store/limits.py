@@ -12,28 +12,42 @@ from app.orchestrator.store._sql import sql
 LIMIT_COLUMNS = ("max_bytes", "max_images", "uploads_per_minute", "processing_per_minute")
 
 
+SCOPE_LIMITS = sql("""
+SELECT max_bytes, max_images, uploads_per_minute, processing_per_minute FROM scope_limits WHERE scope_id = :s
+""")
+
+
 def scope_limits_txn(conn: Connection, scope_id: str) -> RowMapping | None:
     """The scope's overrides (a NULL column = the global setting), or None."""
-    return conn.execute(
-        sql(f"SELECT {', '.join(LIMIT_COLUMNS)} FROM scope_limits WHERE scope_id = :s"), {"s": scope_id}
-    ).mappings().first()
+    return conn.execute(SCOPE_LIMITS, {"s": scope_id}).mappings().first()
 
 
 def scope_exists_txn(conn: Connection, scope_id: str) -> bool:
     return conn.execute(sql("SELECT 1 FROM scopes WHERE id = :s"), {"s": scope_id}).first() is not None
 
 
+# One fixed statement for any subset of columns (River's flag style): ``set_<column>`` says whether
+# the request names that column; a column it does not name keeps its value.
+SET_SCOPE_LIMITS = sql("""
+INSERT INTO scope_limits AS l (scope_id, max_bytes, max_images, uploads_per_minute, processing_per_minute, updated_at)
+VALUES (:s, :max_bytes, :max_images, :uploads_per_minute, :processing_per_minute, :now)
+ON CONFLICT (scope_id) DO UPDATE SET
+  max_bytes = CASE WHEN :set_max_bytes THEN excluded.max_bytes ELSE l.max_bytes END,
+  max_images = CASE WHEN :set_max_images THEN excluded.max_images ELSE l.max_images END,
+  uploads_per_minute = CASE WHEN :set_uploads_per_minute THEN excluded.uploads_per_minute
+                            ELSE l.uploads_per_minute END,
+  processing_per_minute = CASE WHEN :set_processing_per_minute THEN excluded.processing_per_minute
+                               ELSE l.processing_per_minute END,
+  updated_at = excluded.updated_at
+""")
+
+
 def set_scope_limits_txn(conn: Connection, scope_id: str, values: dict[str, int | None], now: datetime) -> None:
     """Upsert the given overrides (columns not in ``values`` keep theirs; None = back to global)."""
-    cols = [c for c in LIMIT_COLUMNS if c in values]
-    conn.execute(
-        sql(
-            f"INSERT INTO scope_limits (scope_id, {', '.join(cols)}, updated_at)"
-            f" VALUES (:s, {', '.join(':' + c for c in cols)}, :now) ON CONFLICT (scope_id) DO UPDATE SET"
-            + "".join(f" {c} = excluded.{c}," for c in cols) + " updated_at = excluded.updated_at"
-        ),
-        {"s": scope_id, "now": now, **{c: values[c] for c in cols}},
-    )
+    conn.execute(SET_SCOPE_LIMITS, {
+        "s": scope_id, "now": now, **{c: values.get(c) for c in LIMIT_COLUMNS},
+        **{f"set_{c}": c in values for c in LIMIT_COLUMNS},
+    })
 
 
 def usage_txn(conn: Connection, scope_id: str) -> RowMapping | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.db.enums import STAGE_ORDER
+from app.db.enums import STAGE_ORDER, JobStatus
 from app.orchestrator.store._sql import sql
 
 _STAGE_POS = {s.value: n for n, s in enumerate(STAGE_ORDER)}
@@ -62,7 +62,7 @@ def list_images_txn(
 def job_doc(row: RowMapping, stages: list[RowMapping]) -> dict[str, Any]:
     ordered = sorted(stages, key=lambda s: _STAGE_POS[s["stage"]])
     done = sum(1 for s in ordered if s["status"] in _DONE)
-    progress = 1.0 if row["status"] == "succeeded" else round(done / len(STAGE_ORDER), 4)
+    progress = 1.0 if row["status"] == JobStatus.SUCCEEDED else round(done / len(STAGE_ORDER), 4)
     return {
         "id": str(row["id"]), "image_id": str(row["image_id"]), "revision": row["revision"], "status": row["status"],
         "mode": row["mode"], "reverse_image_policy": row["reverse_image_policy"], "image_sha256": row["image_sha256"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 # A current embedding of model ({m}, {d}[, preprocess version {p}]) for image ``i`` (its bytes — and
 # for text its context — as they are now), per kind.
@@ -38,9 +38,13 @@ def ref_json(ref: dict[str, Any] | None) -> str | None:
     return None if ref is None else json.dumps(ref, sort_keys=True)
 
 
+SERVING = sql("SELECT * FROM search_serving WHERE scope_id = :s AND kind = :k")
+LOCK_SERVING = sql("SELECT * FROM search_serving WHERE scope_id = :s AND kind = :k FOR UPDATE")
+
+
 def serving_txn(conn: Connection, scope_id: str, kind: str, *, lock: bool = False) -> RowMapping | None:
-    statement = "SELECT * FROM search_serving WHERE scope_id = :s AND kind = :k" + (" FOR UPDATE" if lock else "")
-    return conn.execute(sql(statement), {"s": scope_id, "k": kind}).mappings().first()
+    """A scope's serving state of ``kind`` (``lock``: locked until the transaction ends), or None."""
+    return conn.execute(LOCK_SERVING if lock else SERVING, {"s": scope_id, "k": kind}).mappings().first()
 
 
 def serving_many_txn(conn: Connection, scope_ids: list[str], kind: str) -> dict[str, RowMapping]:
@@ -67,17 +71,20 @@ def scopes_without_serving_txn(conn: Connection, kind: str, limit: int) -> list[
     ).scalars())
 
 
-def bootstrap_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any], now: datetime) -> bool:
-    """Create the scope's row served by ``ref``; False when it already exists (a concurrent bootstrap)."""
-    row = conn.execute(
-        sql(
-            "INSERT INTO search_serving (scope_id, kind, state, epoch, serving_model, serving_dims, serving_ref,"
-            " updated_at) VALUES (:s, :k, 'serving', 0, :m, :d, CAST(:ref AS jsonb), :now)"
-            " ON CONFLICT (scope_id, kind) DO NOTHING RETURNING epoch"
-        ),
-        {"s": scope_id, "k": kind, "m": ref["model"], "d": int(ref["dims"]), "ref": ref_json(ref), "now": now},
-    ).first()
-    return row is not None
+BOOTSTRAP = sql("""
+INSERT INTO search_serving (scope_id, kind, state, epoch, serving_model, serving_dims, serving_ref, updated_at)
+VALUES (:s, :k, 'serving', 0, :m, :d, CAST(:ref AS jsonb), :now)
+ON CONFLICT (scope_id, kind) DO NOTHING
+RETURNING epoch
+""")
+
+
+@transition
+def bootstrap_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any], now: datetime) -> Outcome[int]:
+    """— → serving ``ref``, epoch 0. Not matched: the row exists already (a concurrent bootstrap)."""
+    return Outcome.of(conn.execute(BOOTSTRAP, {
+        "s": scope_id, "k": kind, "m": ref["model"], "d": int(ref["dims"]), "ref": ref_json(ref), "now": now,
+    }).scalars().all())
 
 
 def needing_attention_txn(
@@ -97,129 +104,178 @@ def needing_attention_txn(
     ).mappings())
 
 
+BEGIN_BACKFILL = sql("""
+UPDATE search_serving SET state = 'backfill', target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb),
+       batch_id = NULL, fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL,
+       started_at = :now, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'serving' AND serving_model = :from_
+RETURNING *
+""")
+
+
+@transition
 def begin_backfill_txn(
     conn: Connection, scope_id: str, kind: str, target: dict[str, Any], *, from_model: str, now: datetime
-) -> RowMapping | None:
+) -> Outcome[RowMapping]:
     """serving → backfill towards ``target``, only if still served by ``from_model`` and not pinned."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET state = 'backfill', target_model = :m, target_dims = :d,"
-            " target_ref = CAST(:ref AS jsonb), batch_id = NULL, fill_rounds = 0, ready = 0, total = 0,"
-            " coverage_at = NULL, checked_at = NULL, started_at = :now, updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'serving' AND serving_model = :from_"
-            " RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
-         "from_": from_model, "now": now},
-    ).mappings().first()
+    return Outcome.of(conn.execute(BEGIN_BACKFILL, {
+        "s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
+        "from_": from_model, "now": now,
+    }).mappings().all())
 
 
+RETARGET = sql("""
+UPDATE search_serving SET target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb), batch_id = NULL,
+       fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL, started_at = :now,
+       updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :from_
+RETURNING *
+""")
+
+
+@transition
 def retarget_txn(
     conn: Connection, scope_id: str, kind: str, target: dict[str, Any], *, from_target: str, now: datetime
-) -> RowMapping | None:
+) -> Outcome[RowMapping]:
     """backfill towards ``from_target`` → backfill towards ``target`` (the configuration changed again)."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb),"
-            " batch_id = NULL, fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL,"
-            " started_at = :now, updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :from_ RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
-         "from_": from_target, "now": now},
-    ).mappings().first()
+    return Outcome.of(conn.execute(RETARGET, {
+        "s": scope_id, "k": kind, "m": target["model"], "d": int(target["dims"]), "ref": ref_json(target),
+        "from_": from_target, "now": now,
+    }).mappings().all())
 
 
+END_BACKFILL = sql("""
+UPDATE search_serving SET state = :st, target_model = NULL, target_dims = NULL, target_ref = NULL, batch_id = NULL,
+       checked_at = NULL, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND CAST(:st AS text) IN ('serving', 'pinned')
+  AND (CAST(:from_ AS text) IS NULL OR target_model = :from_)
+RETURNING *
+""")
+
+
+@transition
 def end_backfill_txn(
     conn: Connection, scope_id: str, kind: str, *, state: str, from_target: str | None, now: datetime
-) -> RowMapping | None:
-    """backfill → ``state`` (serving or pinned) without switching the reads (abort)."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET state = :st, target_model = NULL, target_dims = NULL, target_ref = NULL,"
-            " batch_id = NULL, checked_at = NULL, updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
-            " AND (CAST(:from_ AS text) IS NULL OR target_model = :from_) RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "st": state, "from_": from_target, "now": now},
-    ).mappings().first()
+) -> Outcome[RowMapping]:
+    """backfill → serving / pinned without switching the reads (abort)."""
+    return Outcome.of(conn.execute(END_BACKFILL, {
+        "s": scope_id, "k": kind, "st": state, "from_": from_target, "now": now,
+    }).mappings().all())
 
 
+SET_FILL_BATCH = sql("""
+UPDATE search_serving SET batch_id = :b, fill_rounds = fill_rounds + 1, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t
+""")
+
+
+@transition
 def set_batch_txn(conn: Connection, scope_id: str, kind: str, batch_id: uuid.UUID, *, target: str,
-                  now: datetime) -> bool:
-    """Attach a fill batch to the backfill towards ``target`` (another round counts one more)."""
-    res = conn.execute(
-        sql(
-            "UPDATE search_serving SET batch_id = :b, fill_rounds = fill_rounds + 1, updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t"
-        ),
-        {"s": scope_id, "k": kind, "b": batch_id, "t": target, "now": now},
-    )
-    return res.rowcount > 0
+                  now: datetime) -> Outcome[None]:
+    """backfill → backfill with a fill batch attached (another round counts one more)."""
+    return Outcome.count(conn.execute(SET_FILL_BATCH, {
+        "s": scope_id, "k": kind, "b": batch_id, "t": target, "now": now,
+    }).rowcount)
 
 
-def claim_check_txn(conn: Connection, scope_id: str, kind: str, now: datetime, min_interval_s: float) -> RowMapping | None:
-    """Take the right to run the (whole-scope) coverage check now: at most one process per
-    ``min_interval_s`` per scope, so racing completions do not each scan the scope; and not while
-    the scope's fill batch is still seeding (some images are not even queued yet)."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving ss SET checked_at = :now WHERE scope_id = :s AND kind = :k AND state = 'backfill'"
-            " AND (checked_at IS NULL OR checked_at <= :now - make_interval(secs => :iv))"
-            " AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = ss.batch_id AND b.status = 'seeding')"
-            " RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "now": now, "iv": float(min_interval_s)},
-    ).mappings().first()
+CLAIM_CHECK = sql("""
+UPDATE search_serving ss SET checked_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill'
+  AND (checked_at IS NULL OR checked_at <= :now - make_interval(secs => :iv))
+  AND NOT EXISTS (SELECT 1 FROM batches b WHERE b.id = ss.batch_id AND b.status = 'seeding')
+RETURNING *
+""")
 
 
+@transition
+def claim_check_txn(conn: Connection, scope_id: str, kind: str, now: datetime,
+                    min_interval_s: float) -> Outcome[RowMapping]:
+    """backfill → backfill, checked now: the right to run the (whole-scope) coverage check.
+
+    At most one process per ``min_interval_s`` per scope, so racing completions do not each scan
+    the scope; and not while the scope's fill batch is still seeding (some images are not even
+    queued yet).
+    """
+    return Outcome.of(conn.execute(CLAIM_CHECK, {
+        "s": scope_id, "k": kind, "now": now, "iv": float(min_interval_s),
+    }).mappings().all())
+
+
+# The cutover, one statement per kind (CURRENT/NEEDS spelled out): the NOT EXISTS stops at the
+# first image that needs the target and lacks a current embedding of it.
+CUTOVER_TEXT = sql("""
+UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref,
+       serving_model = target_model, serving_dims = target_dims, serving_ref = target_ref, target_model = NULL,
+       target_dims = NULL, target_ref = NULL, state = 'serving', epoch = epoch + 1, batch_id = NULL,
+       switched_at = :now, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
+  AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
+  AND (:early OR NOT EXISTS (
+    SELECT 1 FROM images i WHERE i.scope_id = :s AND i.metadata_hash IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id
+                      AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
+                      AND t.model = :t AND t.dims = :td)))
+RETURNING *
+""")
+
+CUTOVER_VISUAL = sql("""
+UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref,
+       serving_model = target_model, serving_dims = target_dims, serving_ref = target_ref, target_model = NULL,
+       target_dims = NULL, target_ref = NULL, state = 'serving', epoch = epoch + 1, batch_id = NULL,
+       switched_at = :now, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
+  AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
+  AND (:early OR NOT EXISTS (
+    SELECT 1 FROM images i WHERE i.scope_id = :s AND i.context_status <> 'pending'
+      AND NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
+                      AND v.image_sha256 = i.sha256 AND v.model = :t AND v.dims = :td
+                      AND v.preprocess_version = :tp)))
+RETURNING *
+""")
+
+
+@transition
 def cutover_txn(
     conn: Connection, scope_id: str, *, target: str, target_dims: int, early: bool, now: datetime,
     kind: str = "text", target_pv: str | None = None,
-) -> RowMapping | None:
-    """Switch the scope's reads of ``kind`` to ``target`` in one statement, epoch + 1 — only while
-    the scope is still in backfill towards ``target`` and (unless ``early``) every image that needs
-    one (text: has a context) has a current embedding of it. Racing callers: exactly one matches."""
-    covered = (f"NOT EXISTS (SELECT 1 FROM images i WHERE i.scope_id = :s AND {NEEDS[kind]} AND NOT "
-               + CURRENT[kind].format(m=":t", d=":td", p=":tp") + ")")
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims,"
-            " previous_ref = serving_ref, serving_model = target_model, serving_dims = target_dims,"
-            " serving_ref = target_ref, target_model = NULL, target_dims = NULL, target_ref = NULL,"
-            " state = 'serving', epoch = epoch + 1, batch_id = NULL, switched_at = :now, updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td"
-            " AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')"
-            f" AND (:early OR {covered}) RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "t": target, "td": int(target_dims), "tp": target_pv, "early": bool(early),
-         "now": now},
-    ).mappings().first()
+) -> Outcome[RowMapping]:
+    """backfill → serving ``target``, epoch + 1: switch the scope's reads of ``kind`` in one statement.
+
+    Only while the scope is still in backfill towards ``target`` and (unless ``early``) every
+    image that needs one (text: has a context) has a current embedding of it. Racing callers:
+    exactly one matches.
+    """
+    return Outcome.of(conn.execute(CUTOVER_VISUAL if kind == "visual" else CUTOVER_TEXT, {
+        "s": scope_id, "k": kind, "t": target, "td": int(target_dims), "tp": target_pv, "early": bool(early),
+        "now": now,
+    }).mappings().all())
 
 
-def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now: datetime) -> RowMapping | None:
-    """Serve the previous model again (serving and previous swap), epoch + 1, pinned — only at ``epoch``."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET serving_model = previous_model, serving_dims = previous_dims,"
-            " serving_ref = previous_ref, previous_model = serving_model, previous_dims = serving_dims,"
-            " previous_ref = serving_ref, state = 'pinned', epoch = epoch + 1, switched_at = :now,"
-            " updated_at = :now WHERE scope_id = :s AND kind = :k AND state IN ('serving', 'pinned')"
-            " AND previous_model IS NOT NULL AND epoch = :e RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "e": epoch, "now": now},
-    ).mappings().first()
+ROLLBACK = sql("""
+UPDATE search_serving SET serving_model = previous_model, serving_dims = previous_dims, serving_ref = previous_ref,
+       previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref, state = 'pinned',
+       epoch = epoch + 1, switched_at = :now, updated_at = :now
+WHERE scope_id = :s AND kind = :k AND state IN ('serving', 'pinned') AND previous_model IS NOT NULL AND epoch = :e
+RETURNING *
+""")
 
 
-def resume_txn(conn: Connection, scope_id: str, kind: str, now: datetime) -> RowMapping | None:
+@transition
+def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now: datetime) -> Outcome[RowMapping]:
+    """serving / pinned → pinned, serving and previous swapped, epoch + 1 — only at ``epoch``."""
+    return Outcome.of(conn.execute(ROLLBACK, {"s": scope_id, "k": kind, "e": epoch, "now": now}).mappings().all())
+
+
+RESUME = sql("""
+UPDATE search_serving SET state = 'serving', updated_at = :now WHERE scope_id = :s AND kind = :k AND state = 'pinned'
+RETURNING *
+""")
+
+
+@transition
+def resume_txn(conn: Connection, scope_id: str, kind: str, now: datetime) -> Outcome[RowMapping]:
     """pinned → serving: the sweep may start a backfill towards the configured model again."""
-    return conn.execute(
-        sql(
-            "UPDATE search_serving SET state = 'serving', updated_at = :now"
-            " WHERE scope_id = :s AND kind = :k AND state = 'pinned' RETURNING *"
-        ),
-        {"s": scope_id, "k": kind, "now": now},
-    ).mappings().first()
+    return Outcome.of(conn.execute(RESUME, {"s": scope_id, "k": kind, "now": now}).mappings().all())
 
 
 def set_coverage_txn(conn: Connection, scope_id: str, kind: str, ready: int, total: int, now: datetime) -> None:

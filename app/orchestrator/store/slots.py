@@ -14,28 +14,49 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.store._sql import sql
 
-# Distinct (resource_key, scope_id) pairs with queued tasks in a lane: a loose index scan over
-# ix_tasks_claimable, so its cost follows the number of waiting scopes, not the backlog size.
-_WAITING = (
-    "WITH RECURSIVE w AS ("
-    " (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'"
-    "  ORDER BY resource_key, scope_id LIMIT 1)"
-    " UNION ALL"
-    " SELECT n.resource_key, n.scope_id FROM w, LATERAL (SELECT resource_key, scope_id FROM tasks"
-    "  WHERE lane = :lane AND status = 'queued' AND (resource_key, scope_id) > (w.resource_key, w.scope_id)"
-    "  ORDER BY resource_key, scope_id LIMIT 1) n"
-    ")"
+# Both fairness reads below walk the waiting (resource key, scope) pairs of a lane with a loose
+# index scan over ix_tasks_claimable (cost follows the number of waiting pairs, not the backlog) and take each pair's best
+# due task (priority, then age) with the pair's last dispatch: the same two CTEs, spelled out in each.
+FAIRER_SCOPE_WAITING = sql("""
+WITH RECURSIVE w AS (
+  (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'
+   ORDER BY resource_key, scope_id LIMIT 1)
+  UNION ALL
+  SELECT n.resource_key, n.scope_id FROM w, LATERAL (SELECT resource_key, scope_id FROM tasks
+    WHERE lane = :lane AND status = 'queued' AND (resource_key, scope_id) > (w.resource_key, w.scope_id)
+    ORDER BY resource_key, scope_id LIMIT 1) n
+), h AS (
+  SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,
+         coalesce(f.last_dispatch_seq, 0) AS seq FROM w
+  LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id
+  CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane
+    AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id
+    AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
+    ORDER BY t.priority DESC, t.created_at LIMIT 1) c
 )
-# The best due task of each waiting pair (priority, then age) with the pair's last dispatch.
-_HEADS = (
-    " SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,"
-    "  coalesce(f.last_dispatch_seq, 0) AS seq FROM w"
-    " LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id"
-    " CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane"
-    "  AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id"
-    "  AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts"
-    "  ORDER BY t.priority DESC, t.created_at LIMIT 1) c"
+SELECT EXISTS (SELECT 1 FROM h WHERE h.resource_key = :rk AND h.scope_id <> :s
+               AND h.seq < coalesce((SELECT last_dispatch_seq FROM lane_fairness WHERE lane = :lane
+                                     AND resource_key = :rk AND scope_id = :s), 0))
+""")
+
+FAIREST_QUEUED = sql("""
+WITH RECURSIVE w AS (
+  (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'
+   ORDER BY resource_key, scope_id LIMIT 1)
+  UNION ALL
+  SELECT n.resource_key, n.scope_id FROM w, LATERAL (SELECT resource_key, scope_id FROM tasks
+    WHERE lane = :lane AND status = 'queued' AND (resource_key, scope_id) > (w.resource_key, w.scope_id)
+    ORDER BY resource_key, scope_id LIMIT 1) n
 )
+SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,
+         coalesce(f.last_dispatch_seq, 0) AS seq FROM w
+  LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id
+  CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane
+    AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id
+    AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
+    ORDER BY t.priority DESC, t.created_at LIMIT 1) c
+ORDER BY seq, c.priority DESC, c.created_at LIMIT :n
+""")
 
 
 def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> bool:
@@ -176,12 +197,7 @@ def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id
 def fairer_scope_waiting_txn(conn: Connection, lane: str, resource_key: str, scope_id: str, now: datetime) -> bool:
     """Does another scope with a due task in this (lane, resource_key) wait longer than ``scope_id``?"""
     return conn.execute(
-        sql(
-            _WAITING + ", h AS (" + _HEADS + ")"
-            " SELECT EXISTS (SELECT 1 FROM h WHERE h.resource_key = :rk AND h.scope_id <> :s"
-            "  AND h.seq < coalesce((SELECT last_dispatch_seq FROM lane_fairness WHERE lane = :lane"
-            "   AND resource_key = :rk AND scope_id = :s), 0))"
-        ),
+        FAIRER_SCOPE_WAITING,
         {"lane": lane, "rk": resource_key, "s": scope_id, "now": now},
     ).scalar_one()
 
@@ -201,7 +217,7 @@ def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -
     """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age."""
     return list(
         conn.execute(
-            sql(_WAITING + _HEADS + " ORDER BY seq, c.priority DESC, c.created_at LIMIT :n"),
+            FAIREST_QUEUED,
             {"lane": lane, "now": now, "n": n},
         ).mappings()
     )

@@ -18,16 +18,17 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
-PUBLIC_COLUMNS = (
-    "id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,"
-    " last_error, last_delivery_at, created_at"
-)
-# a subscription has an event to deliver (ix_events_scope_id range from its cursor)
+# A subscription has an event to deliver (ix_events_scope_id range from its cursor) — the predicate
+# CLAIM and DUE_FOR_HINT spell out in full.
 HAS_PENDING = (
     "EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
     " AND e.type = ANY(s.event_types))"
+)
+PUBLIC_COLUMNS = (
+    "id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,"
+    " last_error, last_delivery_at, created_at"
 )
 
 
@@ -68,84 +69,98 @@ def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> bool:
     ).rowcount > 0
 
 
-# -- claim: a due, unleased subscription with an event to deliver; generation + 1 --
-CLAIM = (
-    "UPDATE webhook_subscriptions s SET lease_owner = :o, lease_expires_at = :exp,"
-    " claim_generation = s.claim_generation + 1, last_hint_at = NULL"
-    " WHERE s.id = :id AND s.next_attempt_at <= :now AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
-    f" AND {HAS_PENDING} RETURNING s.*"
-)
+CLAIM = sql("""
+UPDATE webhook_subscriptions s SET lease_owner = :o, lease_expires_at = :exp,
+       claim_generation = s.claim_generation + 1, last_hint_at = NULL
+WHERE s.id = :id AND s.next_attempt_at <= :now AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)
+  AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor
+              AND e.type = ANY(s.event_types))
+RETURNING s.*
+""")
 
 
-def claim_txn(conn: Connection, sub_id: uuid.UUID, owner: str, now: datetime, lease_s: float) -> RowMapping | None:
-    return conn.execute(
-        sql(CLAIM), {"id": sub_id, "o": owner, "now": now, "exp": now + timedelta(seconds=lease_s)}
-    ).mappings().first()
+@transition
+def claim_txn(conn: Connection, sub_id: uuid.UUID, owner: str, now: datetime, lease_s: float) -> Outcome[RowMapping]:
+    """due, unleased (or lease expired), an event after its cursor → leased, generation + 1."""
+    return Outcome.of(conn.execute(
+        CLAIM, {"id": sub_id, "o": owner, "now": now, "exp": now + timedelta(seconds=lease_s)}
+    ).mappings().all())
 
 
-FENCE = "id = :id AND lease_owner = :o AND claim_generation = :g"
+DELIVERED = sql("""
+UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, delivered_count = delivered_count + 1,
+       last_delivery_at = :now, last_error = NULL, lease_expires_at = :exp
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g AND cursor < :e
+""")
 
 
+@transition
 def delivered_txn(
     conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, now: datetime, lease_s: float
-) -> bool:
-    """Fenced: the event was delivered — move the cursor past it and extend the lease."""
-    return conn.execute(
-        sql(
-            "UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, delivered_count = delivered_count + 1,"
-            " last_delivery_at = :now, last_error = NULL, lease_expires_at = :exp"
-            f" WHERE {FENCE} AND cursor < :e"
-        ),
-        {"id": sub_id, "o": owner, "g": generation, "e": event_id, "now": now,
-         "exp": now + timedelta(seconds=lease_s)},
-    ).rowcount > 0
+) -> Outcome[None]:
+    """leased → leased, cursor past the delivered event, lease extended (fenced). Not matched: fenced out."""
+    return Outcome.count(conn.execute(DELIVERED, {
+        "id": sub_id, "o": owner, "g": generation, "e": event_id, "now": now, "exp": now + timedelta(seconds=lease_s),
+    }).rowcount)
 
 
+RETRY_LATER = sql("""
+UPDATE webhook_subscriptions SET attempts = :a, next_attempt_at = :at, last_error = CAST(:err AS jsonb),
+       lease_owner = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g
+""")
+
+
+@transition
 def retry_later_txn(
     conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, attempts: int, at: datetime,
     error: dict[str, Any],
-) -> bool:
-    """Fenced: the event failed, try again at ``at`` — release the claim (the cursor stays)."""
-    return conn.execute(
-        sql(
-            "UPDATE webhook_subscriptions SET attempts = :a, next_attempt_at = :at, last_error = CAST(:err AS jsonb),"
-            f" lease_owner = NULL, lease_expires_at = NULL WHERE {FENCE}"
-        ),
-        {"id": sub_id, "o": owner, "g": generation, "a": attempts, "at": at, "err": canonical_json(error)},
-    ).rowcount > 0
+) -> Outcome[None]:
+    """leased → unleased, due again at ``at`` after a failed event; the cursor stays (fenced)."""
+    return Outcome.count(conn.execute(RETRY_LATER, {
+        "id": sub_id, "o": owner, "g": generation, "a": attempts, "at": at, "err": canonical_json(error),
+    }).rowcount)
 
 
+GAVE_UP = sql("""
+UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, failed_count = failed_count + 1,
+       last_error = CAST(:err AS jsonb), lease_expires_at = :exp
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g AND cursor < :e
+RETURNING scope_id
+""")
+
+INSERT_FAILURE = sql("""
+INSERT INTO webhook_failures (scope_id, subscription_id, event_id, attempts, error, failed_at)
+VALUES (:s, :id, :e, :a, CAST(:err AS jsonb), :now)
+""")
+
+
+@transition
 def gave_up_txn(
     conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, attempts: int,
     error: dict[str, Any], now: datetime, lease_s: float,
-) -> bool:
-    """Fenced: the event failed for the last time — record it and move the cursor past it."""
-    moved = conn.execute(
-        sql(
-            "UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, failed_count = failed_count + 1,"
-            " last_error = CAST(:err AS jsonb), lease_expires_at = :exp"
-            f" WHERE {FENCE} AND cursor < :e RETURNING scope_id"
-        ),
-        {"id": sub_id, "o": owner, "g": generation, "e": event_id, "err": canonical_json(error),
-         "exp": now + timedelta(seconds=lease_s)},
-    ).scalar()
-    if moved is None:
-        return False
-    conn.execute(
-        sql(
-            "INSERT INTO webhook_failures (scope_id, subscription_id, event_id, attempts, error, failed_at)"
-            " VALUES (:s, :id, :e, :a, CAST(:err AS jsonb), :now)"
-        ),
-        {"s": moved, "id": sub_id, "e": event_id, "a": attempts, "err": canonical_json(error), "now": now},
-    )
-    return True
+) -> Outcome[str]:
+    """leased → leased, the event recorded failed and the cursor past it (fenced). Not matched: fenced out."""
+    moved = Outcome.of(conn.execute(GAVE_UP, {
+        "id": sub_id, "o": owner, "g": generation, "e": event_id, "err": canonical_json(error),
+        "exp": now + timedelta(seconds=lease_s),
+    }).scalars().all())
+    if moved.matched:
+        conn.execute(INSERT_FAILURE, {"s": moved.row, "id": sub_id, "e": event_id, "a": attempts,
+                                      "err": canonical_json(error), "now": now})
+    return moved
 
 
-def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int) -> bool:
-    return conn.execute(
-        sql(f"UPDATE webhook_subscriptions SET lease_owner = NULL, lease_expires_at = NULL WHERE {FENCE}"),
-        {"id": sub_id, "o": owner, "g": generation},
-    ).rowcount > 0
+RELEASE = sql("""
+UPDATE webhook_subscriptions SET lease_owner = NULL, lease_expires_at = NULL
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g
+""")
+
+
+@transition
+def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int) -> Outcome[None]:
+    """leased → unleased (the worker stops early; fenced). Not matched: the lease was lost already."""
+    return Outcome.count(conn.execute(RELEASE, {"id": sub_id, "o": owner, "g": generation}).rowcount)
 
 
 # -- has_due: does any subscription have an event to deliver now (the lane's "queued work") --
@@ -164,7 +179,8 @@ DUE_FOR_HINT = (
     " SELECT s.id FROM webhook_subscriptions s WHERE s.next_attempt_at <= :now"
     "  AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
     "  AND (s.last_hint_at IS NULL OR s.last_hint_at < :stale)"
-    f"  AND {HAS_PENDING} ORDER BY s.next_attempt_at LIMIT :n FOR UPDATE SKIP LOCKED)"
+    "  AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
+    "  AND e.type = ANY(s.event_types)) ORDER BY s.next_attempt_at LIMIT :n FOR UPDATE SKIP LOCKED)"
     " RETURNING id"
 )
 

@@ -14,8 +14,6 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.store._sql import sql
 
-_NOW = "coalesce(CAST(:now AS timestamptz), now())"
-
 
 def db_now(conn: Connection) -> datetime:
     """The database's clock (the one every registry time is written with)."""
@@ -30,7 +28,7 @@ def upsert_worker_txn(
     conn.execute(
         sql(
             "INSERT INTO worker_registry (node, host, pid, lanes, started_at, last_seen)"
-            f" VALUES (:node, :host, :pid, :lanes, :started_at, {_NOW})"
+            " VALUES (:node, :host, :pid, :lanes, :started_at, coalesce(CAST(:now AS timestamptz), now()))"
             " ON CONFLICT (node) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, lanes = EXCLUDED.lanes,"
             " started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen"
         ),
@@ -49,7 +47,8 @@ def remove_worker_txn(conn: Connection, *, node: str, pid: int) -> bool:
 def prune_workers_txn(conn: Connection, ttl_s: float, now: datetime | None = None) -> int:
     """Delete rows not seen within ``ttl_s`` (their process died without a clean shutdown)."""
     return conn.execute(
-        sql(f"DELETE FROM worker_registry WHERE last_seen < {_NOW} - make_interval(secs => :ttl)"),
+        sql("DELETE FROM worker_registry WHERE last_seen < coalesce(CAST(:now AS timestamptz), now())"
+            " - make_interval(secs => :ttl)"),
         {"now": now, "ttl": ttl_s},
     ).rowcount
 
@@ -59,7 +58,7 @@ def live_workers_per_lane(conn: Connection, ttl_s: float, now: datetime | None =
     rows = conn.execute(
         sql(
             "SELECT lane, count(*) AS n FROM worker_registry, unnest(lanes) AS lane"
-            f" WHERE last_seen >= {_NOW} - make_interval(secs => :ttl) GROUP BY lane"
+            " WHERE last_seen >= coalesce(CAST(:now AS timestamptz), now()) - make_interval(secs => :ttl) GROUP BY lane"
         ),
         {"now": now, "ttl": ttl_s},
     )
@@ -71,9 +70,10 @@ def live_workers(conn: Connection, ttl_s: float, now: datetime | None = None) ->
     return list(
         conn.execute(
             sql(
-                f"SELECT node, host, pid, lanes, started_at, last_seen,"
-                f" extract(epoch FROM {_NOW} - last_seen) AS seen_ago_s FROM worker_registry"
-                f" WHERE last_seen >= {_NOW} - make_interval(secs => :ttl) ORDER BY node"
+                "SELECT node, host, pid, lanes, started_at, last_seen,"
+                " extract(epoch FROM coalesce(CAST(:now AS timestamptz), now()) - last_seen) AS seen_ago_s"
+                " FROM worker_registry"
+                " WHERE last_seen >= coalesce(CAST(:now AS timestamptz), now()) - make_interval(secs => :ttl) ORDER BY node"
             ),
             {"now": now, "ttl": ttl_s},
         ).mappings()
