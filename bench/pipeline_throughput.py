@@ -108,6 +108,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         with open(var_dir / f"worker{i}.log", "ab") as log:
             procs.append(subprocess.Popen(cmd, env={**env, "MEMEFLOW_WORKER_LANES": ",".join(lanes)}, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=log))
+    spies = _start_profilers(args, procs) if args.profile else []
     polls = 0
     deadline = time.monotonic() + args.timeout
     try:
@@ -121,6 +122,13 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
                 raise SystemExit(f"timeout: {done}/{args.n} jobs succeeded")
             time.sleep(0.5)
     finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for spy in spies:
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -154,6 +162,24 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     }
 
 
+def _start_profilers(args, procs: list) -> list:
+    """``py-spy record`` (on PATH) attached to every worker, raw collapsed stacks per worker."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH")
+    args.profile.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for i, p in enumerate(procs):
+        out = args.profile / f"worker{i}-{int(time.time())}.txt"
+        cmd = [spy, "record", "-p", str(p.pid), "-r", "200", "--format", "raw", "-o", str(out), "--threads"]
+        if args.profile_idle:
+            cmd.append("--idle")
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000)
@@ -174,6 +200,8 @@ def main() -> None:
     ap.add_argument("--database-url")
     ap.add_argument("--broker-url")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--profile", type=Path, help="py-spy (on PATH) every worker during the drain, raw stacks here")
+    ap.add_argument("--profile-idle", action="store_true", help="with --profile: also sample idle threads")
     args = ap.parse_args()
 
     with bench_servers("memeflow-bench-", args.database_url, args.broker_url) as (tmp, db_url, broker_url):

@@ -5,6 +5,18 @@ A record lives under its scope's storage namespace, ``results_dir/<namespace>/<a
 :func:`in_namespace`; a call outside one writes to ``results_dir`` itself). It is needed only while
 its attempt may still be adopted (``external_started``): the worker discards it once the attempt's
 completion committed (:func:`discard`), and ``memeflow gc`` prunes any left behind (:func:`prune`).
+
+**Group commit.** Concurrent writes (an agent batch's calls run in threads) are made durable
+together: while one thread flushes, the records that arrive wait, and the next flush takes them
+all. A flush of several records of one namespace writes **one** data file holding all of them
+(``{"format": "memeflow-agent-records-v2", "records": {attempt_id: result}}``), fsyncs it once,
+hard-links it as every attempt's ``<attempt_id>.json`` and fsyncs the directory once — two fsyncs
+for N attempts instead of 2N. Every name appears only after its data is durable, and no
+``write`` returns before the directory fsync, so a record is durable before its attempt can be
+reported complete. The data's inode lives as long as any attempt's name does: ``discard`` and
+``prune`` still remove one name per attempt, and the data goes with the last one. A namespace's
+data file holds that scope's records only. A lone record (or a filesystem without hard links) is
+written as before: one file of the single result, tmp + fsync + rename + directory fsync.
 """
 
 from __future__ import annotations
@@ -14,7 +26,9 @@ import contextvars
 import json
 import os
 import re
+import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -23,6 +37,7 @@ from app.stages.base import AgentResult
 from app.stages.errors import PermanentError
 
 _ATTEMPT_ID = re.compile(r"^[0-9A-Fa-f][0-9A-Fa-f-]{0,63}$")
+_BATCH_FORMAT = "memeflow-agent-records-v2"
 _NAMESPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("records_namespace", default=None)
 
 
@@ -50,11 +65,28 @@ def check_attempt_id(attempt_id: str) -> str:
     return attempt_id
 
 
+class _Pending:
+    """One record waiting for a group flush."""
+
+    __slots__ = ("directory", "attempt_id", "data", "path", "error", "done")
+
+    def __init__(self, directory: Path, attempt_id: str, data: dict) -> None:
+        self.directory, self.attempt_id, self.data = directory, attempt_id, data
+        self.path: Path | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
 class ResultRecords:
-    """``results_dir/<attempt_id>.json`` files, written atomically (tmp + fsync + rename)."""
+    """``results_dir/<attempt_id>.json`` records, durable before ``write`` returns; concurrent
+    writes share their fsyncs (group commit, see the module docstring)."""
 
     def __init__(self, results_dir: str | os.PathLike[str]) -> None:
         self.root = Path(results_dir)
+        self._cond = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._flushing = False
+        self.flushes = 0  # how many group flushes ran (observability, tests)
 
     @property
     def results_dir(self) -> Path:
@@ -64,40 +96,120 @@ class ResultRecords:
 
     def write(self, attempt_id: str, result: AgentResult) -> Path:
         """Persist ``result`` durably before it is returned; readers never see a torn file."""
-        check_attempt_id(attempt_id)
-        results_dir = self.results_dir
-        results_dir.mkdir(parents=True, exist_ok=True)
-        target = results_dir / f"{attempt_id}.json"
-        payload = json.dumps(result.to_json(), ensure_ascii=False, sort_keys=True).encode("utf-8")
-        fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{attempt_id}.", suffix=".tmp", dir=results_dir
-        )
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(results_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
-        return target
+        entry = _Pending(self.results_dir, check_attempt_id(attempt_id), result.to_json())
+        with self._cond:
+            self._pending.append(entry)
+            while not entry.done:
+                if self._flushing:
+                    self._cond.wait()
+                    continue
+                self._flushing = True  # this thread flushes everything queued so far
+                batch, self._pending = self._pending, []
+                self._cond.release()
+                try:
+                    _flush(batch)
+                finally:
+                    self._cond.acquire()
+                    self._flushing = False
+                    self.flushes += 1
+                    self._cond.notify_all()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.path is not None
+        return entry.path
 
     def read(self, attempt_id: str) -> AgentResult | None:
         """Return the recorded result, or None if this attempt never finished here."""
         check_attempt_id(attempt_id)
         for directory in dict.fromkeys((self.results_dir, self.root)):  # the root: records of older versions
             try:
-                data = (directory / f"{attempt_id}.json").read_bytes()
+                data = json.loads((directory / f"{attempt_id}.json").read_bytes())
             except FileNotFoundError:
                 continue
-            return AgentResult.from_json(json.loads(data))
+            if isinstance(data, dict) and data.get("format") == _BATCH_FORMAT:
+                one = data["records"].get(attempt_id)  # None only if the file was tampered with
+                return None if one is None else AgentResult.from_json(one)
+            return AgentResult.from_json(data)
         return None
+
+
+def _flush(batch: list[_Pending]) -> None:
+    """Make every record of ``batch`` durable: per directory, one data file for all its records."""
+    by_dir: dict[Path, list[_Pending]] = {}
+    for entry in batch:
+        by_dir.setdefault(entry.directory, []).append(entry)
+    for directory, entries in by_dir.items():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            if len(entries) == 1 or not _write_group(directory, entries):
+                for entry in entries:
+                    entry.path = _write_single(directory, entry)
+        except BaseException as exc:  # noqa: BLE001 - every waiting writer gets the failure
+            for entry in entries:
+                entry.error = exc
+        for entry in entries:
+            entry.done = True
+
+
+def _write_single(directory: Path, entry: _Pending) -> Path:
+    """One record in its own file: tmp + fsync + rename + directory fsync."""
+    target = directory / f"{entry.attempt_id}.json"
+    payload = json.dumps(entry.data, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    tmp_name = _write_tmp(directory, f".{entry.attempt_id}.", payload)
+    try:
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)  # make the rename itself durable
+    return target
+
+
+def _write_group(directory: Path, entries: list[_Pending]) -> bool:
+    """The records of ``entries`` in one fsync'd data file, hard-linked under every attempt's name,
+    then one directory fsync. False (nothing linked) if this filesystem has no hard links."""
+    payload = json.dumps({"format": _BATCH_FORMAT, "records": {e.attempt_id: e.data for e in entries}},
+                         ensure_ascii=False, sort_keys=True).encode("utf-8")
+    tmp_name = _write_tmp(directory, f".group-{secrets.token_hex(8)}.", payload)
+    try:
+        for entry in entries:
+            target = directory / f"{entry.attempt_id}.json"
+            try:
+                os.link(tmp_name, target)
+            except FileExistsError:  # an earlier write of this attempt: replaced, as os.replace would
+                link_tmp = directory / f".{entry.attempt_id}.{secrets.token_hex(4)}.tmp"
+                os.link(tmp_name, link_tmp)
+                os.replace(link_tmp, target)
+            except OSError:
+                if entry is entries[0]:
+                    return False  # no hard links here (e.g. some network or FUSE filesystems)
+                raise
+            entry.path = target
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)  # the data lives on under the attempts' names
+    _fsync_dir(directory)  # every name durable (and the data file's, already fsync'd, with it)
+    return True
+
+
+def _write_tmp(directory: Path, prefix: str, payload: bytes) -> str:
+    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return tmp_name
+
+
+def _fsync_dir(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def discard(results_dir: str | os.PathLike[str], namespace: str, attempt_ids: Iterable[str]) -> None:

@@ -1,0 +1,234 @@
+"""Group commit of the local agents' result records: concurrent writes share one data file (one
+fsync) hard-linked under every attempt's name (one directory fsync), each durable before its
+``write`` returns, each found by its attempt id, and partial or failed groups leave nothing a
+lookup could mistake for a finished attempt."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.stages.agent import records
+from app.stages.base import AgentResult
+from tests.conftest import poll_until
+
+NS = "0f" * 16
+
+
+def _result(i: int) -> AgentResult:
+    return AgentResult(context={"title": f"t{i}", "description": "", "ocr_text": "", "tags": [], "facts": {}},
+                       model="m", request_id=f"r{i}")
+
+
+def _ids(n: int) -> list[str]:
+    return [f"{i:02x}" * 16 for i in range(n)]
+
+
+def _grouped_writes(monkeypatch, rec: records.ResultRecords, ids: list[str], namespace: str | None = NS):
+    """Write ``ids`` from one thread each; the first flush waits until all the others are queued,
+    so they make exactly one group (what an agent batch's concurrent calls do, made deterministic).
+    Returns {attempt_id: Path or the exception its write raised}."""
+    real_flush, first = records._flush, threading.Event()
+
+    def flush(batch):
+        if not first.is_set():
+            first.set()
+            poll_until(lambda: len(rec._pending) == len(ids) - 1, timeout=30, what="the others queued")
+        return real_flush(batch)
+
+    monkeypatch.setattr(records, "_flush", flush)
+    out: dict[str, object] = {}
+
+    def one(i: int, attempt_id: str) -> None:
+        try:
+            if namespace is None:
+                out[attempt_id] = rec.write(attempt_id, _result(i))
+            else:
+                with records.in_namespace(namespace):
+                    out[attempt_id] = rec.write(attempt_id, _result(i))
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out[attempt_id] = exc
+
+    threads = [threading.Thread(target=one, args=(i, a)) for i, a in enumerate(ids)]
+    threads[0].start()
+    poll_until(first.is_set, timeout=30, what="the first flush")
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_concurrent_writes_share_one_data_file_and_every_attempt_reads_its_own(tmp_path, monkeypatch):
+    rec, ids = records.ResultRecords(tmp_path), _ids(6)
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    out = _grouped_writes(monkeypatch, rec, ids)
+    directory = tmp_path / NS
+    assert out == {a: directory / f"{a}.json" for a in ids}
+    assert rec.flushes == 2  # the first alone, then the five that queued behind it
+    assert len(fsyncs) == 2 + 2  # each flush: its data file and the directory, once
+    assert _names(directory) == sorted(f"{a}.json" for a in ids)  # no temp name left
+    group = [directory / f"{a}.json" for a in ids[1:]]
+    assert {p.stat().st_ino for p in group} == {group[0].stat().st_ino}  # one inode, five names
+    assert group[0].stat().st_nlink == 5 and (directory / f"{ids[0]}.json").stat().st_nlink == 1
+    data = json.loads(group[0].read_bytes())
+    assert data["format"] == "memeflow-agent-records-v2" and sorted(data["records"]) == sorted(ids[1:])
+    fresh = records.ResultRecords(tmp_path)  # "another process"
+    with records.in_namespace(NS):
+        assert [fresh.read(a) for a in ids] == [_result(i) for i in range(6)]
+        assert fresh.read("ee" * 16) is None
+
+
+def test_discarding_some_attempts_of_a_group_keeps_the_others_adoptable(tmp_path, monkeypatch):
+    rec, ids = records.ResultRecords(tmp_path), _ids(5)
+    _grouped_writes(monkeypatch, rec, ids)
+    records.discard(tmp_path, NS, ids[1:3])  # committed; ids[3:] still in flight (e.g. fenced out)
+    with records.in_namespace(NS):
+        assert [rec.read(a) for a in ids] == [_result(0), None, None, _result(3), _result(4)]
+    assert (tmp_path / NS / f"{ids[3]}.json").stat().st_nlink == 2
+    # gc: only ids[4] still open; the data goes with its last name
+    removed = records.prune(tmp_path, lambda got: {ids[4]} & set(got), min_age_s=0)
+    assert sorted(p.name for p in removed) == sorted(f"{a}.json" for a in (ids[0], ids[3]))
+    assert _names(tmp_path / NS) == [f"{ids[4]}.json"]
+    assert (tmp_path / NS / f"{ids[4]}.json").stat().st_nlink == 1
+    with records.in_namespace(NS):
+        assert rec.read(ids[4]) == _result(4)
+
+
+def test_records_of_different_namespaces_never_share_a_file(tmp_path, monkeypatch):
+    rec, ids, other = records.ResultRecords(tmp_path), _ids(5), "1a" * 16
+    real_flush, first = records._flush, threading.Event()
+
+    def flush(batch):
+        if not first.is_set():
+            first.set()
+            poll_until(lambda: len(rec._pending) == 4, timeout=30, what="the others queued")
+        return real_flush(batch)
+
+    monkeypatch.setattr(records, "_flush", flush)
+
+    def one(i):
+        with records.in_namespace(NS if i % 2 else other):
+            rec.write(ids[i], _result(i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    threads[0].start()
+    poll_until(first.is_set, timeout=30, what="the first flush")
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for namespace, mine in ((NS, [1, 3]), (other, [0, 2, 4])):
+        for i in mine:
+            data = json.loads((tmp_path / namespace / f"{ids[i]}.json").read_bytes())
+            held = set(data.get("records", {ids[i]: None}))
+            assert held <= {ids[j] for j in mine}, (namespace, held)
+    with records.in_namespace(other):
+        assert rec.read(ids[1]) is None  # another scope's attempt is not found here
+
+
+def test_a_crash_before_the_names_leaves_only_a_temp_file_that_no_lookup_adopts(tmp_path, monkeypatch):
+    """Crash after the data file is fsync'd, before (or while) the attempts' names are linked:
+    the linked ones are complete records, the others are 'never received', nothing is torn."""
+    rec, ids = records.ResultRecords(tmp_path), _ids(5)
+    real_link, linked = os.link, []
+
+    class Crash(Exception):
+        pass
+
+    def link(src, dst, *a, **kw):
+        if len(linked) == 2:
+            raise Crash()  # the process dies here
+        linked.append(dst)
+        return real_link(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "link", link)
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):  # a dead process cleans nothing up
+        if self.name.startswith(".group-"):
+            return None
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    out = _grouped_writes(monkeypatch, rec, ids)
+    assert isinstance(out[ids[0]], Path)
+    assert all(isinstance(out[a], Crash) for a in ids[1:])  # no write of the group returned
+    fresh = records.ResultRecords(tmp_path)
+    with records.in_namespace(NS):
+        found = {a: fresh.read(a) for a in ids}
+    adopted = {Path(p).stem for p in linked}
+    assert adopted == set(ids[1:3])
+    assert {a for a, r in found.items() if r is not None} == {ids[0], *adopted}
+    assert all(found[a] == _result(i) for i, a in enumerate(ids) if a in adopted)
+    temps = [n for n in _names(tmp_path / NS) if n.endswith(".tmp")]
+    assert len(temps) == 1 and temps[0].startswith(".group-")
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    removed = records.prune(tmp_path, lambda got: set(got), min_age_s=0)  # every attempt still open
+    assert [p.name for p in removed] == temps  # gc removes the stale temp name, never a record
+    with records.in_namespace(NS):
+        assert {a: fresh.read(a) for a in ids} == found
+
+
+def test_a_failed_flush_fails_every_write_of_its_group(tmp_path, monkeypatch):
+    rec, ids = records.ResultRecords(tmp_path), _ids(4)
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == 3:  # the group's data file (the first flush took two)
+            raise OSError(28, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    out = _grouped_writes(monkeypatch, rec, ids)
+    assert isinstance(out[ids[0]], Path)
+    assert all(isinstance(out[a], OSError) for a in ids[1:])
+    assert _names(tmp_path / NS) == [f"{ids[0]}.json"]  # nothing half-written remains
+    assert rec.write(ids[1], _result(1)).is_file()  # and the records keep working
+
+
+def test_without_hard_links_a_group_falls_back_to_one_file_per_attempt(tmp_path, monkeypatch):
+    rec, ids = records.ResultRecords(tmp_path), _ids(4)
+
+    def no_link(*a, **kw):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    out = _grouped_writes(monkeypatch, rec, ids)
+    assert out == {a: tmp_path / NS / f"{a}.json" for a in ids}
+    assert _names(tmp_path / NS) == sorted(f"{a}.json" for a in ids)
+    for i, a in enumerate(ids):
+        assert AgentResult.from_json(json.loads((tmp_path / NS / f"{a}.json").read_bytes())) == _result(i)
+
+
+def test_rewriting_an_attempt_in_a_group_replaces_its_record(tmp_path, monkeypatch):
+    rec, ids = records.ResultRecords(tmp_path), _ids(3)
+    with records.in_namespace(NS):
+        rec.write(ids[2], _result(9))
+    _grouped_writes(monkeypatch, rec, ids)
+    with records.in_namespace(NS):
+        assert rec.read(ids[2]) == _result(2)
+
+
+@pytest.mark.parametrize("namespace", [None, NS])
+def test_a_lone_record_keeps_the_single_result_format(tmp_path, namespace):
+    rec = records.ResultRecords(tmp_path)
+    if namespace is None:
+        path = rec.write("ab" * 16, _result(1))
+    else:
+        with records.in_namespace(namespace):
+            path = rec.write("ab" * 16, _result(1))
+    assert AgentResult.from_json(json.loads(path.read_bytes())) == _result(1)
+    assert _names(path.parent) == [path.name]
