@@ -164,7 +164,8 @@ def run_agent_batch(
         if len(claims) == 1:
             results = [_outcome(orch, claims[0], providers)]
         else:
-            results = list(_calls().map(lambda c: _outcome(orch, c, providers), claims))
+            group = records.CallGroup(len(claims))  # the batch's result records: one flush
+            results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []
@@ -178,11 +179,12 @@ def run_agent_batch(
     return len(claims)
 
 
-def _outcome(orch: Orchestrator, claim: Claim, providers: Providers) -> object:
+def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,
+             group: records.CallGroup | None = None) -> object:
     """The claim's artifact, its StageError, or None (an interrupted paid call that cannot be proven)."""
     try:
         if claim.lane == Lane.AGENT:  # its result record lives under the scope's namespace
-            with records.in_namespace(records.namespace_of(claim.storage_key)):
+            with records.in_namespace(records.namespace_of(claim.storage_key)), records.in_group(group):
                 return _compute(orch, claim, providers)
         return _compute(orch, claim, providers)
     except StageError as exc:

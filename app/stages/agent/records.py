@@ -17,6 +17,10 @@ reported complete. The data's inode lives as long as any attempt's name does: ``
 ``prune`` still remove one name per attempt, and the data goes with the last one. A namespace's
 data file holds that scope's records only. A lone record (or a filesystem without hard links) is
 written as before: one file of the single result, tmp + fsync + rename + directory fsync.
+
+The calls of one agent batch form a :class:`CallGroup` (the worker sets it around each call with
+:func:`in_group`): a flush waits — at most ``linger_s`` — while calls of its group are still
+computing, so a batch's records make one flush, not a lone first one and then the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +43,53 @@ from app.stages.errors import PermanentError
 _ATTEMPT_ID = re.compile(r"^[0-9A-Fa-f][0-9A-Fa-f-]{0,63}$")
 _BATCH_FORMAT = "memeflow-agent-records-v2"
 _NAMESPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("records_namespace", default=None)
+_MEMBER: contextvars.ContextVar[_Member | None] = contextvars.ContextVar("records_group_member", default=None)
+#: One lock for every ResultRecords and CallGroup of the process (there is one agent provider).
+_COND = threading.Condition()
+
+
+class CallGroup:
+    """The concurrent calls of one agent batch: ``computing`` counts those that have neither
+    written their record nor ended. A flush lingers (at most ``linger_s`` after its record
+    arrived) while any is computing, so the batch's records share one flush."""
+
+    def __init__(self, size: int, *, linger_s: float = 0.05) -> None:
+        self.computing = size
+        self.linger_s = linger_s
+
+    def _arrived(self) -> None:  # under _COND
+        self.computing -= 1
+        _COND.notify_all()
+
+
+class _Member:
+    __slots__ = ("group", "counted")
+
+    def __init__(self, group: CallGroup) -> None:
+        self.group, self.counted = group, False
+
+    def arrive(self) -> CallGroup | None:  # under _COND; a second write of the call counts nothing
+        if self.counted:
+            return None
+        self.counted = True
+        self.group._arrived()
+        return self.group
+
+
+@contextlib.contextmanager
+def in_group(group: CallGroup | None) -> Iterator[None]:
+    """This block (this thread) is one call of ``group``; leaving it without a record counts too."""
+    if group is None:
+        yield
+        return
+    member = _Member(group)
+    token = _MEMBER.set(member)
+    try:
+        yield
+    finally:
+        _MEMBER.reset(token)
+        with _COND:
+            member.arrive()
 
 
 def namespace_of(storage_key: str) -> str:
@@ -68,10 +119,12 @@ def check_attempt_id(attempt_id: str) -> str:
 class _Pending:
     """One record waiting for a group flush."""
 
-    __slots__ = ("directory", "attempt_id", "data", "path", "error", "done")
+    __slots__ = ("directory", "attempt_id", "data", "path", "error", "done", "group", "deadline")
 
     def __init__(self, directory: Path, attempt_id: str, data: dict) -> None:
         self.directory, self.attempt_id, self.data = directory, attempt_id, data
+        self.group: CallGroup | None = None
+        self.deadline = 0.0
         self.path: Path | None = None
         self.error: BaseException | None = None
         self.done = False
@@ -83,7 +136,7 @@ class ResultRecords:
 
     def __init__(self, results_dir: str | os.PathLike[str]) -> None:
         self.root = Path(results_dir)
-        self._cond = threading.Condition()
+        self._cond = _COND
         self._pending: list[_Pending] = []
         self._flushing = False
         self.flushes = 0  # how many group flushes ran (observability, tests)
@@ -97,12 +150,20 @@ class ResultRecords:
     def write(self, attempt_id: str, result: AgentResult) -> Path:
         """Persist ``result`` durably before it is returned; readers never see a torn file."""
         entry = _Pending(self.results_dir, check_attempt_id(attempt_id), result.to_json())
+        member = _MEMBER.get()
         with self._cond:
             self._pending.append(entry)
+            if member is not None and (group := member.arrive()) is not None:
+                entry.group, entry.deadline = group, time.monotonic() + group.linger_s
             while not entry.done:
                 if self._flushing:
                     self._cond.wait()
                     continue
+                if entry.group is not None and entry.group.computing > 0:
+                    remaining = entry.deadline - time.monotonic()
+                    if remaining > 0:  # more of this batch's records are coming: flush them together
+                        self._cond.wait(remaining)
+                        continue
                 self._flushing = True  # this thread flushes everything queued so far
                 batch, self._pending = self._pending, []
                 self._cond.release()

@@ -232,3 +232,72 @@ def test_a_lone_record_keeps_the_single_result_format(tmp_path, namespace):
             path = rec.write("ab" * 16, _result(1))
     assert AgentResult.from_json(json.loads(path.read_bytes())) == _result(1)
     assert _names(path.parent) == [path.name]
+
+
+def _group_calls(rec, group, bodies):
+    """Run each body as one call of ``group`` in its own thread (as an agent batch does)."""
+    out: dict[int, object] = {}
+
+    def call(i, body):
+        try:
+            with records.in_namespace(NS), records.in_group(group):
+                out[i] = body(i)
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            out[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i, b)) for i, b in enumerate(bodies)]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def test_a_batchs_calls_make_one_flush_however_they_are_spread(tmp_path):
+    rec, ids, go = records.ResultRecords(tmp_path), _ids(4), threading.Event()
+    group = records.CallGroup(4, linger_s=60)  # only the group's count decides here
+
+    def body(i):
+        go.wait(30)
+        return rec.write(ids[i], _result(i))
+
+    threads, out = _group_calls(rec, group, [body] * 4)
+    go.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert out == {i: tmp_path / NS / f"{a}.json" for i, a in enumerate(ids)}
+    assert rec.flushes == 1 and group.computing == 0
+    assert (tmp_path / NS / f"{ids[0]}.json").stat().st_nlink == 4
+
+
+def test_a_call_that_fails_before_its_record_does_not_hold_the_others(tmp_path):
+    rec, ids = records.ResultRecords(tmp_path), _ids(3)
+    group = records.CallGroup(3, linger_s=60)
+
+    def writes(i):
+        return rec.write(ids[i], _result(i))
+
+    def raises(i):
+        poll_until(lambda: len(rec._pending) == 2, timeout=30, what="the others waiting")
+        raise RuntimeError("provider failed")
+
+    threads, out = _group_calls(rec, group, [writes, writes, raises])
+    for t in threads:
+        t.join(timeout=60)
+    assert isinstance(out[2], RuntimeError)
+    assert out[0].is_file() and out[1].is_file() and rec.flushes == 1
+
+
+def test_a_slow_call_holds_the_others_records_at_most_the_linger(tmp_path):
+    rec, ids, release = records.ResultRecords(tmp_path), _ids(3), threading.Event()
+    group = records.CallGroup(3, linger_s=0.05)
+
+    def slow(i):
+        release.wait(60)
+        return rec.write(ids[i], _result(i))
+
+    threads, out = _group_calls(rec, group, [lambda i: rec.write(ids[i], _result(i))] * 2 + [slow])
+    poll_until(lambda: 0 in out and 1 in out, timeout=30, what="the two fast records durable")
+    assert rec.flushes == 1 and 2 not in out  # flushed without waiting for the slow call
+    release.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert out[2].is_file() and rec.flushes == 2
