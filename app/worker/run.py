@@ -109,7 +109,9 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     else:
         hints = orch.complete_task(claim, result)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
+        publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
         _discard_records(orch, [claim])
+        return outcome
     publisher.publish(hints)
     return outcome
 
@@ -169,13 +171,13 @@ def run_agent_batch(
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []
-    _discard_records(orch, [c for c, _ in done])
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
         elif result is None:
             hints += orch.mark_unknown_execution(claim)
-    publisher.publish(hints)
+    publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
+    _discard_records(orch, [c for c, _ in done])
     return len(claims)
 
 
