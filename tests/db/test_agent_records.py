@@ -91,15 +91,13 @@ def _decoded(settings, claim):
     return load_image(settings, claim)
 
 
-def test_a_batch_whose_worker_died_after_its_grouped_records_is_adopted_whole(engine, settings, monkeypatch):
+def test_a_batch_whose_worker_died_after_its_grouped_records_is_adopted_whole(engine, settings):
     """An agent batch's concurrent calls share one record file (group commit); the worker dies
     before the completion commits; after the lease, every attempt is adopted from its record by
     lookup — one paid call per task in all — and the records are discarded once committed."""
-    import threading
     from datetime import datetime, timezone
 
     from app.worker import run
-    from tests.conftest import poll_until
     from tests.support.agents import Clock
 
     settings = dataclasses.replace(settings, agent_batch_size=4, agent_lane_limit=8)
@@ -114,19 +112,11 @@ def test_a_batch_whose_worker_died_after_its_grouped_records_is_adopted_whole(en
     assert hint is not None
     claims = orch.claim_agent_batch(hint.task_id, 4, "doomed-worker")
     assert len(claims) == 4 and not any(c.recovering for c in claims)
-    real_flush, first = records._flush, threading.Event()
-
-    def flush(batch):  # the first call's flush waits until the other three are queued: one group
-        if not first.is_set():
-            first.set()
-            poll_until(lambda: len(agent.records._pending) == 3, timeout=30, what="three records queued")
-        return real_flush(batch)
-
-    monkeypatch.setattr(records, "_flush", flush)
-    results = list(run._calls().map(lambda c: run._outcome(orch, c, providers), claims))
+    group = records.CallGroup(4, linger_s=60)  # as run_agent_batch does (a long linger: the count decides)
+    results = list(run._calls().map(lambda c: run._outcome(orch, c, providers, group), claims))
     assert all(r is not None and not isinstance(r, Exception) for r in results)
     names = _records(root)
-    assert len(names) == 4 and len({(root / p).stat().st_ino for p in names}) == 2  # 1 alone + a group of 3
+    assert len(names) == 4 and len({(root / p).stat().st_ino for p in names}) == 1  # one file, four names
     # … the worker dies here. Its leases expire; the sweep re-hints; a rescuer adopts every attempt.
     clock.advance(seconds=settings.lease_s + 1)
     pub.publish(orch.sweep().hints)

@@ -6,21 +6,21 @@ A record lives under its scope's storage namespace, ``results_dir/<namespace>/<a
 its attempt may still be adopted (``external_started``): the worker discards it once the attempt's
 completion committed (:func:`discard`), and ``memeflow gc`` prunes any left behind (:func:`prune`).
 
-**Group commit.** Concurrent writes (an agent batch's calls run in threads) are made durable
-together: while one thread flushes, the records that arrive wait, and the next flush takes them
-all. A flush of several records of one namespace writes **one** data file holding all of them
+**Group commit.** The calls of one agent batch run concurrently (in threads) and form a
+:class:`CallGroup` (the worker sets it around each call with :func:`in_group`). Their records are
+made durable together: a record waits — at most ``linger_s`` after it arrived — while calls of
+its group are still computing, then one flush takes every record of the group that is waiting.
+A flush of several records of one namespace writes **one** data file holding all of them
 (``{"format": "memeflow-agent-records-v2", "records": {attempt_id: result}}``), fsyncs it once,
-hard-links it as every attempt's ``<attempt_id>.json`` and fsyncs the directory once — two fsyncs
-for N attempts instead of 2N. Every name appears only after its data is durable, and no
+hard-links it as every attempt's ``<attempt_id>.json`` and fsyncs the directory once — two
+fsyncs for N attempts instead of 2N. Every name appears only after its data is durable, and no
 ``write`` returns before the directory fsync, so a record is durable before its attempt can be
 reported complete. The data's inode lives as long as any attempt's name does: ``discard`` and
 ``prune`` still remove one name per attempt, and the data goes with the last one. A namespace's
-data file holds that scope's records only. A lone record (or a filesystem without hard links) is
-written as before: one file of the single result, tmp + fsync + rename + directory fsync.
-
-The calls of one agent batch form a :class:`CallGroup` (the worker sets it around each call with
-:func:`in_group`): a flush waits — at most ``linger_s`` — while calls of its group are still
-computing, so a batch's records make one flush, not a lone first one and then the rest.
+data file holds that scope's records only. A record outside a group (a worker running one call
+per thread, e.g. ``local-ocr`` in a threads pool) is written at once, concurrently with the
+others, as one file: tmp + fsync + rename + directory fsync (so is a lone record of a group, and
+every record on a filesystem without hard links).
 """
 
 from __future__ import annotations
@@ -44,18 +44,19 @@ _ATTEMPT_ID = re.compile(r"^[0-9A-Fa-f][0-9A-Fa-f-]{0,63}$")
 _BATCH_FORMAT = "memeflow-agent-records-v2"
 _NAMESPACE: contextvars.ContextVar[str | None] = contextvars.ContextVar("records_namespace", default=None)
 _MEMBER: contextvars.ContextVar[_Member | None] = contextvars.ContextVar("records_group_member", default=None)
-#: One lock for every ResultRecords and CallGroup of the process (there is one agent provider).
+#: One lock for every CallGroup of the process.
 _COND = threading.Condition()
 
 
 class CallGroup:
     """The concurrent calls of one agent batch: ``computing`` counts those that have neither
-    written their record nor ended. A flush lingers (at most ``linger_s`` after its record
-    arrived) while any is computing, so the batch's records share one flush."""
+    written their record nor ended; ``pending`` holds the records waiting for the group's flush."""
 
     def __init__(self, size: int, *, linger_s: float = 0.05) -> None:
         self.computing = size
         self.linger_s = linger_s
+        self.pending: list[_Pending] = []
+        self.flushing = False
 
     def _arrived(self) -> None:  # under _COND
         self.computing -= 1
@@ -68,12 +69,10 @@ class _Member:
     def __init__(self, group: CallGroup) -> None:
         self.group, self.counted = group, False
 
-    def arrive(self) -> CallGroup | None:  # under _COND; a second write of the call counts nothing
-        if self.counted:
-            return None
-        self.counted = True
-        self.group._arrived()
-        return self.group
+    def arrive(self) -> None:  # under _COND
+        if not self.counted:
+            self.counted = True
+            self.group._arrived()
 
 
 @contextlib.contextmanager
@@ -119,12 +118,10 @@ def check_attempt_id(attempt_id: str) -> str:
 class _Pending:
     """One record waiting for a group flush."""
 
-    __slots__ = ("directory", "attempt_id", "data", "path", "error", "done", "group", "deadline")
+    __slots__ = ("directory", "attempt_id", "data", "path", "error", "done")
 
     def __init__(self, directory: Path, attempt_id: str, data: dict) -> None:
         self.directory, self.attempt_id, self.data = directory, attempt_id, data
-        self.group: CallGroup | None = None
-        self.deadline = 0.0
         self.path: Path | None = None
         self.error: BaseException | None = None
         self.done = False
@@ -136,10 +133,7 @@ class ResultRecords:
 
     def __init__(self, results_dir: str | os.PathLike[str]) -> None:
         self.root = Path(results_dir)
-        self._cond = _COND
-        self._pending: list[_Pending] = []
-        self._flushing = False
-        self.flushes = 0  # how many group flushes ran (observability, tests)
+        self.flushes = 0  # how many flushes ran (observability, tests)
 
     @property
     def results_dir(self) -> Path:
@@ -151,33 +145,41 @@ class ResultRecords:
         """Persist ``result`` durably before it is returned; readers never see a torn file."""
         entry = _Pending(self.results_dir, check_attempt_id(attempt_id), result.to_json())
         member = _MEMBER.get()
-        with self._cond:
-            self._pending.append(entry)
-            if member is not None and (group := member.arrive()) is not None:
-                entry.group, entry.deadline = group, time.monotonic() + group.linger_s
-            while not entry.done:
-                if self._flushing:
-                    self._cond.wait()
-                    continue
-                if entry.group is not None and entry.group.computing > 0:
-                    remaining = entry.deadline - time.monotonic()
-                    if remaining > 0:  # more of this batch's records are coming: flush them together
-                        self._cond.wait(remaining)
-                        continue
-                self._flushing = True  # this thread flushes everything queued so far
-                batch, self._pending = self._pending, []
-                self._cond.release()
-                try:
-                    _flush(batch)
-                finally:
-                    self._cond.acquire()
-                    self._flushing = False
-                    self.flushes += 1
-                    self._cond.notify_all()
+        if member is None or member.counted:  # not in a batch (or the call's second record): at once
+            _flush([entry])
+            with _COND:
+                self.flushes += 1
+        else:
+            self._write_in_group(member, entry)
         if entry.error is not None:
             raise entry.error
         assert entry.path is not None
         return entry.path
+
+    def _write_in_group(self, member: _Member, entry: _Pending) -> None:
+        group = member.group
+        with _COND:
+            group.pending.append(entry)
+            member.arrive()
+            deadline = time.monotonic() + group.linger_s
+            while not entry.done:
+                if group.flushing:  # a flush that did not take this record: wait for it to end
+                    _COND.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if group.computing > 0 and remaining > 0:  # more of the batch is coming: flush it together
+                    _COND.wait(remaining)
+                    continue
+                group.flushing = True  # this thread flushes every record of the group waiting now
+                batch, group.pending = group.pending, []
+                _COND.release()
+                try:
+                    _flush(batch)
+                finally:
+                    _COND.acquire()
+                    group.flushing = False
+                    self.flushes += 1
+                    _COND.notify_all()
 
     def read(self, attempt_id: str) -> AgentResult | None:
         """Return the recorded result, or None if this attempt never finished here."""
