@@ -86,7 +86,7 @@ class OcrSettings:
         return {**what, "packages": sorted(_versioned(d) for d in dists)}
 
 
-@functools.lru_cache(maxsize=None)  # metadata.version scans sys.path: ~0.8 ms, twice per OCR task
+@functools.cache  # metadata.version scans sys.path: ~0.8 ms, twice per OCR task
 def _versioned(dist: str) -> str:
     try:
         return f"{dist}=={metadata.version(dist)}"
