@@ -107,19 +107,31 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         with open(var_dir / f"worker{i}.log", "ab") as log:
             procs.append(subprocess.Popen(cmd, env={**env, "MEMEFLOW_WORKER_LANES": ",".join(lanes)}, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=log))
+    spies = _start_profilers(args, procs) if args.profile else []
     polls = 0
     deadline = time.monotonic() + args.timeout
+    cpu_mark: tuple[int, float] | None = None  # (jobs done, workers' CPU s) once the drain is under way
     try:
         while True:
             with engine.connect() as conn:
                 done = conn.execute(text("SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")).scalar_one()
             polls += 1
             if done >= args.n:
+                cpu_end = (done, _cpu_s(procs))
                 break
+            if done and cpu_mark is None:
+                cpu_mark = (done, _cpu_s(procs))
             if time.monotonic() > deadline:
                 raise SystemExit(f"timeout: {done}/{args.n} jobs succeeded")
             time.sleep(0.5)
     finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for spy in spies:
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -141,7 +153,10 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     drain_s = (last - first).total_seconds()
     run_s = {lane: [float(r[1]) for r in rows if r[0] == lane and r[1] is not None] for lane in LANES}
     e2e_s = {lane: [float(r[2]) for r in rows if r[0] == lane] for lane in LANES}
+    cpu_mark = cpu_mark or (0, 0.0)
+    worker_cpu_ms = 1000 * (cpu_end[1] - cpu_mark[1]) / max(1, cpu_end[0] - cpu_mark[0])
     return {
+        "worker_cpu_ms_per_job": worker_cpu_ms,
         "n": args.n, "workers": len(layouts), "layout": args.layout, "publish_s": publish_s,
         "publish_jobs_per_s": args.n / publish_s, "drain_s": drain_s, "jobs_per_s": args.n / drain_s,
         "ingest_commits_per_job": (c1 - c0 - 1) / args.n,
@@ -151,6 +166,42 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
         "queued_to_done_ms": {lane: {"p50": 1000 * pct(v, 0.5), "p99": 1000 * pct(v, 0.99)}
                               for lane, v in e2e_s.items()},
     }
+
+
+def _cpu_s(procs: list) -> float:
+    """User + system CPU seconds of the worker processes (and their children) so far."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        try:
+            proc = psutil.Process(p.pid)
+            for q in [proc, *proc.children(recursive=True)]:
+                t = q.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _start_profilers(args, procs: list) -> list:
+    """``py-spy record`` (on PATH) attached to every worker, raw collapsed stacks per worker."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH")
+    args.profile.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for i, p in enumerate(procs):
+        out = args.profile / f"worker{i}-{int(time.time())}.txt"
+        cmd = [spy, "record", "-p", str(p.pid), "-r", "200", "--format", "raw", "-o", str(out), "--threads"]
+        if args.profile_idle:
+            cmd.append("--idle")
+        if args.profile_gil:
+            cmd.append("--gil")
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
 
 
 def main() -> None:
@@ -173,6 +224,9 @@ def main() -> None:
     ap.add_argument("--database-url")
     ap.add_argument("--broker-url")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--profile", type=Path, help="py-spy (on PATH) every worker during the drain, raw stacks here")
+    ap.add_argument("--profile-idle", action="store_true", help="with --profile: also sample idle threads")
+    ap.add_argument("--profile-gil", action="store_true", help="with --profile: only samples holding the GIL")
     args = ap.parse_args()
 
     with bench_servers("memeflow-bench-", args.database_url, args.broker_url) as (tmp, db_url, broker_url):
@@ -181,7 +235,8 @@ def main() -> None:
             r = one_run(args, db_url, broker_url, tmp / f"run{run}")
             results.append(r)
             print(f"run {run + 1}: {r['jobs_per_s']:.0f} jobs/s  drain {r['drain_s']:.1f}s  "
-                  f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})",
+                  f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})  "
+                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
                   flush=True)
         rates = [r["jobs_per_s"] for r in results]
         last = results[-1]

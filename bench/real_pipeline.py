@@ -197,8 +197,10 @@ class Pipeline:
     """The default ``memeflow up`` stack under a temp dir, warmed with ``warm``; ``measure(images)``
     uploads a set and times it until every job is terminal. Use as a context manager."""
 
-    def __init__(self, warm: list[bytes], env: dict[str, str], timeout: float) -> None:
+    def __init__(self, warm: list[bytes], env: dict[str, str], timeout: float,
+                 worker_concurrency: int | None = None) -> None:
         self.warm, self.env, self.timeout = warm, env, timeout
+        self.worker_concurrency = worker_concurrency
         self.uploaded = 0
 
     def __enter__(self) -> Pipeline:
@@ -216,7 +218,8 @@ class Pipeline:
                           MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
         reset_settings()
         self.settings = Settings.from_env()
-        self.stack = Stack(self.settings, echo=lambda *a, **k: None, start_timeout_s=180)
+        self.stack = Stack(self.settings, echo=lambda *a, **k: None, start_timeout_s=180,
+                           worker_concurrency=self.worker_concurrency)
         try:
             self.stack.start()
             self.base = f"http://127.0.0.1:{self.settings.api_port}"
@@ -301,6 +304,8 @@ def main() -> None:
     ap.add_argument("--procs", default=None, help="bare-loop process counts, e.g. 1,2 (default 1..cores)")
     ap.add_argument("--env", action="append", default=[], help="MEMEFLOW_X=Y for the pipeline (A/B)")
     ap.add_argument("--skip-bare", action="store_true")
+    ap.add_argument("--worker-concurrency", type=int,
+                    help="-c of every lane worker (a solo worker ignores it: the threads of the local agent's, A/B)")
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
@@ -323,7 +328,7 @@ def main() -> None:
           flush=True)
     rounds = []
     with contextlib.ExitStack() as stack:
-        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(warm, env, args.timeout))
+        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(warm, env, args.timeout, args.worker_concurrency))
         for r, images in enumerate(sets):
             out: dict = {}
             if not args.skip_bare:

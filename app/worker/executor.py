@@ -72,11 +72,12 @@ def load_image(settings: Settings, claim: Claim) -> DecodedImage:
     return decode_image(data, max_pixels=settings.max_image_pixels)
 
 
-def check_config(claim: Claim, provider) -> dict:
-    """The worker's provider must be the one the job was planned with, or the artifact is useless."""
-    cfg = provider.config()
+def check_config(claim: Claim, provider, known: tuple[dict, str] | None = None) -> dict:
+    """The worker's provider must be the one the job was planned with, or the artifact is useless.
+    ``known``: the provider's (config, config hash) already computed for this batch."""
+    cfg, cfg_hash = known if known is not None else (provider.config(), None)
     expected = claim.payload.get("stage_config_hash")
-    if expected and config_hash(cfg) != expected:
+    if expected and (cfg_hash or config_hash(cfg)) != expected:
         raise PermanentError(
             f"this worker's {claim.stage} provider ({cfg.get('model')}) differs from the job's configuration",
             code="provider_config_mismatch",
@@ -98,10 +99,11 @@ def execute_visual_batch(
     own bad input, and an item the provider fails on, is that claim's failure alone."""
     out: list[VisualArtifact | StageError | None] = [None] * len(claims)
     todo: list[tuple[int, DecodedImage]] = []
-    cfg: dict = {}
+    cfg = providers.visual.config()
+    known = (cfg, config_hash(cfg))  # once per batch, not per claim
     for i, claim in enumerate(claims):
         try:
-            cfg = check_config(claim, providers.visual)
+            check_config(claim, providers.visual, known)
             todo.append((i, load_image(settings, claim)))
         except StageError as exc:
             out[i] = exc
@@ -198,12 +200,13 @@ def execute_text_batch(
     """One model call for every claim whose document renders (aligned with ``claims``); the
     inputs of all of them are read in one query. An item the model fails on fails alone."""
     cfg = providers.text.config()
+    known = (cfg, config_hash(cfg))  # once per batch, not per claim
     inputs = orch.text_inputs_many(claims)
     out: list[TextArtifact | StageError | None] = [None] * len(claims)
     todo: list[tuple[int, str, str]] = []
     for i, claim in enumerate(claims):
         try:
-            check_config(claim, providers.text)
+            check_config(claim, providers.text, known)
             doc, mhash = text_document(inputs.get(claim.image_id), cfg)
             todo.append((i, doc, mhash))
         except StageError as exc:

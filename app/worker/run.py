@@ -109,7 +109,9 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     else:
         hints = orch.complete_task(claim, result)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
+        publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
         _discard_records(orch, [claim])
+        return outcome
     publisher.publish(hints)
     return outcome
 
@@ -164,25 +166,27 @@ def run_agent_batch(
         if len(claims) == 1:
             results = [_outcome(orch, claims[0], providers)]
         else:
-            results = list(_calls().map(lambda c: _outcome(orch, c, providers), claims))
+            group = records.CallGroup(len(claims))  # the batch's result records: one flush
+            results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     hints = orch.complete_tasks(done) if done else []
-    _discard_records(orch, [c for c, _ in done])
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
         elif result is None:
             hints += orch.mark_unknown_execution(claim)
-    publisher.publish(hints)
+    publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
+    _discard_records(orch, [c for c, _ in done])
     return len(claims)
 
 
-def _outcome(orch: Orchestrator, claim: Claim, providers: Providers) -> object:
+def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,
+             group: records.CallGroup | None = None) -> object:
     """The claim's artifact, its StageError, or None (an interrupted paid call that cannot be proven)."""
     try:
         if claim.lane == Lane.AGENT:  # its result record lives under the scope's namespace
-            with records.in_namespace(records.namespace_of(claim.storage_key)):
+            with records.in_namespace(records.namespace_of(claim.storage_key)), records.in_group(group):
                 return _compute(orch, claim, providers)
         return _compute(orch, claim, providers)
     except StageError as exc:

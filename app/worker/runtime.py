@@ -47,14 +47,19 @@ class WorkerRuntime:
             port = metrics.serve(settings.metrics_port, settings.metrics_host)
             log.info("metrics served on port %s", port, extra={"owner": self.owner})
 
-    def load_lane(self, lane: str) -> Any:
-        """Create ``lane``'s provider now (and warm its model if it can), not on the first task."""
+    def load_lane(self, lane: str, concurrency: int | None = None) -> Any:
+        """Create ``lane``'s provider now (and warm its model if it can), not on the first task.
+        ``concurrency``: the calls this process runs at once (a threads pool's size); the local
+        agent warms one OCR engine per call."""
         from app.orchestrator.stages import by_lane
 
         provider = self.providers.get(by_lane(lane).provider_kind)
         warm = getattr(provider, "warm", None) or getattr(provider, "load", None)
         if callable(warm):
-            warm()
+            if lane == "agent" and concurrency and getattr(provider, "name", "") == "local-ocr":
+                warm(concurrency)
+            else:
+                warm()
         log.info("providers loaded", extra={"lane": lane, "owner": self.owner})
         return provider
 
@@ -99,8 +104,8 @@ def reset_runtime() -> None:
         _runtime = None
 
 
-def preload(lanes: list[str]) -> None:
+def preload(lanes: list[str], concurrency: int | None = None) -> None:
     """Build the runtime and load the providers of ``lanes`` now, not on the first task."""
     runtime = get_runtime()
     for lane in lanes:
-        runtime.load_lane(lane)
+        runtime.load_lane(lane, concurrency)

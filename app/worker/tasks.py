@@ -165,7 +165,9 @@ def _fresh_runtime_in_child(**_: object) -> None:
 def _preload_in_solo(sender=None, **_: object) -> None:
     # solo/threads pools run tasks in this process; prefork children preload in their own init.
     pool = getattr(getattr(sender, "pool_cls", None), "__module__", "") or ""
-    if pool.endswith((".solo", ".thread")):
+    if pool.endswith(".thread"):  # one local OCR engine per thread, warm before the first task
+        _preload_from_env(getattr(sender, "concurrency", None))
+    elif pool.endswith(".solo"):
         _preload_from_env()
 
 
@@ -179,10 +181,10 @@ def _json_logs(**_: object) -> None:
     configure_logging(settings.log_level, settings.log_json)
 
 
-def _preload_from_env() -> None:
+def _preload_from_env(concurrency: int | None = None) -> None:
     lanes = [lane for lane in os.environ.get(PRELOAD_ENV, "").split(",") if lane in celeryconfig.LANE_TASKS]
     if lanes:
         try:
-            preload(lanes)
+            preload(lanes, concurrency)
         except Exception:
             log.exception("preloading providers failed", extra={"lane": ",".join(lanes)})

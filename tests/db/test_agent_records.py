@@ -89,3 +89,39 @@ def _decoded(settings, claim):
     from app.worker.executor import load_image
 
     return load_image(settings, claim)
+
+
+def test_a_batch_whose_worker_died_after_its_grouped_records_is_adopted_whole(engine, settings):
+    """An agent batch's concurrent calls share one record file (group commit); the worker dies
+    before the completion commits; after the lease, every attempt is adopted from its record by
+    lookup — one paid call per task in all — and the records are discarded once committed."""
+    from datetime import datetime, timezone
+
+    from app.worker import run
+    from tests.support.agents import Clock
+
+    settings = dataclasses.replace(settings, agent_batch_size=4, agent_lane_limit=8)
+    clock = Clock(datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc))
+    orch = Orchestrator(engine, settings, clock=clock)
+    root = settings.agent_results_path
+    agent = CountingAgent(results_dir=str(root))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    for seed in range(720, 724):
+        pub.publish(store_and_ingest(orch, "tenant-g", png_bytes(seed)).hints)
+    hint = step(orch, providers, pub, stop_lane="agent")
+    assert hint is not None
+    claims = orch.claim_agent_batch(hint.task_id, 4, "doomed-worker")
+    assert len(claims) == 4 and not any(c.recovering for c in claims)
+    group = records.CallGroup(4, linger_s=60)  # as run_agent_batch does (a long linger: the count decides)
+    results = list(run._calls().map(lambda c: run._outcome(orch, c, providers, group), claims))
+    assert all(r is not None and not isinstance(r, Exception) for r in results)
+    names = _records(root)
+    assert len(names) == 4 and len({(root / p).stat().st_ino for p in names}) == 1  # one file, four names
+    # … the worker dies here. Its leases expire; the sweep re-hints; a rescuer adopts every attempt.
+    clock.advance(seconds=settings.lease_s + 1)
+    pub.publish(orch.sweep().hints)
+    step(orch, providers, pub, owner="rescuer")
+    assert agent.calls == {"describe": 4, "lookup": 4}
+    assert rows(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == 4
+    assert {r[0] for r in rows(engine, "SELECT state FROM task_attempts")} == {"completed"}
+    assert _records(root) == []  # discarded once the adoptions committed

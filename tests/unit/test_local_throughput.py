@@ -72,3 +72,38 @@ def test_an_empty_optional_variable_means_the_default_in_force():
     assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "local-ocr"}).agent_slots == 64
     assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "", "MEMEFLOW_AGENT_PROVIDER": "openai-compatible"}
                              ).agent_slots == 4
+
+
+def test_a_threads_worker_warms_one_local_ocr_engine_per_thread(monkeypatch):
+    """A local agent's worker runs N calls at once in threads: it warms N OCR engines at start,
+    so none of its threads loads a model on its first task."""
+    from types import SimpleNamespace
+
+    from app.worker import runtime, tasks
+
+    seen: list = []
+    monkeypatch.setattr(tasks, "preload", lambda lanes, concurrency=None: seen.append((lanes, concurrency)))
+    monkeypatch.setenv(tasks.PRELOAD_ENV, "agent")
+    pool = type("TaskPool", (), {"__module__": "celery.concurrency.thread"})
+    tasks._preload_in_solo(sender=SimpleNamespace(pool_cls=pool, concurrency=3))
+    solo = type("TaskPool", (), {"__module__": "celery.concurrency.solo"})
+    tasks._preload_in_solo(sender=SimpleNamespace(pool_cls=solo, concurrency=1))
+    assert seen == [(["agent"], 3), (["agent"], None)]
+
+    class Ocr:
+        name = "local-ocr"
+
+        def warm(self, concurrency=None):
+            warmed.append(concurrency)
+
+    class Text:
+        def warm(self):
+            warmed.append("text")
+
+    warmed: list = []
+    rt = object.__new__(runtime.WorkerRuntime)
+    rt.providers, rt.owner = SimpleNamespace(agent=Ocr(), text=Text()), "test"
+    rt.load_lane("agent", 3)
+    rt.load_lane("agent")
+    rt.load_lane("embedding", 3)  # a provider without a concurrency parameter is warmed as before
+    assert warmed == [3, None, "text"]
