@@ -102,7 +102,8 @@ def test_a_threads_worker_warms_one_local_ocr_engine_per_thread(monkeypatch):
 
     warmed: list = []
     rt = object.__new__(runtime.WorkerRuntime)
-    rt.providers, rt.owner = SimpleNamespace(agent=Ocr(), text=Text()), "test"
+    by_kind = {"agent": Ocr(), "text": Text()}
+    rt.providers, rt.owner = SimpleNamespace(get=by_kind.__getitem__), "test"  # Providers.get(kind)
     rt.load_lane("agent", 3)
     rt.load_lane("agent")
     rt.load_lane("embedding", 3)  # a provider without a concurrency parameter is warmed as before
