@@ -73,6 +73,19 @@ INSERT INTO ops_counters (bucket, name, count)
 """
 
 
+def fill_statements(ids: str) -> list[str]:
+    """FILL with random keys (``md5`` UUIDs, like uuid4) or time-ordered ones (``time``: a
+    millisecond-like prefix growing with the row's creation order, then md5 bits, like the
+    UUIDv7 ids ``app.ids.new_id`` gives images, jobs and tasks)."""
+    text = FILL
+    if ids == "time":
+        for key, order in (("'i' || g", "g * 10"), ("'j' || g || '-' || r", "g * 10 + r"),
+                           ("'t' || g || '-' || r", "g * 10 + r")):
+            text = text.replace(f"md5({key})::uuid",
+                                f"(lpad(to_hex(1700000000000 + {order}), 12, '0') || substr(md5({key}), 13))::uuid")
+    return text.split(";\n")
+
+
 def explain(engine, orch) -> None:
     """EXPLAIN (ANALYZE, BUFFERS) of every kind's next walk step, rolled back."""
     from datetime import timedelta
@@ -106,6 +119,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="0,100000,1000000,5000000", help="history rows (all kinds together)")
     ap.add_argument("--sweeps", type=int, default=5)
+    ap.add_argument("--ids", choices=("time", "random"), default="time",
+                    help="keys of the generated images/jobs/tasks: time-ordered like the app's (default) or random")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the database in this directory (and reuse the history already there)")
     ap.add_argument("--explain", action="store_true",
@@ -142,7 +157,7 @@ def main() -> None:
             if want > images:
                 t0 = time.perf_counter()
                 for lo in range(images, want, 20_000):
-                    for statement in FILL.split(";\n"):
+                    for statement in fill_statements(args.ids):
                         cur.execute(statement, {"lo": lo, "hi": min(want, lo + 20_000)})
                 cur.execute("VACUUM ANALYZE")
                 print(f"history {size:,}: filled in {time.perf_counter() - t0:.0f}s", flush=True)
@@ -188,7 +203,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     print(f"\n{platform.node()} · {os.cpu_count()} CPUs · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"command: python bench/retention_sweep.py --sizes {args.sizes} --sweeps {args.sweeps}\n")
+    print(f"command: python bench/retention_sweep.py --sizes {args.sizes} --sweeps {args.sweeps} --ids {args.ids}\n")
     print("| prunable history rows | sweep p50 / max ms, retention on, no budget | rows pruned per sweep"
           " | WAL per sweep MB | sweep p50 / max ms, default budget | rows pruned per sweep | retention off p50 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

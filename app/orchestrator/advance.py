@@ -26,6 +26,7 @@ from app.db.enums import (
     Stage,
     StageStatus,
 )
+from app.ids import new_id
 from app.orchestrator import fingerprints as fp
 from app.orchestrator import grants
 from app.orchestrator.errors import GenerationPolicyConflict
@@ -276,7 +277,7 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
     now = orch.now()
     jobs.complete_jobs_txn(conn, pending.completed, now)  # every job is locked active: all of them land
     new_tasks = [(n, _task_values(orch, n, None)) for n in pending.tasks] + _granted_txn(orch, conn, pending)
-    rows = [{**values, "id": uuid.uuid4(), "hint_group": None, "hint_members": 0,
+    rows = [{**values, "id": new_id(), "hint_group": None, "hint_members": 0,
              "mh": new.job_fields.get("metadata_hash")} for new, values in new_tasks]
     groups = _join_open_groups_txn(orch, conn, _wake_groups(orch, rows), now)
     created = dict(tasks.insert_and_link_many_txn(conn, rows, now).rows)  # missing: deduplicated, below

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from app.atomic import write_atomic
-from app.ids import parse_uuid
+from app.ids import new_id, parse_uuid
 
 
 def test_write_atomic_replaces_the_file_and_leaves_no_temp_file(tmp_path):
@@ -32,3 +32,18 @@ def test_parse_uuid():
     assert parse_uuid(u) is u
     assert parse_uuid(str(u)) == u == parse_uuid(u.hex)
     assert [parse_uuid(v) for v in ("nope", "", None, 12, "../x")] == [None] * 5
+
+
+def test_new_ids_are_version_7_time_ordered_and_distinct():
+    import time
+
+    before_ms = time.time_ns() // 1_000_000
+    ids = [new_id() for _ in range(2000)]
+    after_ms = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    stamps = [i.int >> 80 for i in ids]  # the 48-bit Unix-millisecond prefix
+    assert before_ms <= min(stamps) and max(stamps) <= after_ms
+    assert stamps == sorted(stamps)  # ids made later never sort before earlier milliseconds
+    time.sleep(0.002)
+    assert new_id() > max(ids)

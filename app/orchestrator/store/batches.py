@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import Lane
+from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
@@ -28,7 +29,7 @@ def insert_batch_txn(
     """— → seeding: a batch with its snapshot target and the seed cursor at its start."""
     return Outcome.of(conn.execute(
         INSERT_BATCH,
-        {"id": uuid.uuid4(), "s": scope_id, "all": select_all, "ids": requested_ids, "p": policy,
+        {"id": new_id(), "s": scope_id, "all": select_all, "ids": requested_ids, "p": policy,
          "cur": canonical_json(cursor), "total": total, "now": now,
          "fill": canonical_json(fill_models) if fill_models else None},
     ).mappings().all())

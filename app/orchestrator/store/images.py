@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
 from app.db.enums import ContextStatus
+from app.ids import new_id
 from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
@@ -36,7 +37,7 @@ def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], no
                 " :storage_key, :display_name, :metadata_hash, to_tsvector('simple', :terms), :now, :now)"
                 " ON CONFLICT (scope_id, sha256) DO NOTHING RETURNING *"
             ),
-            {"id": uuid.uuid4(), "scope": scope_id, "now": now,
+            {"id": new_id(), "scope": scope_id, "now": now,
              "terms": image_terms(values.get("display_name"), None), **values},
         )
         .mappings()

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import STAGE_ORDER
+from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
@@ -54,7 +55,7 @@ def insert_job_txn(
 ) -> Outcome[RowMapping]:
     """— → queued, a job and its three pending stages (the active-job index is the referee: a second raises)."""
     job = conn.execute(INSERT_JOB, {
-        "id": uuid.uuid4(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
+        "id": new_id(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
         "cfg": canonical_json(config), "ch": config_hash, "rip": reverse_image_policy, "mode": mode,
         "force": list(force_stages), "b": batch_id, "now": now,
     }).mappings().one()

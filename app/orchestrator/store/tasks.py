@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
@@ -56,7 +57,7 @@ def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> 
     and the sweep re-hints if that publish is lost.
     """
     row = conn.execute(
-        INSERT_TASK, {**values, "id": uuid.uuid4(), "payload": canonical_json(values["payload"]), "now": now}
+        INSERT_TASK, {**values, "id": new_id(), "payload": canonical_json(values["payload"]), "now": now}
     ).first()
     if row is not None:
         return Outcome(True, ((row[0], row[1]),))
