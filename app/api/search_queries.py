@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from app.db.engine import scope_vector_index_name
 from app.search.queries import IMAGE_COLUMNS, LATEST_JOB, cached_count, exact_scan, iterative_scan, vector_literal
 
 
@@ -127,7 +128,7 @@ def search_visual(
         "limit": limit, "ex": str(exclude_image_id) if exclude_image_id else None,
     }
     with engine.begin() as conn:
-        if exact_scan(conn, scope_id):
+        if exact_scan(conn, scope_id, scope_vector_index_name("visual_embeddings", model, dims, scope_id)):
             return _hits(conn.execute(exact_sql, params))
         iterative_scan(conn)
         return _hits(conn.execute(sql, params))

@@ -35,6 +35,7 @@ from sqlalchemy import text
 
 from app import metrics
 from app.db.engine import scope_vector_index_name
+from app.search.queries import SCOPE_INDEX_MAX_SHARE
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -47,7 +48,7 @@ LOCK_KEY = 0x6D656D69  # "memi": one scope-index pass at a time (the sweep's loc
 TABLES = {"text": "text_embeddings", "visual": "visual_embeddings"}
 #: exactly the names scope_vector_index_name makes (a shared per-model index ends with ``_<dims>``)
 SCOPE_INDEX_NAME = re.compile(r"^ix_(text|visual)_embeddings_hnsw_s_[0-9a-f]{16}$")
-MAX_SHARE = 0.5  # a scope of at least half of all images gets none: the shared index is mostly its own
+MAX_SHARE = SCOPE_INDEX_MAX_SHARE  # a scope of at least half of all images gets none: the shared index is mostly its own
 BUILD_LOCK_TIMEOUT = "5min"  # CONCURRENTLY waits for older transactions; a stuck one fails the build
 
 

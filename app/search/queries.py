@@ -17,6 +17,7 @@ from typing import Any
 from pgvector import Vector
 from sqlalchemy import Engine, text
 
+from app.db.engine import scope_vector_index_name
 from app.search.lexical import tsquery_source
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,33 @@ def iterative_scan(conn: Any) -> None:
 # wrong cluster). All chosen by measurement (bench/search_scale.py, docs/performance.md §8).
 EXACT_SCAN_MAX_IMAGES = 20_000
 HNSW_EF_SEARCH = 1000
+#: A scope of at least this share of all images gets no index of its own (the shared one is mostly its own).
+SCOPE_INDEX_MAX_SHARE = 0.5
+#: Up to this size, a scope that should have its own index but has no valid one yet (maintenance
+#: builds it within MEMEFLOW_SEARCH_INDEX_INTERVAL_S of the scope crossing the exact-scan size, or an
+#: interrupted build left it invalid) is still searched exactly, not through the shared index with
+#: its 0.83–0.93 recall for such scopes: recall stays 1 meanwhile, at ≤ 3× the exact scan's cost.
+EXACT_SCAN_FALLBACK_MAX_IMAGES = 60_000
+
+_SCOPE_IMAGES = text("SELECT image_count FROM scope_usage WHERE scope_id = :s")
+_OWN_INDEX_VALID = text(
+    "SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(CAST(:n AS text))), false)"
+)
+_ALL_IMAGES = text("SELECT coalesce(sum(image_count), 0) FROM scope_usage")
 
 
-def exact_scan(conn: Any, scope_id: str) -> bool:
+def exact_scan(conn: Any, scope_id: str, own_index: str | None = None) -> bool:
     """Whether to search the scope by an exact scan: its image count (``scope_usage``, kept by a
-    trigger on ``images``, migration 0013 — one primary-key read) is at most EXACT_SCAN_MAX_IMAGES."""
-    n = conn.execute(text("SELECT image_count FROM scope_usage WHERE scope_id = :s"), {"s": scope_id}).scalar()
-    return int(n or 0) <= EXACT_SCAN_MAX_IMAGES
+    trigger on ``images``, migration 0013 — one primary-key read) is at most EXACT_SCAN_MAX_IMAGES;
+    or, given the name of the scope's own index of the model searched (``own_index``), the scope is
+    at most EXACT_SCAN_FALLBACK_MAX_IMAGES, below SCOPE_INDEX_MAX_SHARE of all images, and that
+    index is not (yet) valid."""
+    n = int(conn.execute(_SCOPE_IMAGES, {"s": scope_id}).scalar() or 0)
+    if n <= EXACT_SCAN_MAX_IMAGES:
+        return True
+    if own_index is None or n > EXACT_SCAN_FALLBACK_MAX_IMAGES or conn.execute(_OWN_INDEX_VALID, {"n": own_index}).scalar():
+        return False
+    return n < SCOPE_INDEX_MAX_SHARE * int(conn.execute(_ALL_IMAGES).scalar())
 
 
 def candidates(
@@ -95,7 +116,7 @@ def candidates(
     if not semantic and not lexical:
         return []
     with engine.begin() as conn:
-        exact = semantic and exact_scan(conn, scope_id)
+        exact = semantic and exact_scan(conn, scope_id, scope_vector_index_name("text_embeddings", model, dims, scope_id))
         if semantic and not exact:
             iterative_scan(conn)
         sql, params = _candidates_sql(scope_id, model=model, dims=dims, vector=vector, terms=terms, k=k,

@@ -116,8 +116,8 @@ def test_an_invalid_index_is_rebuilt_and_search_is_exact_meanwhile(orch, engine,
 
     event.listen(engine, "before_cursor_execute", explain)
     try:
-        hits, total = search_all(3)  # while the scope's index is invalid: the shared index or none
-        assert plans and not any(name in p for p in plans)
+        hits, total = search_all(3)  # while the scope's index is invalid: an exact scan, no HNSW index
+        assert plans and not any(name in p for p in plans) and not any("hnsw" in p for p in plans), plans[0]
         assert hits == total  # a small set: every neighbour found
         report = scope_indexes.maintain(orch)
         assert name in report.dropped and name in report.built and _indexes(engine)[name] is True
@@ -127,6 +127,26 @@ def test_an_invalid_index_is_rebuilt_and_search_is_exact_meanwhile(orch, engine,
         assert hits >= 0.98 * total
     finally:
         event.remove(engine, "before_cursor_execute", explain)
+
+
+def test_a_scope_waiting_for_its_index_is_searched_exactly(orch, engine, monkeypatch):
+    """Between crossing the exact-scan size and maintenance building its index, a mid-size scope is
+    still searched exactly (not through the shared index, which misses such scopes' neighbours); the
+    largest scope, which gets no index of its own, and a scope past the fallback size use the shared one."""
+    _images(engine, "big", 3000)
+    _images(engine, "grown", 700)
+    monkeypatch.setattr(Q, "EXACT_SCAN_MAX_IMAGES", 300)
+    with engine.connect() as conn:
+        assert Q.exact_scan(conn, "grown", _name("grown"))  # no index of its own yet
+        assert not Q.exact_scan(conn, "big", _name("big"))  # 81 % of all images: the shared index
+        assert not Q.exact_scan(conn, "grown")  # no index named: the size rule alone
+    monkeypatch.setattr(Q, "EXACT_SCAN_FALLBACK_MAX_IMAGES", 600)
+    with engine.connect() as conn:
+        assert not Q.exact_scan(conn, "grown", _name("grown"))  # too big to scan: the shared index
+    monkeypatch.setattr(Q, "EXACT_SCAN_FALLBACK_MAX_IMAGES", 60_000)
+    scope_indexes.maintain(orch)
+    with engine.connect() as conn:
+        assert not Q.exact_scan(conn, "grown", _name("grown"))  # its index is valid: HNSW on it
 
 
 def test_a_deleted_scope_or_a_model_no_longer_served_loses_its_index(orch, engine, settings):
