@@ -30,7 +30,14 @@ from app.config import Settings
 from tests.conftest import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
-_redis_db = itertools.count(1)
+# Redis database indexes (0–15): the long-lived stacks (the session's live stack, the quality gate's
+# module stack) keep workers consuming one index for many tests, so each has its own, never handed
+# to a test: a test given the same index would have its hints taken by their workers (which find no
+# such task in their database and drop them) and wait for work that never runs.
+LIVE_STACK_REDIS_DB = 15
+GATE_REDIS_DB = 14
+_TEST_REDIS_DBS = 13  # per-test indexes cycle over 1..13
+_redis_db = itertools.count(0)
 
 
 def redis_url_with_db(url: str, db: int) -> str:
@@ -146,7 +153,7 @@ class CeleryCluster:
 @pytest.fixture()
 def broker_url(services) -> str:
     """The session Redis with a database index of this test's own, flushed."""
-    url = redis_url_with_db(services.redis_url(), 1 + (next(_redis_db) % 15))
+    url = redis_url_with_db(services.redis_url(), 1 + (next(_redis_db) % _TEST_REDIS_DBS))
     client = redis_lib.Redis.from_url(url)
     client.flushdb()
     client.close()
@@ -292,7 +299,7 @@ def live_stack(services, template_db, tmp_path_factory):
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
     conn.close()
-    broker = redis_url_with_db(services.redis_url(), 1 + (next(_redis_db) % 15))
+    broker = redis_url_with_db(services.redis_url(), LIVE_STACK_REDIS_DB)
     client = redis_lib.Redis.from_url(broker)
     client.flushdb()
     client.close()

@@ -24,7 +24,7 @@ from app.config import Settings
 from bench.search_data import memes, write_dataset
 from bench.search_quality import TERMINAL, evaluate, gate_failures, rank_of, summarize
 from tests.conftest import admin_connect, poll_until
-from tests.integration.conftest import CeleryCluster, redis_url_with_db
+from tests.integration.conftest import GATE_REDIS_DB, CeleryCluster, redis_url_with_db
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,6 @@ MIN_R1: dict[str, float] = {
 MIN_TWINS_R1 = 1.0
 
 
-def _unused_redis_db(url: str) -> int:
-    """A Redis database index no client is connected to (a session-scoped stack of other tests keeps
-    its workers on one: sharing it would let them take this module's tasks)."""
-    client = redis_lib.Redis.from_url(url)
-    try:
-        busy = {int(c["db"]) for c in client.client_list()}
-    finally:
-        client.close()
-    return next(i for i in range(15, 0, -1) if i not in busy)
-
-
 @pytest.fixture(scope="module")
 def gate_stack(services, template_db, tmp_path_factory):
     """Its own database and Redis index, one real worker per lane with the default providers."""
@@ -63,7 +52,7 @@ def gate_stack(services, template_db, tmp_path_factory):
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name} TEMPLATE {template_db}")
     conn.close()
-    broker = redis_url_with_db(services.redis_url(), _unused_redis_db(services.redis_url()))
+    broker = redis_url_with_db(services.redis_url(), GATE_REDIS_DB)
     client = redis_lib.Redis.from_url(broker)
     client.flushdb()
     client.close()
