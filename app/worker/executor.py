@@ -21,7 +21,7 @@ from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
 from app.stages.errors import PermanentError, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
-from app.worker.providers import Providers
+from app.stages.providers import Providers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
