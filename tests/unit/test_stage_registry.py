@@ -54,3 +54,9 @@ def test_lookups_by_stage_and_lane():
     assert stages.SLOT_LANES == ("agent",)
     assert stages.BATCHED_LANES == frozenset({"visual", "embedding"})
     assert [s.stage.value for s in stages.STAGES if s.paid] == ["agent"]
+
+
+def test_every_unpaid_stage_has_a_worker_compute_and_the_paid_one_the_attempt_path():
+    from app.worker.executor import BATCH_COMPUTE
+
+    assert {s.provider_kind for s in stages.STAGES if not s.paid} == set(BATCH_COMPUTE)
