@@ -134,10 +134,10 @@ VISUAL = StageSpec(
     # an embedding for (sha256, model, preprocess_version, dims) — and, in a model change, of the
     # scope's serving and target models too
     exists_sql=(
-        "EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = {scope} AND v.image_id = {image}"
-        " AND v.image_sha256 = {sha} AND v.model = {config}->>'model'"
-        " AND v.preprocess_version = {config}->>'preprocess_version' AND v.dims = ({config}->>'dims')::int)"
-        " AND NOT " + SERVING_VISUAL_MISSING
+        "EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = {scope} AND v.image_id = {image}\n"
+        "  AND v.image_sha256 = {sha} AND v.model = {config}->>'model'\n"
+        "  AND v.preprocess_version = {config}->>'preprocess_version' AND v.dims = ({config}->>'dims')::int)\n"
+        "AND NOT " + SERVING_VISUAL_MISSING
     ),
     artifact_rows=_visual_rows, write_many_txn=artifacts.insert_visual_many_txn,
     vector_index=True, serving_kind=ServingKind.VISUAL.value,
@@ -175,10 +175,10 @@ TEXT_EMBEDDING = StageSpec(
     artifact=TextArtifact, artifact_table="text_embeddings",
     # a ready embedding of (sha256, metadata_hash, model, dims) — and of the serving and target models
     exists_sql=(
-        "EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = {scope} AND x.image_id = {image}"
-        " AND x.image_sha256 = {sha} AND x.metadata_hash = {mh} AND x.status = 'ready'"
-        " AND x.model = {config}->>'model' AND x.dims = ({config}->>'dims')::int)"
-        " AND NOT " + SERVING_TEXT_MISSING
+        "EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = {scope} AND x.image_id = {image}\n"
+        "  AND x.image_sha256 = {sha} AND x.metadata_hash = {mh} AND x.status = 'ready'\n"
+        "  AND x.model = {config}->>'model' AND x.dims = ({config}->>'dims')::int)\n"
+        "AND NOT " + SERVING_TEXT_MISSING
     ),
     artifact_rows=_text_rows, write_many_txn=artifacts.insert_text_many_txn,
     vector_index=True, serving_kind=ServingKind.TEXT.value,
@@ -201,13 +201,14 @@ BATCHED_LANES: frozenset[str] = frozenset(s.lane.value for s in STAGES if s.batc
 
 
 def exists_columns(specs: tuple[StageSpec, ...], *, scope: str, image: str, sha: str, mh: str, config: str,
-                   sep: str = ",\n       ") -> str:
-    """The select list of every stage's validity query (``<exists_sql> AS <stage>_exists``), over the
-    given SQL for the image version and the stage's config (``config`` is formatted with ``stage``).
-    store/facts.py builds its two statements from it, once at import."""
-    return sep.join(
-        s.exists_sql.format(scope=scope, image=image, sha=sha, mh=mh, config=config.format(stage=s.stage.value))
-        + f" AS {s.exists_column}"
+                   indent: str = "       ") -> str:
+    """The select list of every stage's validity query (``<exists_sql> AS <stage>_exists``, one per
+    line group, continuation lines under ``indent``), over the given SQL for the image version and
+    the stage's config (``config`` is formatted with ``stage``). store/facts.py builds its two
+    statements from it, once at import."""
+    return f",\n{indent}".join(
+        (s.exists_sql.format(scope=scope, image=image, sha=sha, mh=mh, config=config.format(stage=s.stage.value))
+         + f" AS {s.exists_column}").replace("\n", f"\n{indent}")
         for s in specs if s.exists_sql is not None
     )
 

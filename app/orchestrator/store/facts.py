@@ -42,7 +42,7 @@ FOR UPDATE OF j
 def image_artifacts_exist_sql(specs: tuple[StageSpec, ...]) -> str:
     """IMAGE_ARTIFACTS_EXIST for the pipeline ``specs``."""
     columns = exists_columns(specs, scope=":s", image=":i", sha=":sha", mh=":mh",
-                             config="CAST(:config_{stage} AS jsonb)")
+                             config="CAST(:config_{stage} AS jsonb)", indent="       ")
     return f"\nSELECT {columns}\n"
 
 
