@@ -73,20 +73,24 @@ def _derived(pipeline: tuple[stages.StageSpec, ...]) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def four_stages(monkeypatch):
-    """The registry with THUMBNAIL declared: stages.py's derived names, and every module-level name
-    in app/ bound to one of them (``from app.orchestrator.stages import STAGES`` …), re-pointed."""
+def declare(monkeypatch, pipeline: tuple[stages.StageSpec, ...], **more: tuple[Any, Any]) -> None:
+    """The registry as if ``pipeline`` were declared in stages.py: its derived names, and every
+    module-level name in app/ bound to one of them (``from app.orchestrator.stages import STAGES``
+    …), re-pointed; ``more``: other (old, new) objects to re-point the same way."""
     assert _derived(stages.STAGES).keys() <= vars(stages).keys()
-    old = {name: getattr(stages, name) for name in _derived(stages.STAGES)}
-    new = _derived(PIPELINE)
+    new = _derived(pipeline)
+    swaps = [(getattr(stages, name), new[name]) for name in new] + list(more.values())
     for module in [m for name, m in sys.modules.items() if name == "app" or name.startswith("app.")]:
         for attr, value in list(vars(module).items()):
-            for name, before in old.items():
+            for before, after in swaps:
                 if value is before:
-                    monkeypatch.setattr(module, attr, new[name])
+                    monkeypatch.setattr(module, attr, after)
+
+
+@pytest.fixture
+def four_stages(monkeypatch):
+    declare(monkeypatch, PIPELINE)
     WRITTEN.clear()
-    yield
 
 
 CONFIGS = dict(visual={"model": "v", "preprocess_version": "p1", "dims": 8}, thumbnail={"size": 128},
