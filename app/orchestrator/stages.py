@@ -5,7 +5,10 @@ workers and the supervisor otherwise had to know by name: its lane, which provid
 (and that provider's interface), where its frozen config lives, its input fingerprint and validity
 rule (SPEC §3.3), the store statements that check and write its artifact, and how its lane batches.
 Code that needs per-stage knowledge looks it up here (``SPECS[stage]``, ``by_lane(lane)``) instead
-of comparing with ``"visual"``; :data:`STAGES` is the pipeline in order.
+of comparing with ``"visual"``; :data:`STAGES` is the pipeline in order. The store statements with a
+part per stage — the planner's facts (store/facts.py) and the batched claims' cost (store/tasks.py)
+— are built from these declarations once, at import (``exists_columns``, ``BATCH_COST_CASE``), and
+checked in rendered as docs/sql/*.sql.
 
 Why here and not in ``app/stages``: a declaration includes the fingerprint, the validity rule and
 the artifact's SQL, which are the orchestrator's decisions — ``app/stages`` holds pure providers
@@ -41,7 +44,9 @@ class StageSpec:
     lane: Lane  # the Celery queue and ``tasks.lane`` of its leaf tasks
     provider_kind: str  # app.stages.providers.KINDS: which configured provider computes it
     protocol: type  # that provider's interface (app.stages.base)
-    config_key: str  # its keyword in StageConfigs(...) (a job's config column and configs[stage] use its name)
+    # its short name in StageConfigs(visual=…) and configs.<key> (a job's config column and
+    # configs[stage] use the stage's own name)
+    config_key: str
     # SPEC §3.3: the canonical hash of exactly its inputs (None: not computable yet), and whether
     # its current artifact is valid for the job — pure, from the planner's facts
     fingerprint: Callable[[ImageFacts, JobFacts], str | None]

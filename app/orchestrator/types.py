@@ -16,10 +16,9 @@ class StageConfigs(Mapping[str, dict[str, Any]]):
     per stage of the registry (app/orchestrator/stages.py), keyed by stage name — a new stage needs
     no edit here.
 
-    Read by stage (``configs[Stage.VISUAL]``, ``configs["text_embedding"]``) or by its short
-    ``config_key`` (``configs.text``). Built from a job's
-    ``config`` column, from the settings, or by each stage's short ``config_key``
-    (``StageConfigs(visual=…, agent=…, text=…)``: every stage exactly once).
+    Read by stage (``configs[Stage.VISUAL]``, ``configs["text_embedding"]``) or by a stage's short
+    ``config_key`` (``configs.text``). Built from a job's ``config`` column, from the settings, or
+    by config_key (``StageConfigs(visual=…, agent=…, text=…)``: every stage exactly once).
     """
 
     __slots__ = ("_by_stage",)
