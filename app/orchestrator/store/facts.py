@@ -1,11 +1,11 @@
 """The planner's facts about an image version: does each stage's current artifact exist?
 
-The two statements here are the only ones the store builds from the stage registry: one column per
-stage that declares a validity query (``StageSpec.exists_sql`` in app/orchestrator/stages.py), so a
-new stage adds its column by its declaration alone. Each is built once, at import, and is then a
-constant like every other statement; what it renders to is checked in as docs/sql/job_facts_many.sql
-and docs/sql/image_artifacts_exist.sql (tests/unit/test_stage_sql.py fails when they drift, and says
-how to render them again).
+Both statements have one column per stage that declares a validity query (``StageSpec.exists_sql``
+in app/orchestrator/stages.py), so a new stage adds its column by its declaration alone. Each is
+built once, at import, and is then a constant like every other statement; what it renders to is
+checked in as docs/sql/job_facts_many.sql and docs/sql/image_artifacts_exist.sql
+(tests/unit/test_stage_sql.py fails when they drift, and says how to render them again). The only
+other statements built from the registry are the batched claims (their cost CASE, store/tasks.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import uuid
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.stages import STAGES, StageSpec, exists_columns
+from app.orchestrator.stages import EXISTS_STAGES, STAGES, StageSpec, exists_columns
 from app.orchestrator.store._sql import sql
 from app.orchestrator.types import StageConfigs
 
@@ -42,7 +42,7 @@ FOR UPDATE OF j
 def image_artifacts_exist_sql(specs: tuple[StageSpec, ...]) -> str:
     """IMAGE_ARTIFACTS_EXIST for the pipeline ``specs``."""
     columns = exists_columns(specs, scope=":s", image=":i", sha=":sha", mh=":mh",
-                             config="CAST(:config_{stage} AS jsonb)", indent="       ")
+                             config="CAST(:config_{stage} AS jsonb)")
     return f"\nSELECT {columns}\n"
 
 
@@ -75,5 +75,5 @@ def image_artifacts_exist_txn(conn: Connection, image: RowMapping, configs: Stag
     (``<stage>_exists`` columns), in one statement."""
     return conn.execute(IMAGE_ARTIFACTS_EXIST, {
         "s": image["scope_id"], "i": image["id"], "sha": image["sha256"], "mh": image["metadata_hash"],
-        **{f"config_{s.stage.value}": canonical_json(s.config(configs)) for s in STAGES if s.exists_sql is not None},
+        **{f"config_{s.stage.value}": canonical_json(s.config(configs)) for s in EXISTS_STAGES},
     }).mappings().one()
