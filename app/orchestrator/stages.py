@@ -58,8 +58,9 @@ class StageSpec:
     artifact_table: str  # where the artifact is stored
     # the validity query: does its current artifact for the job's config exist? A SQL boolean over
     # {scope} {image} {sha} {mh} (the image version) and {config} (its jsonb config); it fills
-    # ImageFacts.exists[stage]. None: validity is read from the image row itself. store/facts.py
-    # puts every stage's into one statement (rendered: docs/sql/)
+    # ImageFacts.exists[stage] (a str.format template: literal braces doubled). None: validity is
+    # read from the image row itself. store/facts.py puts every stage's into one statement
+    # (rendered: docs/sql/)
     exists_sql: str | None
     # the artifact writer: the rows of one landed claim, and the statement writing many of them
     # (None: the stage writes its own way — the agent's context goes onto the image row together

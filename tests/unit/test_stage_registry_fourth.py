@@ -3,7 +3,9 @@
 the planner's facts and order, the facts statements, payloads and task values, batching, the
 batched claims' cost, the artifact write and the worker's dispatch — with no other edit
 (docs/architecture.md "Adding a stage"). No table exists for it, so its SQL is checked as text;
-tests/db/test_stage_registry_fourth.py runs it against a temporary table."""
+tests/db/test_stage_registry_fourth.py runs it end to end with its table created in the test's
+database. Queue and Celery task names follow ``app.db.enums.Lane`` (the migration's vocabulary,
+which test_stage_registry.py checks against the registry), so they are not re-derived here."""
 
 from __future__ import annotations
 
