@@ -34,9 +34,9 @@ from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import wake_group_size
 from app.orchestrator.planner import Action, ImageFacts, JobFacts, Plan, plan
 from app.orchestrator.policy import Denial
-from app.orchestrator.stages import BATCHED_LANES, STAGES, lane_of
+from app.orchestrator.stages import BATCHED_LANES, EXISTS_STAGES, lane_of
 from app.orchestrator.stages import spec as stage_spec
-from app.orchestrator.store import images, jobs, tasks
+from app.orchestrator.store import facts, images, jobs, tasks
 from app.orchestrator.types import StageConfigs
 
 if TYPE_CHECKING:
@@ -53,16 +53,21 @@ def image_facts_txn(conn: Connection, image: RowMapping, configs: StageConfigs) 
         context_status=image["context_status"],
         provenance=image["context_provenance"],
         metadata_hash=image["metadata_hash"],
-        **{s.exists_field: s.exists_txn(conn, image, configs) for s in STAGES if s.exists_txn and s.exists_field},
+        exists=_exists(facts.image_artifacts_exist_txn(conn, image, configs)),
     )
+
+
+def _exists(row: RowMapping) -> dict[str, bool]:
+    """ImageFacts.exists from a facts row's ``<stage>_exists`` columns (store/facts.py)."""
+    return {s.stage.value: row[s.exists_column] for s in EXISTS_STAGES}
 
 
 def plan_for_txn(
     conn: Connection, image: RowMapping, configs: StageConfigs, policy: str, force: Iterable[str] = (),
     succeeded: Iterable[str] = (),
 ) -> Plan:
-    facts = image_facts_txn(conn, image, configs)
-    return plan(facts, JobFacts(image["sha256"], configs, policy, frozenset(force), frozenset(succeeded)))
+    image_facts = image_facts_txn(conn, image, configs)
+    return plan(image_facts, JobFacts(image["sha256"], configs, policy, frozenset(force), frozenset(succeeded)))
 
 
 def end_job_txn(orch: Orchestrator, conn: Connection, job: RowMapping, status: str, code: str, msg: str) -> None:
@@ -124,13 +129,13 @@ def advance_jobs_txn(
     for job_id, image in items:
         unique.setdefault(job_id, image)  # each job once
     items = list(unique.items())
-    facts = jobs.job_facts_many_txn(conn, [
+    found = facts.job_facts_many_txn(conn, [
         (job_id, image["sha256"] if image else "", image["metadata_hash"] if image else None)
         for job_id, image in items
     ])
     pending = _Pending()
     for job_id, image in items:
-        _advance_txn(orch, conn, facts.get(job_id), image, pending)
+        _advance_txn(orch, conn, found.get(job_id), image, pending)
     return _flush_txn(orch, conn, pending)
 
 
@@ -148,11 +153,11 @@ def _advance_txn(
     stages = {r["stage"]: r for r in job["stage_rows"]}
     configs = StageConfigs.from_job_config(job["config"])
     succeeded = [s for s, row in stages.items() if row["status"] == StageStatus.SUCCEEDED]
-    facts = ImageFacts(
+    image_facts = ImageFacts(
         sha256=image["sha256"], context_status=image["context_status"], provenance=image["context_provenance"],
-        metadata_hash=image["metadata_hash"], visual_exists=job["visual_exists"], text_exists=job["text_exists"],
+        metadata_hash=image["metadata_hash"], exists=_exists(job),
     )
-    p = plan(facts, JobFacts(image["sha256"], configs, job["reverse_image_policy"],
+    p = plan(image_facts, JobFacts(image["sha256"], configs, job["reverse_image_policy"],
                              frozenset(job["force_stages"]), frozenset(succeeded)))
     now = orch.now()
     fields: dict = {}

@@ -85,7 +85,7 @@ def lane_batch_size(settings, lane: str) -> int:
 
 
 def lane_batch_budget(settings, lane: str) -> int:
-    """How much one batch of a batched lane may hold, in the unit of ``tasks.BATCH_COST``: decoded
+    """How much one batch of a batched lane may hold, in the unit of its stage's ``batch_cost_sql``: decoded
     pixels (visual) or document characters (embedding). A batch always takes at least one task."""
     spec = by_lane(lane)
     if spec is None or spec.batch_budget_setting is None:

@@ -30,8 +30,9 @@ class ImageFacts:
     context_status: str
     provenance: Mapping[str, Any] | None
     metadata_hash: str | None
-    visual_exists: bool  # a visual embedding for (sha256, model, preprocess_version, dims)
-    text_exists: bool  # a ready text embedding for (sha256, metadata_hash, model)
+    # stage → does its current artifact for the job's config exist (its StageSpec.exists_sql), for
+    # every stage that declares a validity query
+    exists: Mapping[str, bool]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from app.db.enums import ServingKind
+from app.db.enums import ServingKind, Stage
 from app.orchestrator.store import serving as q
 from app.orchestrator.store import serving_fill
 
@@ -27,10 +27,10 @@ def configured_ref(orch: Orchestrator, kind: str) -> dict[str, Any]:
     from app.stages.providers import text_options, visual_options
 
     if kind == TEXT:
-        cfg = dict(orch.stage_configs.text)
+        cfg = dict(orch.stage_configs[Stage.TEXT_EMBEDDING])
         return {"spec": orch.settings.text_provider, "options": text_options(orch.settings),
                 "model": str(cfg["model"]), "dims": int(cfg["dims"]), "config": cfg}
-    cfg = dict(orch.stage_configs.visual)
+    cfg = dict(orch.stage_configs[Stage.VISUAL])
     return {"spec": orch.settings.visual_provider, "options": visual_options(orch.settings),
             "model": str(cfg["model"]), "dims": int(cfg["dims"]),
             "preprocess_version": str(cfg["preprocess_version"]), "config": cfg}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,19 +11,62 @@ from app.orchestrator.fingerprints import config_hash
 from app.orchestrator.hints import Hint
 
 
-@dataclass(frozen=True)
-class StageConfigs:
-    """Provider configs frozen into each new job (their hashes are part of the fingerprints)."""
+class StageConfigs(Mapping[str, dict[str, Any]]):
+    """Provider configs frozen into each new job (their hashes are part of the fingerprints): one
+    per stage of the registry (app/orchestrator/stages.py), keyed by stage name — a new stage needs
+    no edit here.
 
-    visual: dict[str, Any]
-    agent: dict[str, Any]
-    text: dict[str, Any]
+    Read by stage (``configs[Stage.VISUAL]``, ``configs["text_embedding"]``) or by a stage's short
+    ``config_key`` (``configs.text``). Built from a job's ``config`` column, from the settings, or
+    by config_key (``StageConfigs(visual=…, agent=…, text=…)``: every stage exactly once).
+    """
+
+    __slots__ = ("_by_stage",)
+
+    def __init__(self, **by_key: dict[str, Any]) -> None:
+        from app.orchestrator.stages import STAGES  # which key is whose: the stage registry
+
+        keys = [s.config_key for s in STAGES]
+        if sorted(by_key) != sorted(keys):
+            raise TypeError(f"StageConfigs takes one config per stage ({', '.join(keys)}), got {sorted(by_key)}")
+        self._by_stage = {s.stage.value: by_key[s.config_key] for s in STAGES}
+
+    @classmethod
+    def _of(cls, by_stage: dict[str, dict[str, Any]]) -> StageConfigs:
+        """From configs already keyed by every stage of the registry, in its order."""
+        configs = cls.__new__(cls)
+        configs._by_stage = by_stage
+        return configs
+
+    def __getitem__(self, stage: str) -> dict[str, Any]:
+        return self._by_stage[stage]
+
+    def __getattr__(self, key: str) -> dict[str, Any]:
+        """A stage's config by its config_key (``configs.visual``, ``configs.text``)."""
+        from app.orchestrator.stages import BY_CONFIG_KEY
+
+        spec = BY_CONFIG_KEY.get(key)
+        if spec is None or key.startswith("_"):
+            raise AttributeError(key)
+        return self._by_stage[spec.stage.value]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_stage)
+
+    def __len__(self) -> int:
+        return len(self._by_stage)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StageConfigs) and self._by_stage == other._by_stage
+
+    __hash__ = None  # type: ignore[assignment]  # mutable dicts inside, as the dataclass had
+
+    def __repr__(self) -> str:
+        return f"StageConfigs({self._by_stage!r})"
 
     def as_dict(self) -> dict[str, Any]:
         """The configs by stage name, as a job's ``config`` column stores them."""
-        from app.orchestrator.stages import STAGES  # which field is whose: the stage registry
-
-        return {s.stage.value: getattr(self, s.config_field) for s in STAGES}
+        return dict(self._by_stage)
 
     @property
     def hash(self) -> str:
@@ -30,14 +74,14 @@ class StageConfigs:
 
     @property
     def agent_hash(self) -> str:
-        return config_hash(self.agent)
+        return config_hash(self._by_stage["agent"])
 
     @classmethod
     def from_job_config(cls, config: dict[str, Any]) -> StageConfigs:
         """The configs a job froze (its ``config`` column), by stage name."""
         from app.orchestrator.stages import STAGES
 
-        return cls(**{s.config_field: config[s.stage.value] for s in STAGES})
+        return cls._of({s.stage.value: config[s.stage.value] for s in STAGES})
 
     @classmethod
     def from_settings(cls, settings) -> StageConfigs:
@@ -46,7 +90,7 @@ class StageConfigs:
         from app.stages.providers import provider_configs
 
         by_kind = provider_configs(settings)
-        return cls(**{s.config_field: by_kind[s.provider_kind] for s in STAGES})
+        return cls._of({s.stage.value: by_kind[s.provider_kind] for s in STAGES})
 
 
 @dataclass(frozen=True)

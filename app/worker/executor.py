@@ -255,3 +255,13 @@ def _embed_extra_models(providers: Providers, claims: list[Claim], inputs: dict,
             elif isinstance(current, TextArtifact):
                 extra = TextArtifact([float(x) for x in v], model, dims, doc, version, current.metadata_hash)
                 out[i] = dataclasses.replace(current, extra=(*current.extra, extra))
+
+
+#: The worker's compute of each non-paid stage, by its provider kind (StageSpec.provider_kind):
+#: ``compute(orch, providers, claims)`` → one artifact or StageError per claim, aligned with
+#: ``claims``; run.py dispatches a lane's claims here. The paid agent call has its own path
+#: (execute_agent / recover_agent: the attempt protocol).
+BATCH_COMPUTE: dict[str, Callable[[Any, Providers, list[Claim]], list]] = {
+    "visual": lambda orch, providers, claims: execute_visual_batch(orch.settings, providers, claims, orch),
+    "text": lambda orch, providers, claims: execute_text_batch(orch, orch.settings, providers, claims),
+}

@@ -13,6 +13,7 @@ from app.db.enums import Lane
 from app.orchestrator.hints import HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
+from app.orchestrator.stages import by_lane
 from app.orchestrator.types import Claim
 from app.stages.agent import records
 from app.stages.errors import StageError
@@ -89,11 +90,12 @@ def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object |
 
 
 def _compute_batch(orch: Orchestrator, lane: str, claims: list[Claim], providers: Providers) -> list:
-    if lane == Lane.VISUAL:
-        return executor.execute_visual_batch(orch.settings, providers, claims, orch)
-    if lane == Lane.EMBEDDING:
-        return executor.execute_text_batch(orch, orch.settings, providers, claims)
-    raise ValueError(f"the {lane} lane runs one claim at a time")
+    """The lane's stage's batch compute (``executor.BATCH_COMPUTE`` by its provider kind)."""
+    spec = by_lane(lane)
+    compute = executor.BATCH_COMPUTE.get(spec.provider_kind) if spec is not None else None
+    if compute is None:
+        raise ValueError(f"the {lane} lane runs one claim at a time")
+    return compute(orch, providers, claims)
 
 
 def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:

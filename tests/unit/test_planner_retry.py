@@ -19,9 +19,9 @@ CFG = StageConfigs(
 SHA = "a" * 64
 
 
-def facts(**kw) -> ImageFacts:
-    base = dict(sha256=SHA, context_status="pending", provenance=None, metadata_hash=None, visual_exists=False,
-                text_exists=False)
+def facts(visual_exists=False, text_exists=False, **kw) -> ImageFacts:
+    base = dict(sha256=SHA, context_status="pending", provenance=None, metadata_hash=None,
+                exists={"visual": visual_exists, "text_embedding": text_exists})
     base.update(kw)
     return ImageFacts(**base)
 

@@ -9,7 +9,6 @@ import celeryconfig
 from app.config import Settings
 from app.db.enums import STAGE_ORDER, Lane, Stage
 from app.orchestrator import stages
-from app.orchestrator.store.tasks import BATCH_COST
 from app.orchestrator.types import StageConfigs
 from app.stages.providers import KINDS, Providers
 
@@ -33,10 +32,12 @@ def test_every_stage_names_settings_and_queues_that_exist(tmp_path):
         assert hasattr(settings, spec.batch_size_setting)
         assert spec.batch_budget_setting is None or spec.batch_budget_setting in fields
         assert spec.lane.value in celeryconfig.LANE_TASKS and spec.lane.value in celeryconfig.QUEUES
-        assert spec.config_field in {f.name for f in dataclasses.fields(StageConfigs)}
-        assert (spec.batch_cost_sql is not None) == spec.batched == (spec.lane.value in BATCH_COST)
+        assert (spec.batch_cost_sql is not None) == spec.batched
         assert (spec.write_many_txn is None) == (spec.artifact_rows is None)
-        assert (spec.exists_txn is None) == (spec.exists_field is None)
+        # a stage with its own artifact rows has a validity query over them
+        assert (spec.exists_sql is None) == (spec.write_many_txn is None)
+    # StageConfigs(...) takes one keyword per stage, its config_key
+    assert len({s.config_key for s in stages.STAGES}) == len(stages.STAGES)
 
 
 def test_each_stage_provider_implements_its_protocol(tmp_path):
@@ -53,3 +54,9 @@ def test_lookups_by_stage_and_lane():
     assert stages.SLOT_LANES == ("agent",)
     assert stages.BATCHED_LANES == frozenset({"visual", "embedding"})
     assert [s.stage.value for s in stages.STAGES if s.paid] == ["agent"]
+
+
+def test_every_unpaid_stage_has_a_worker_compute_and_the_paid_one_the_attempt_path():
+    from app.worker.executor import BATCH_COMPUTE
+
+    assert {s.provider_kind for s in stages.STAGES if not s.paid} == set(BATCH_COMPUTE)

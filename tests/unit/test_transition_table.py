@@ -77,12 +77,15 @@ def test_transitions_run_module_level_statements():
             assert isinstance(getattr(modules[module], constant), TextClause), f"{name}: {constant} is no statement"
 
 
-def test_batch_cost_names_the_expressions_the_batched_claims_spell_out():
+def test_the_batched_claims_cost_each_batched_stage_as_it_declares():
+    from app.orchestrator.stages import STAGES
     from app.orchestrator.store import tasks
 
+    batched = [s for s in STAGES if s.batched]
+    assert batched
     for statement in (tasks.CLAIM_GROUP, tasks.CLAIM_FAIR_BATCH):
-        assert f"WHEN t.lane = 'visual' THEN {tasks.BATCH_COST['visual']}" in statement.text
-        assert f"ELSE {tasks.BATCH_COST['embedding']} END AS cost" in " ".join(statement.text.split())
+        for s in batched:
+            assert f"WHEN t.lane = '{s.lane.value}' THEN {s.batch_cost_sql}" in statement.text
 
 
 def test_has_pending_names_the_predicate_the_webhook_claim_spells_out():

@@ -3,7 +3,9 @@ registry of named transitions (docs/architecture.md "Transitions and the conditi
 tests/unit/test_transition_table.py keeps the two equal).
 
 Every statement is a module-level constant written out whole next to the function that runs it —
-never assembled from fragments — so the SQL that runs is the SQL you read.
+never assembled from fragments at call time — so the SQL that runs is the SQL you read. The four
+with a part per stage (store/facts.py, the batched claims in store/tasks.py) take it from the stage
+registry once, at import, and are checked in rendered as docs/sql/*.sql (tests/unit/test_stage_sql.py).
 """
 
 from __future__ import annotations

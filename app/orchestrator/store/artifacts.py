@@ -1,42 +1,13 @@
-"""Stage artifacts: visual and text embeddings (written only by fenced completions)."""
+"""Stage artifacts: visual and text embeddings (written only by fenced completions; whether they
+exist is each stage's ``exists_sql``, read by store/facts.py)."""
 
 from __future__ import annotations
 
 import json
-import uuid
 
 from sqlalchemy.engine import Connection
 
 from app.orchestrator.store._sql import sql
-from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
-
-
-def visual_exists_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, config: dict) -> bool:
-    return conn.execute(
-        sql(
-            "SELECT EXISTS (SELECT 1 FROM visual_embeddings WHERE scope_id = :s AND image_id = :i"
-            " AND image_sha256 = :sha AND model = :m AND preprocess_version = :pv AND dims = :d)"
-            f" AND NOT {SERVING_VISUAL_MISSING.format(scope=':s', image=':i', sha=':sha')}"
-        ),
-        {"s": scope_id, "i": image_id, "sha": sha256, "m": config["model"], "pv": config["preprocess_version"],
-         "d": int(config["dims"])},
-    ).scalar_one()
-
-
-def text_exists_txn(
-    conn: Connection, scope_id: str, image_id: uuid.UUID, sha256: str, metadata_hash: str | None, config: dict
-) -> bool:
-    if metadata_hash is None:
-        return False
-    return conn.execute(
-        sql(
-            "SELECT EXISTS (SELECT 1 FROM text_embeddings WHERE scope_id = :s AND image_id = :i"
-            " AND image_sha256 = :sha AND metadata_hash = :mh AND model = :m AND dims = :d AND status = 'ready')"
-            f" AND NOT {SERVING_TEXT_MISSING.format(scope=':s', image=':i', sha=':sha', mh=':mh')}"
-        ),
-        {"s": scope_id, "i": image_id, "sha": sha256, "mh": metadata_hash, "m": config["model"],
-         "d": int(config["dims"])},
-    ).scalar_one()
 
 
 def insert_visual_many_txn(conn: Connection, rows: list[dict]) -> None:

@@ -14,7 +14,6 @@ from app.db.enums import STAGE_ORDER
 from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
-from app.orchestrator.store.serving_fill import SERVING_TEXT_MISSING, SERVING_VISUAL_MISSING
 
 ACTIVE_JOB_OF_IMAGE = sql("""
 SELECT * FROM processing_jobs WHERE image_id = :i AND status IN ('queued', 'running') FOR UPDATE
@@ -234,43 +233,6 @@ IMAGE_REF_OF_JOB = sql("SELECT scope_id, image_id FROM processing_jobs WHERE id 
 def image_ref_txn(conn: Connection, job_id: uuid.UUID) -> RowMapping | None:
     """(scope_id, image_id) of a job, unlocked: callers lock the image first, then the job."""
     return conn.execute(IMAGE_REF_OF_JOB, {"id": job_id}).mappings().first()
-
-
-def job_facts_many_txn(
-    conn: Connection, items: list[tuple[uuid.UUID, str, str | None]]
-) -> dict[uuid.UUID, RowMapping]:
-    """Lock jobs (in id order) and read, in one statement, each one's stages (with their tasks'
-    status) and whether the artifacts its frozen config needs exist for the given image version.
-
-    ``items``: (job id, image sha256, image metadata_hash) — the image version to check against.
-    """
-    if not items:
-        return {}
-    doc = json.dumps([{"id": str(j), "sha": sha, "mh": mh} for j, sha, mh in items])
-    rows = conn.execute(
-        sql(
-            "SELECT j.*,"
-            " (SELECT json_agg(json_build_object('stage', s.stage, 'status', s.status, 'task_id', s.task_id,"
-            "   'task_status', t.status)) FROM job_stages s LEFT JOIN tasks t ON t.id = s.task_id"
-            "   WHERE s.job_id = j.id) AS stage_rows,"
-            " EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = j.scope_id AND v.image_id = j.image_id"
-            "   AND v.image_sha256 = r.sha AND v.model = j.config->'visual'->>'model'"
-            "   AND v.preprocess_version = j.config->'visual'->>'preprocess_version'"
-            "   AND v.dims = (j.config->'visual'->>'dims')::int)"
-            f" AND NOT {SERVING_VISUAL_MISSING.format(scope='j.scope_id', image='j.image_id', sha='r.sha')}"
-            " AS visual_exists,"
-            " EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = j.scope_id AND x.image_id = j.image_id"
-            "   AND x.image_sha256 = r.sha AND x.metadata_hash = r.mh AND x.status = 'ready'"
-            "   AND x.model = j.config->'text_embedding'->>'model'"
-            "   AND x.dims = (j.config->'text_embedding'->>'dims')::int)"
-            f" AND NOT {SERVING_TEXT_MISSING.format(scope='j.scope_id', image='j.image_id', sha='r.sha', mh='r.mh')}"
-            " AS text_exists"
-            " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, mh text)"
-            " JOIN processing_jobs j ON j.id = r.id WHERE j.id = ANY(:ids) ORDER BY j.id FOR UPDATE OF j"
-        ),
-        {"rows": doc, "ids": [j for j, _, _ in items]},
-    ).mappings().all()
-    return {r["id"]: r for r in rows}
 
 
 COMPLETE_JOBS = sql("""

@@ -19,19 +19,16 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
+from app.orchestrator.stages import BATCH_COST_CASE
 from app.orchestrator.store._sql import Outcome, sql, transition
 
 # What one task of a batched lane costs the worker that holds the batch in memory, read from its
-# image row: decoded pixels (visual), or the characters its semantic document is rendered from
-# (embedding: the display name and the context's JSON text, which is at least as long as the
-# rendered fields). A batch claims a prefix of its candidates whose costs sum within the lane's
-# budget (``lanes.lane_batch_budget``). The expressions are spelled out in the CASE of both
-# batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH); this mapping names them for the stage registry
-# and is never pasted into a statement (tests/unit/test_transition_table.py checks they agree).
-BATCH_COST = {
-    "visual": "i.width::bigint * i.height",
-    "embedding": "coalesce(length(i.display_name), 0) + coalesce(length(i.context::text), 0)",
-}
+# image row (each batched stage declares its ``batch_cost_sql`` in app/orchestrator/stages.py):
+# decoded pixels (visual), or the characters its semantic document is rendered from (embedding). A
+# batch claims a prefix of its candidates whose costs sum within the lane's budget
+# (``lanes.lane_batch_budget``). The two batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH) take that
+# CASE from the registry, once at import; their rendered SQL is docs/sql/claim_group.sql and
+# docs/sql/claim_fair_batch.sql (tests/unit/test_stage_sql.py fails when they drift).
 
 INSERT_TASK = sql("""
 INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,
@@ -103,11 +100,10 @@ def claim_txn(
     ).mappings().all())
 
 
-CLAIM_GROUP = sql("""
+CLAIM_GROUP = sql(f"""
 WITH cand AS MATERIALIZED (
   SELECT t.id, t.id = :id AS hinted, t.priority, t.available_at,
-         CASE WHEN t.lane = 'visual' THEN i.width::bigint * i.height
-              ELSE coalesce(length(i.display_name), 0) + coalesce(length(i.context::text), 0) END AS cost
+         {BATCH_COST_CASE} AS cost
   FROM tasks t JOIN images i ON i.id = t.image_id
   WHERE (t.id = :id OR (t.hint_group = :id AND t.status = 'queued')) AND t.lane = :lane
     AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
@@ -147,7 +143,7 @@ def claim_group_txn(
 
     The hinted task is claimable as in ``claim_txn``; members another claimer holds are skipped
     (SKIP LOCKED). The longest prefix — hinted task first, then priority, age — whose costs
-    (BATCH_COST) sum within ``budget`` is claimed, and always at least one task (a huge image is
+    (BATCH_COST_CASE) sum within ``budget`` is claimed, and always at least one task (a huge image is
     never starved). Returns the outcome (not matched: neither the task nor any member was
     claimable) and how many due members were left out for lack of budget: they stay queued in the
     group, and a new hint naming ``task_id`` claims them (the hinted task is running by then). A
@@ -168,7 +164,7 @@ def claim_group_txn(
 # scope's first task, then every scope's second … — then the prefix within the budget is claimed
 # and the claimed scopes (and the group's) move to the back of the round: one upsert in scope
 # order, so concurrent claimers queue on the same rows in the same order.
-CLAIM_FAIR_BATCH = sql("""
+CLAIM_FAIR_BATCH = sql(f"""
 WITH cand AS MATERIALIZED (
   WITH RECURSIVE w AS (
     (SELECT scope_id FROM tasks WHERE lane = :lane AND status = 'queued' AND available_at <= :now
@@ -191,8 +187,7 @@ WITH cand AS MATERIALIZED (
         ORDER BY t.priority DESC, t.available_at LIMIT :n) b) x
   )
   SELECT t.id, false AS hinted, t.priority, t.available_at, t.scope_id, h.rk, h.served, h.seq,
-         CASE WHEN t.lane = 'visual' THEN i.width::bigint * i.height
-              ELSE coalesce(length(i.display_name), 0) + coalesce(length(i.context::text), 0) END AS cost
+         {BATCH_COST_CASE} AS cost
   FROM tasks t JOIN h ON h.id = t.id JOIN images i ON i.id = t.image_id
   WHERE t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested
     AND t.attempt_count < t.max_attempts
