@@ -67,13 +67,12 @@ def ingest_image(
     values = {"sha256": sha256, "extension": extension, "media_type": media_type, "size_bytes": size_bytes,
               "width": width, "height": height, "storage_key": storage_key, "display_name": display_name,
               "metadata_hash": None}
-    stored: str | None = None  # the key whose file this transaction wrote (to release on failure)
+    stored = storage_key  # the key released if the transaction fails (None: not resolved yet)
     try:
         with orch.engine.begin() as conn:
             namespace = images.ensure_scope_txn(conn, scope_id)
             if storage_key is None:
-                storage_key = values["storage_key"] = content_key(namespace, sha256, extension)
-            stored = storage_key
+                storage_key = stored = values["storage_key"] = content_key(namespace, sha256, extension)
             store_file_txn(conn, files, storage_key, data)
             image, created = _insert_or_lock_image_txn(orch, conn, scope_id, sha256, values)
             job, hints = None, []
