@@ -364,6 +364,12 @@ class Pipeline:
                     title.split(":", 1)[1].strip().split(" ")[0] if ":" in title else "postmaster")
                 kinds[kind] = kinds.get(kind, 0.0) + v - cpu0.get("postgres", {}).get(pid, 0.0)
             print("      postgres CPU s by process: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
+            user = system = 0.0  # since each process started (warm-up included): the split, not the amount
+            for pid in cpu1.get("postgres", {}):
+                with contextlib.suppress(psutil.Error):
+                    t = psutil.Process(pid).cpu_times()
+                    user, system = user + t.user, system + t.system
+            print(f"      postgres processes' CPU since start: user {user:.2f} s, system {system:.2f} s")
             with self.engine.connect() as conn:
                 db = conn.execute(text("SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = current_database()")).one()
             print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
