@@ -74,13 +74,26 @@ def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go,
     visual, agent, text = providers.visual, providers.agent, providers.text
     version = settings.text_document_version
 
+    steps: dict[str, float] = {}  # CPU seconds of this (calling) thread per step
+
+    def step(name: str, fn, *a, **k):
+        c0 = time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            steps[name] = steps.get(name, 0.0) + time.thread_time() - c0
+
     def one(data: bytes) -> None:
-        img = decode_image(data, max_pixels=settings.max_image_pixels)
-        visual.embed([img])
-        result = agent.describe(img, attempt_id=uuid.uuid4().hex, reverse_image_policy="forbid")
-        text.embed([semantic_document(None, result.context, version)])
+        img = step("decode", decode_image, data, max_pixels=settings.max_image_pixels)
+        step("visual", visual.embed, [img])
+        result = step("agent (OCR, facts, record)", agent.describe, img, attempt_id=uuid.uuid4().hex,
+                      reverse_image_policy="forbid")
+        doc = semantic_document(None, result.context, version)
+        for part in getattr(text, "parts", None) or [text]:  # each model of a concatenated provider
+            step(f"text {part.config()['model']}", part.embed, [doc])
 
     one(images[0])  # models loaded and warm
+    steps.clear()
     ready.put(os.getpid())
     go.wait()
     import psutil
@@ -89,7 +102,8 @@ def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go,
     for data in images:
         one(data)
     cpu1 = psutil.Process().cpu_times()
-    out.put((time.perf_counter() - t0, (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)))
+    out.put((time.perf_counter() - t0, (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+             {k: v / len(images) for k, v in steps.items()}))
 
 
 def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
@@ -110,8 +124,9 @@ def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
         wall = time.perf_counter() - t0
         for w in workers:
             w.join()
+    steps = {k: 1000 * sum(r[2].get(k, 0.0) for r in results) / len(results) for k in results[0][2]}
     return {"procs": procs, "threads": threads, "wall_s": wall, "images_per_s": len(images) / wall,
-            "cpu_s": [round(cpu, 2) for _, cpu in results]}
+            "cpu_s": [round(cpu, 2) for _, cpu, _ in results], "step_cpu_ms": steps}
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -168,18 +183,26 @@ def _upload(session, base: str, data: bytes, i: int) -> str:
 
 
 def _wait_terminal(engine, job_ids: list[str], timeout: float) -> None:
+    """Poll until every job is terminal. The polls run on the measured PostgreSQL: while the last
+    job is not terminal only that one row is read (jobs finish roughly in upload order), so the
+    bench's own statements stay a small share of the database's CPU."""
     from sqlalchemy import text
 
     deadline = time.monotonic() + timeout
     while True:
         with engine.connect() as conn:
-            done = conn.execute(text(
-                "SELECT count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status = ANY(:t)"),
-                {"ids": job_ids, "t": list(TERMINAL)}).scalar_one()
+            last = conn.execute(text("SELECT status FROM processing_jobs WHERE id = CAST(:id AS uuid)"),
+                                {"id": job_ids[-1]}).scalar_one_or_none()
+            if last not in TERMINAL:
+                done = -1
+            else:
+                done = conn.execute(text(
+                    "SELECT count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) AND status = ANY(:t)"),
+                    {"ids": job_ids, "t": list(TERMINAL)}).scalar_one()
         if done >= len(job_ids):
             return
         if time.monotonic() > deadline:
-            raise SystemExit(f"timeout: {done}/{len(job_ids)} jobs terminal")
+            raise SystemExit(f"timeout: {'the last job not' if done < 0 else f'{done}/{len(job_ids)} jobs'} terminal")
         time.sleep(0.1)
 
 
@@ -198,8 +221,12 @@ class Pipeline:
     uploads a set and times it until every job is terminal. Use as a context manager."""
 
     def __init__(self, warm: list[bytes], env: dict[str, str], timeout: float,
-                 worker_concurrency: int | None = None) -> None:
+                 worker_concurrency: int | None = None, pg_stats: bool = False,
+                 components: tuple[str, ...] | None = None) -> None:
+        self.components = components
         self.warm, self.env, self.timeout = warm, env, timeout
+        self.pg_stats = pg_stats
+        self.profile_oncpu = False
         self.worker_concurrency = worker_concurrency
         self.uploaded = 0
 
@@ -218,13 +245,23 @@ class Pipeline:
                           MEMEFLOW_FLOWER_PORT=str(_free_port()), MEMEFLOW_LOG_LEVEL="WARNING")
         reset_settings()
         self.settings = Settings.from_env()
-        self.stack = Stack(self.settings, echo=lambda *a, **k: None, start_timeout_s=180,
+        if self.pg_stats:  # pg_stat_statements in the embedded cluster (a fresh one: var dir is new)
+            import app.embedded as embedded
+
+            embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
+                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n")
+        self.stack = Stack(self.settings, components=self.components, echo=lambda *a, **k: None, start_timeout_s=180,
                            worker_concurrency=self.worker_concurrency)
         try:
             self.stack.start()
             self.base = f"http://127.0.0.1:{self.settings.api_port}"
             self.engine = make_engine(self.stack.database_url, pre_ping=False)
             self.session = requests.Session()
+            if self.pg_stats:
+                from sqlalchemy import text
+
+                with self.engine.begin() as conn:
+                    conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
             _wait_terminal(self.engine, self._upload_all(self.warm), self.timeout)
         except BaseException:
             self.__exit__()
@@ -250,6 +287,15 @@ class Pipeline:
         self.uploaded += len(images)
         return ids
 
+    def idle(self, seconds: float) -> dict[str, float]:
+        """CPU seconds per process group while the warm stack does nothing for ``seconds``."""
+        groups = _process_groups(self.stack)
+        cpu0 = _cpu(groups)
+        time.sleep(seconds)
+        cpu1 = _cpu(groups, cpu0)
+        return {name: round(sum(v - cpu0.get(name, {}).get(pid, 0.0) for pid, v in cpu1[name].items()), 3)
+                for name in cpu1}
+
     def measure(self, images: list[bytes], profile: Path | None = None) -> dict:
         import shutil
         import subprocess
@@ -261,12 +307,16 @@ class Pipeline:
         spy = shutil.which("py-spy")
         if profile is not None and spy:  # sample each lane worker and the API (collapsed stacks)
             profile.mkdir(parents=True, exist_ok=True)
-            for name in ("visual", "agent", "embedding", "api"):
+            for name in ("visual", "agent", "embedding", "api", "webhooks", "flower"):
                 for p in groups.get(name, [])[:3]:
+                    idle = [] if self.profile_oncpu else ["--idle"]
                     spies.append(subprocess.Popen(
-                        [spy, "record", "--nonblocking", "--threads", "--idle", "-r", "50", "-f", "raw", "-o",
+                        [spy, "record", "--nonblocking", "--threads", *idle, "-r", "50", "-f", "raw", "-o",
                          str(profile / f"{name}-{p.pid}.txt"), "-p", str(p.pid)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if self.pg_stats:
+            with self.engine.begin() as conn:
+                conn.execute(text("SELECT pg_stat_statements_reset()"))
         cpu0 = _cpu(groups)
         t0 = time.perf_counter()
         ids = self._upload_all(images)
@@ -286,12 +336,43 @@ class Pipeline:
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
+        if self.pg_stats:
+            with self.engine.connect() as conn:
+                top = conn.execute(text(
+                    "SELECT calls, total_exec_time, total_plan_time, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+                    " FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 40")).all()
+            total = sum(float(r[1]) + float(r[2]) for r in top)
+            print(f"      pg_stat_statements (top 40: {total:.0f} ms exec+plan, {total / len(images):.1f} ms/image):")
+            for calls, ex, pl, _rows, q in top:
+                print(f"        {float(ex) + float(pl):8.1f} ms  {calls:6d} calls  {float(ex) / max(calls, 1):6.3f} ms/call  {q}")
         busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
                 for lane in LANES}
         task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None)
                   for lane in LANES}
         cpu = {name: round(sum(v - cpu0.get(name, {}).get(pid, 0.0) for pid, v in cpu1[name].items()), 2)
                for name in cpu1}
+        if self.pg_stats:  # PostgreSQL's CPU by process kind (backends vs background processes)
+            import psutil
+
+            kinds: dict[str, float] = {}
+            for pid, v in cpu1.get("postgres", {}).items():
+                try:
+                    title = " ".join(psutil.Process(pid).cmdline())
+                except psutil.Error:
+                    title = "gone"
+                kind = "backend" if "[local]" in title or "127.0.0.1" in title else (
+                    title.split(":", 1)[1].strip().split(" ")[0] if ":" in title else "postmaster")
+                kinds[kind] = kinds.get(kind, 0.0) + v - cpu0.get("postgres", {}).get(pid, 0.0)
+            print("      postgres CPU s by process: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
+            user = system = 0.0  # since each process started (warm-up included): the split, not the amount
+            for pid in cpu1.get("postgres", {}):
+                with contextlib.suppress(psutil.Error):
+                    t = psutil.Process(pid).cpu_times()
+                    user, system = user + t.user, system + t.system
+            print(f"      postgres processes' CPU since start: user {user:.2f} s, system {system:.2f} s")
+            with self.engine.connect() as conn:
+                db = conn.execute(text("SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = current_database()")).one()
+            print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
         return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu}
 
@@ -309,6 +390,11 @@ def main() -> None:
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--without", default="", help="comma-separated Stack components to leave out (A/B), e.g. flower")
+    ap.add_argument("--pg-stats", action="store_true", help="print pg_stat_statements' top statements per round")
+    ap.add_argument("--idle", type=float, default=0.0,
+                    help="first measure the warm stack's CPU per process group over this many idle seconds")
+    ap.add_argument("--profile-oncpu", action="store_true", help="--profile records on-CPU samples only (no --idle)")
     ap.add_argument("--profile", type=Path, help="py-spy (on PATH) the workers and API into this dir, last round")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
@@ -317,6 +403,11 @@ def main() -> None:
     # gets), and with one thread per call (which wastes no CPU on spinning intra-op pools)
     configs = sorted({(n, 0) for n in procs} | {(n, 1) for n in procs})
     env = dict(kv.split("=", 1) for kv in args.env)
+    components = None
+    if args.without:
+        from app.cli.stack import Stack
+
+        components = tuple(c for c in Stack.DEFAULT if c not in args.without.split(","))
     print(f"# {platform.machine()}, {cores} CPUs, python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
           flush=True)
@@ -328,7 +419,16 @@ def main() -> None:
           flush=True)
     rounds = []
     with contextlib.ExitStack() as stack:
-        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(warm, env, args.timeout, args.worker_concurrency))
+        pipe = None if args.skip_pipeline else stack.enter_context(Pipeline(
+            warm, env, args.timeout, args.worker_concurrency, args.pg_stats, components))
+        if pipe is not None:
+            pipe.profile_oncpu = args.profile_oncpu
+        if pipe is not None and args.idle > 0:
+            time.sleep(2.0)  # the warm-up's last completions settle
+            idle = pipe.idle(args.idle)
+            print(f"idle: CPU ms per second over {args.idle:.0f}s, per process group: " + ", ".join(
+                f"{k} {1000 * v / args.idle:.1f}" for k, v in sorted(idle.items())) +
+                f"; total {1000 * sum(idle.values()) / args.idle:.1f}", flush=True)
         for r, images in enumerate(sets):
             out: dict = {}
             if not args.skip_bare:
@@ -336,6 +436,9 @@ def main() -> None:
                 for b in out["bare"]:
                     print(f"[{r + 1}] bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x "
                           f"{b['threads'] or 'default'} thread(s), {b['wall_s']:.1f}s, CPU s {b['cpu_s']})", flush=True)
+                    if b["threads"] == 1:
+                        print("      calling thread's CPU ms per image by step: " + ", ".join(
+                            f"{k} {v:.1f}" for k, v in b["step_cpu_ms"].items()), flush=True)
             if pipe is not None:
                 p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
                 print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "

@@ -73,8 +73,8 @@ class Images(MethodView):
         args, upload = parse_multipart(S.UploadFormSchema(), svc.settings, pixels=False)
         assert upload is not None
         scope = scope_id()
-        result = svc.orchestrator.ingest_image(
-            scope, **_stored_file(upload, scope, svc.store), display_name=args.get("display_name"),
+        result = svc.orchestrator.ingest_image(  # the key is resolved in its transaction (no round trip here)
+            scope, **_stored_file(upload, scope, svc.store, key=False), display_name=args.get("display_name"),
             reverse_image_policy=args["reverse_image_policy"], process=args["process"],
         )
         publish(result.hints)
@@ -82,13 +82,14 @@ class Images(MethodView):
         return body, (201 if result.created else 200)
 
 
-def _stored_file(upload: Any, scope: str, store: Any) -> dict[str, Any]:
+def _stored_file(upload: Any, scope: str, store: Any, *, key: bool = True) -> dict[str, Any]:
     """What an upload and a content replace hand the orchestrator: the validated file's facts,
-    its content-addressed key, and the bytes with the store to write them to (under its lock)."""
+    its content-addressed key (``key=False``: None, the orchestrator resolves it in its
+    transaction), and the bytes with the store to write them to (under its lock)."""
     return {
         "sha256": upload.sha256, "media_type": upload.media_type, "extension": upload.extension,
         "size_bytes": upload.size_bytes, "width": upload.width, "height": upload.height,
-        "storage_key": file_key(upload, scope), "files": store, "data": upload.data,
+        "storage_key": file_key(upload, scope) if key else None, "files": store, "data": upload.data,
     }
 
 

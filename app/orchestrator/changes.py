@@ -21,6 +21,7 @@ from app.orchestrator.files import release_file, store_file_txn
 from app.orchestrator.store import images, jobs, reads, tasks
 from app.orchestrator.types import ImageJobResult, IngestResult, JobResult
 from app.storage import FileStore
+from app.storage import storage_key as content_key
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
@@ -48,11 +49,15 @@ def _check_stages(force_stages: Iterable[str]) -> list[str]:
 
 def ingest_image(
     orch: Orchestrator, scope_id: str, *, sha256: str, media_type: str, extension: str, size_bytes: int,
-    width: int, height: int, storage_key: str, display_name: str | None = None,
+    width: int, height: int, storage_key: str | None = None, display_name: str | None = None,
     reverse_image_policy: str = "forbid", process: bool = True, files: FileStore | None = None,
     data: bytes | None = None,
 ) -> IngestResult:
     """Insert the image (or find identical bytes) and create/reuse its auto job — one transaction.
+
+    ``storage_key`` None: the content-addressed key under the scope's namespace
+    (``app.storage.storage_key``), resolved in this transaction — the API's upload then needs no
+    transaction of its own to learn the namespace.
 
     With ``files``, ``data`` is stored under ``storage_key`` in that transaction, under the key's
     lock (``files.store_file_txn``), so no removal can take the file from under the row; if the
@@ -62,9 +67,12 @@ def ingest_image(
     values = {"sha256": sha256, "extension": extension, "media_type": media_type, "size_bytes": size_bytes,
               "width": width, "height": height, "storage_key": storage_key, "display_name": display_name,
               "metadata_hash": None}
+    stored = storage_key  # the key released if the transaction fails (None: not resolved yet)
     try:
         with orch.engine.begin() as conn:
-            images.ensure_scope_txn(conn, scope_id)
+            namespace = images.ensure_scope_txn(conn, scope_id)
+            if storage_key is None:
+                storage_key = stored = values["storage_key"] = content_key(namespace, sha256, extension)
             store_file_txn(conn, files, storage_key, data)
             image, created = _insert_or_lock_image_txn(orch, conn, scope_id, sha256, values)
             job, hints = None, []
@@ -78,7 +86,8 @@ def ingest_image(
             image_doc = reads.get_image_txn(conn, scope_id, image["id"])
             job_doc = reads.get_job_txn(conn, scope_id, job["id"]) if job else None
     except BaseException:
-        release_file(orch, files, storage_key)
+        if stored is not None:
+            release_file(orch, files, stored)
         raise
     return IngestResult(image=image_doc, job=job_doc, created=created, hints=hints)
 
