@@ -108,7 +108,7 @@ def explain(engine, orch) -> None:
             page = q.walk_position_txn(conn, kind)
             _end, density = q.table_pages_txn(conn, kind)
             pages = max(1, -(-s.retention_scan_rows // int(density or 64)))
-            plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement),
+            plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement.text),
                                 {"lo": f"({page},0)", "hi": f"({page + pages},0)", "n": s.retention_batch_size, **p})
             print(f"--- {kind} (pages {page}..{page + pages})")
             print("\n".join(r[0] for r in plan))

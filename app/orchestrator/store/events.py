@@ -17,21 +17,19 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import sql
 
-EVENT_COLUMNS = "id, scope_id, type, job_id, image_id, batch_id, payload, created_at"
-
-# -- events_after: a scope's committed events after an id, oldest first (ix_events_scope_id) --
-EVENTS_AFTER = (
-    f"SELECT {EVENT_COLUMNS} FROM events WHERE scope_id = :s AND id > :after"
-    " AND (CAST(:types AS text[]) IS NULL OR type = ANY(CAST(:types AS text[]))) ORDER BY id LIMIT :n"
-)
+# A scope's committed events after an id (of the given types, if any), oldest first (ix_events_scope_id).
+EVENTS_AFTER = sql("""
+SELECT id, scope_id, type, job_id, image_id, batch_id, payload, created_at FROM events
+WHERE scope_id = :s AND id > :after AND (CAST(:types AS text[]) IS NULL OR type = ANY(CAST(:types AS text[])))
+ORDER BY id LIMIT :n
+""")
 
 
 def events_after_txn(
     conn: Connection, scope_id: str, after: int, limit: int, types: list[str] | None = None
 ) -> list[RowMapping]:
     """Up to ``limit`` events of ``scope_id`` with id > ``after`` (of ``types`` if given), in id order."""
-    return list(conn.execute(sql(EVENTS_AFTER), {"s": scope_id, "after": after, "n": limit,
-                                                  "types": types}).mappings())
+    return list(conn.execute(EVENTS_AFTER, {"s": scope_id, "after": after, "n": limit, "types": types}).mappings())
 
 
 def last_event_id_txn(conn: Connection, scope_id: str) -> int:
@@ -77,7 +75,7 @@ def prune_events_txn(conn: Connection, cutoff: datetime, limit: int) -> int:
 
 
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
-ACQUIRE_STREAM_SLOT = (
+ACQUIRE_STREAM_SLOT = sql(
     "INSERT INTO event_stream_slots AS x (scope_id, slot_no, holder, expires_at)"
     " SELECT CAST(:s AS varchar), g, CAST(:h AS varchar), CAST(:exp AS timestamptz)"
     "  FROM generate_series(0, CAST(:n AS int) - 1) AS g"
@@ -95,7 +93,7 @@ def acquire_stream_slot_txn(
 ) -> int | None:
     """One of the scope's ``n`` stream slots for ``holder`` until now + lease, or None if all are held."""
     return conn.execute(
-        sql(ACQUIRE_STREAM_SLOT),
+        ACQUIRE_STREAM_SLOT,
         {"s": scope_id, "h": holder, "n": n, "now": now, "exp": now + timedelta(seconds=lease_s)},
     ).scalar()
 
