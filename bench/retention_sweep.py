@@ -103,7 +103,7 @@ def explain(engine, orch) -> None:
                             "keep": ["t"], "keep_after": now},
     }
     for kind, p in params.items():
-        statement, _table = q.WALKS[kind]
+        statement, _step, _table = q.WALKS[kind]
         with engine.connect() as conn:
             page = q.walk_position_txn(conn, kind)
             _end, density = q.table_pages_txn(conn, kind)

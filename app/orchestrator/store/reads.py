@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.db.enums import STAGE_ORDER, JobStatus
+from app.db.enums import STAGE_ORDER, JobStatus, StageStatus
 from app.orchestrator.store._sql import sql
 
 _STAGE_POS = {s.value: n for n, s in enumerate(STAGE_ORDER)}
-_DONE = ("succeeded", "reused")
+_DONE = (StageStatus.SUCCEEDED, StageStatus.REUSED)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 # Every walk step below has the same frame — ``scan``: the TIDs of heap pages [:lo, :hi);
 # ``doomed``: up to :n of them that are old and no longer needed, locked SKIP LOCKED; ``gone``: their
@@ -181,24 +181,87 @@ DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
   ORDER BY bucket LIMIT :n FOR UPDATE SKIP LOCKED))
 """)
 
-# each walk's statement and table
+def _window(page: int, pages: int, n: int) -> dict[str, object]:
+    """A walk step's bounds: heap pages [page, page + pages), up to ``n`` deletes."""
+    return {"lo": f"({int(page)},0)", "hi": f"({int(page) + int(pages)},0)", "n": n}
+
+
+def _step(row: Row) -> Outcome[Row]:
+    """A walk step's outcome: matched when it deleted a row; ``row`` (scanned, deleted) either way."""
+    return Outcome(int(row.deleted) > 0, (row,), int(row.deleted))
+
+
+@transition
+def prune_tasks_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """ended before ``cutoff``, no stage points at it, its job neither active nor waiting → deleted.
+
+    One step of the tasks walk (heap pages [page, page + pages), at most ``n``); ``row``: (scanned,
+    deleted). Not matched: nothing prunable in the window."""
+    return _step(conn.execute(PRUNE_TASKS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_attempts_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """completed / failed before ``cutoff``, its task ended, its job neither active nor waiting → deleted.
+
+    One step of the attempts walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_ATTEMPTS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_jobs_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """ended before ``cutoff``, not its image's latest, no active task or batch → deleted (cascades).
+
+    One step of the jobs walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_JOBS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_text_embeddings_txn(
+    conn: Connection, page: int, pages: int, n: int, *, stale_cutoff: datetime | None, model_cutoff: datetime | None,
+    keep: list[str], keep_after: datetime,
+) -> Outcome[Row]:
+    """no longer current (an older image version, or a model no longer configured or served) → deleted.
+
+    One step of the text embeddings walk, as ``prune_tasks_txn``; ``keep``: the configured models,
+    ``keep_after``: the rollback window's start."""
+    return _step(conn.execute(PRUNE_TEXT_EMBEDDINGS, {
+        **_window(page, pages, n), "stale_cutoff": stale_cutoff, "model_cutoff": model_cutoff, "keep": keep,
+        "keep_after": keep_after,
+    }).one())
+
+
+@transition
+def prune_visual_embeddings_txn(
+    conn: Connection, page: int, pages: int, n: int, *, stale_cutoff: datetime | None, model_cutoff: datetime | None,
+    keep: list[str], keep_after: datetime,
+) -> Outcome[Row]:
+    """no longer current (an older image version, or a model no longer configured or served) → deleted.
+
+    One step of the visual embeddings walk, as ``prune_text_embeddings_txn`` (``keep``:
+    ``model|preprocess_version``)."""
+    return _step(conn.execute(PRUNE_VISUAL_EMBEDDINGS, {
+        **_window(page, pages, n), "stale_cutoff": stale_cutoff, "model_cutoff": model_cutoff, "keep": keep,
+        "keep_after": keep_after,
+    }).one())
+
+
+# each walk's statement, step and table
 WALKS = {
-    "jobs": (PRUNE_JOBS, "processing_jobs"),
-    "tasks": (PRUNE_TASKS, "tasks"),
-    "attempts": (PRUNE_ATTEMPTS, "task_attempts"),
-    "text_embeddings": (PRUNE_TEXT_EMBEDDINGS, "text_embeddings"),
-    "visual_embeddings": (PRUNE_VISUAL_EMBEDDINGS, "visual_embeddings"),
+    "jobs": (PRUNE_JOBS, prune_jobs_txn, "processing_jobs"),
+    "tasks": (PRUNE_TASKS, prune_tasks_txn, "tasks"),
+    "attempts": (PRUNE_ATTEMPTS, prune_attempts_txn, "task_attempts"),
+    "text_embeddings": (PRUNE_TEXT_EMBEDDINGS, prune_text_embeddings_txn, "text_embeddings"),
+    "visual_embeddings": (PRUNE_VISUAL_EMBEDDINGS, prune_visual_embeddings_txn, "visual_embeddings"),
 }
 
 
-def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> tuple[int, int]:
-    """One step of ``kind``'s walk over heap pages ``[page, page + pages)``: (rows read, rows deleted).
+def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> Outcome[Row]:
+    """One step of ``kind``'s walk over heap pages ``[page, page + pages)`` (its ``prune_*_txn``).
     ``params``: ``cutoff`` for jobs, tasks and attempts; ``stale_cutoff``, ``model_cutoff``, ``keep``
     and ``keep_after`` (the rollback window's start) for the embeddings."""
-    statement, _table = WALKS[kind]
-    row = conn.execute(statement, {"lo": f"({int(page)},0)", "hi": f"({int(page) + int(pages)},0)", "n": n,
-                                        **params}).one()
-    return int(row.scanned), int(row.deleted)
+    _statement, step, _table = WALKS[kind]
+    return step(conn, page, pages, n, **params)
 
 
 def table_pages_txn(conn: Connection, kind: str) -> tuple[int, float]:
@@ -206,13 +269,15 @@ def table_pages_txn(conn: Connection, kind: str) -> tuple[int, float]:
     row = conn.execute(sql(
         "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,"
         " CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END AS density"
-        " FROM pg_class c WHERE c.oid = CAST(:t AS regclass)"), {"t": WALKS[kind][1]}).one()
+        " FROM pg_class c WHERE c.oid = CAST(:t AS regclass)"), {"t": WALKS[kind][2]}).one()
     return int(row.pages), float(row.density)
 
 
-def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
-    """Delete up to ``n`` ops_counters buckets older than ``cutoff``, oldest first; how many went."""
-    return conn.execute(PRUNE_OPS_COUNTERS, {"cutoff": cutoff, "n": n}).rowcount
+@transition
+def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> Outcome[None]:
+    """a per-minute bucket older than ``cutoff`` → deleted: up to ``n``, oldest first; ``affected``:
+    how many went. Not matched: none is that old."""
+    return Outcome.count(conn.execute(PRUNE_OPS_COUNTERS, {"cutoff": cutoff, "n": n}).rowcount)
 
 
 def walk_position_txn(conn: Connection, kind: str) -> int:

@@ -69,11 +69,14 @@ def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
     return list(conn.execute(LIST_SUBSCRIPTIONS, {"s": scope_id}).mappings())
 
 
-def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> bool:
-    """Delete a scope's subscription; a claim in flight is fenced out by the row's absence."""
-    return conn.execute(
-        sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s"), {"id": sub_id, "s": scope_id}
-    ).rowcount > 0
+DELETE_SUBSCRIPTION = sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s")
+
+
+@transition
+def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> Outcome[None]:
+    """subscription of the scope → deleted; a claim in flight is fenced out by the row's absence.
+    Not matched: no such subscription in the scope."""
+    return Outcome.count(conn.execute(DELETE_SUBSCRIPTION, {"id": sub_id, "s": scope_id}).rowcount)
 
 
 CLAIM = sql("""
@@ -196,12 +199,15 @@ DUE_FOR_HINT = sql(
 )
 
 
-def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[uuid.UUID]:
-    """Mark and return subscriptions that have an event to deliver and nobody working on it: never
-    hinted since their last claim, or hinted longer than ``grace_s`` ago (the hint was lost)."""
-    return list(conn.execute(
+@transition
+def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[uuid.UUID]:
+    """due, unleased, an event to deliver, hint older than the grace (or none) → hinted now.
+
+    ``rows``: the subscriptions to wake — never hinted since their last claim, or hinted longer
+    than ``grace_s`` ago (the hint was lost). Not matched: nothing to wake."""
+    return Outcome.of(conn.execute(
         DUE_FOR_HINT, {"now": now, "stale": now - timedelta(seconds=grace_s), "n": limit}
-    ).scalars())
+    ).scalars().all())
 
 
 # -- skip_unmatched: move idle filtered subscriptions' cursors past events they do not take --
@@ -215,11 +221,14 @@ SKIP_UNMATCHED = sql(
 )
 
 
-def skip_unmatched_txn(conn: Connection, all_types: int, now: datetime, limit: int) -> int:
-    """For unleased subscriptions to some types only: move the cursor to just before the next event
-    they take, or to the scope's newest event — safe because a scope's later commits always get
-    larger ids — so their "anything due?" probes stay short however many other events pass."""
-    return conn.execute(SKIP_UNMATCHED, {"all": all_types, "now": now, "n": limit}).rowcount
+@transition
+def skip_unmatched_txn(conn: Connection, all_types: int, now: datetime, limit: int) -> Outcome[None]:
+    """unleased, filtered, cursor → just before the next event it takes (or the scope's newest).
+
+    For subscriptions to some types only; safe because a scope's later commits always get larger
+    ids — so their "anything due?" probes stay short however many other events pass. ``affected``:
+    the subscriptions updated (not matched: no filtered subscription is idle)."""
+    return Outcome.count(conn.execute(SKIP_UNMATCHED, {"all": all_types, "now": now, "n": limit}).rowcount)
 
 
 def recent_failures_txn(conn: Connection, limit: int, scope_id: str | None = None) -> list[RowMapping]:
