@@ -149,8 +149,8 @@ def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
         extended = slots.extend_txn(
             conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
         if not extended.matched and _pools(orch, GLOBAL_KEY):
-            # the slot's lease ran out before this heartbeat and the sweep freed it: the task runs on
-            # (its own fenced heartbeat decides that) outside the lane limit until it ends
+            # the slot's lease ran out before this heartbeat, and the sweep freed it or another claim
+            # took it: the task runs on (its own fenced heartbeat decides that) outside the lane limit
             log.warning("lane slot lost", extra={"task_id": str(claim.task_id), "lane": claim.lane,
                                                  "generation": claim.generation})
 
