@@ -97,15 +97,6 @@ def _words(statement) -> str:
     return re.sub(r"\( ", "(", re.sub(r" \)", ")", " ".join(text.split())))
 
 
-def test_validity_statements_spell_out_the_serving_fragments():
-    from app.orchestrator.store import artifacts, serving_fill
-
-    assert _words(serving_fill.SERVING_VISUAL_MISSING.format(scope=":s", image=":i", sha=":sha")) in _words(
-        artifacts.VISUAL_EXISTS)
-    assert _words(serving_fill.SERVING_TEXT_MISSING.format(scope=":s", image=":i", sha=":sha", mh=":mh")) in _words(
-        artifacts.TEXT_EXISTS)
-
-
 def test_serving_statements_spell_out_current_and_needs():
     from app.orchestrator.store import serving, serving_fill
 
@@ -126,10 +117,16 @@ def test_has_due_spells_out_has_pending():
     assert _words(webhooks.HAS_PENDING) in _words(webhooks.HAS_DUE)
 
 
+#: Store modules whose statements take a part per stage from the stage declarations: the planner's
+#: validity facts (and the batched claims' cost CASE) — built once at import by the stage registry's
+#: design (docs/architecture.md "Stages: declared once"), not assembled by hand.
+STAGE_BUILT = {"artifacts.py", "jobs.py", "facts.py", "tasks.py"}
+
+
 def test_store_builds_no_statement_from_fragments():
-    """No store module formats SQL at import or call time (``.format``, f-strings, ``+`` on SQL)."""
+    """No other store module formats SQL at import or call time (``.format``, f-strings, ``{NAME}``)."""
     for path in sorted((ROOT / "app" / "orchestrator" / "store").glob("*.py")):
-        if path.name == "jobs.py":  # job_facts_many_txn: still formats SERVING_*_MISSING (stage declarations)
+        if path.name in STAGE_BUILT:
             continue
         source = path.read_text()
         assert ".format(" not in source, path.name

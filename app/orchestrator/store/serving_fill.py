@@ -33,8 +33,6 @@ SERVING_VISUAL_MISSING = (
     " AND NOT EXISTS (SELECT 1 FROM visual_embeddings v2 WHERE v2.scope_id = {scope} AND v2.image_id = {image}"
     " AND v2.image_sha256 = {sha} AND v2.model = w.model AND v2.preprocess_version = w.pv AND v2.dims = w.dims))"
 )
-# Both are spelled out whole in artifacts.VISUAL_EXISTS / TEXT_EXISTS (checked against these by
-# tests/unit/test_transition_table.py); jobs.job_facts_many_txn still formats them into its statement.
 
 
 def fill_kind(models: list[dict[str, Any]]) -> str:
