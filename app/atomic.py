@@ -20,19 +20,32 @@ def write_atomic(
     """Replace ``target`` with ``data`` in one rename. ``durable``: fsync the file before the rename;
     ``sync_dir``: fsync the directory after it (both default on; off only for files that can be
     regenerated, where a crash may lose the write but never tear it)."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+    tmp = write_temp(target.parent, data, prefix=prefix, suffix=suffix, durable=durable)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(target.parent)
+
+
+def write_temp(directory: Path, data: bytes, *, prefix: str = ".tmp-", suffix: str = "",
+               durable: bool = True) -> Path:
+    """A new temp file in ``directory`` holding ``data`` (fsync'd if ``durable``) for the caller to
+    rename or hard-link into place — ``write_atomic``'s first half, also the agent records' group
+    data file (app/stages/agent/records.py). Removed again if the write fails."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    if sync_dir:
-        fsync_dir(target.parent)
+    return Path(tmp)
 
 
 def fsync_dir(path: Path) -> None:

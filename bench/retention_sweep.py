@@ -103,12 +103,12 @@ def explain(engine, orch) -> None:
                             "keep": ["t"], "keep_after": now},
     }
     for kind, p in params.items():
-        statement, _table = q.WALKS[kind]
+        statement, _step, _table = q.WALKS[kind]
         with engine.connect() as conn:
             page = q.walk_position_txn(conn, kind)
             _end, density = q.table_pages_txn(conn, kind)
             pages = max(1, -(-s.retention_scan_rows // int(density or 64)))
-            plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement),
+            plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + statement.text),
                                 {"lo": f"({page},0)", "hi": f"({page + pages},0)", "n": s.retention_batch_size, **p})
             print(f"--- {kind} (pages {page}..{page + pages})")
             print("\n".join(r[0] for r in plan))

@@ -96,10 +96,11 @@ def _insert_or_lock_image_txn(orch: Orchestrator, conn, scope_id: str, sha256: s
     """The new image row, or the scope's existing one with these bytes, locked: (row, created).
     An existing row deleted between the two statements is simply inserted on the next round."""
     while True:
-        row = images.insert_image_txn(conn, scope_id, values, orch.now())
-        if row is not None:
+        inserted = images.insert_image_txn(conn, scope_id, values, orch.now())
+        if inserted.matched:
             limits.check_quota_txn(orch, conn, scope_id)  # over: the caller's transaction rolls back
-            return row, True
+            return inserted.row, True
+        # not matched: the scope has these bytes already — that row, locked
         existing = images.image_by_sha_txn(conn, scope_id, sha256)
         if existing is not None:
             return existing, False
@@ -175,7 +176,8 @@ def edit_context(
             return ImageJobResult(image=orch.get_image(scope_id, image_id),
                                   job=orch.get_job(scope_id, job["id"]) if job else None)
         image = images.edit_context_txn(conn, image_id, display_name=name, context=ctx, context_status=status,
-                                        provenance=prov, metadata_hash=mhash, now=orch.now())
+                                        provenance=prov, metadata_hash=mhash, now=orch.now()).expect(
+            "the image row is locked (lock_image_txn above)").row
         hints: list = []
         active = jobs.active_job_txn(conn, image_id)
         policy = active["reverse_image_policy"] if active else "forbid"
@@ -221,7 +223,7 @@ def replace_content(
                                  "size_bytes": size_bytes, "width": width, "height": height,
                                  "storage_key": storage_key},
                 orch.now(),
-            )
+            ).expect("the image row is locked (lock_image_txn above)").row
             limits.check_quota_txn(orch, conn, scope_id)  # bigger bytes may cross the storage quota
             job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
             job_id = job["id"]
@@ -245,7 +247,8 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:
                 grants.release_if_unattempted_txn(orch, conn, task_id)
-        key = images.delete_image_txn(conn, scope_id, image_id)
+        key = images.delete_image_txn(conn, scope_id, image_id).expect(
+            "the image row is locked (lock_image_txn above)").row
     if key:
         release_file(orch, files, key)
     return key

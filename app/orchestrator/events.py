@@ -61,10 +61,12 @@ class StreamSlot:
         """Extend the lease; False when it lapsed and another stream took the slot (stop then)."""
         s = self.orch.settings
         with self.orch.engine.begin() as conn:
-            return q.renew_stream_slot_txn(conn, self.scope_id, self.slot_no, self.holder, self.orch.now(),
-                                           stream_lease_s(s))
+            renewed = q.renew_stream_slot_txn(conn, self.scope_id, self.slot_no, self.holder, self.orch.now(),
+                                              stream_lease_s(s))
+        return renewed.matched  # not matched: the lease lapsed and the slot is another stream's
 
     def release(self) -> None:
+        """Free the slot (not matched: its lease had lapsed — it is free or another stream's already)."""
         with self.orch.engine.begin() as conn:
             q.release_stream_slot_txn(conn, self.scope_id, self.slot_no, self.holder)
 
@@ -85,10 +87,12 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
         ensure_scope_txn(conn, scope_id)
         slot_no = None
         for _ in range(3):  # two streams racing for one free slot: the loser tries the next one
-            slot_no = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
-                                                stream_lease_s(s))
-            if slot_no is not None:
+            acquired = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
+                                                 stream_lease_s(s))
+            if acquired.matched:
+                slot_no = acquired.row
                 break
+            # not matched: every slot held, or a racing stream took the free one — look again
     if slot_no is None:
         raise TooManyStreams(f"at most {s.event_streams_per_scope} live event streams per scope")
     slot = StreamSlot(orch, scope_id, slot_no, holder)
@@ -122,4 +126,5 @@ def prune_events(orch: Orchestrator) -> int:
     """Sweep step: delete events older than ``events_retention_s`` (bounded per run)."""
     cutoff = orch.now() - timedelta(seconds=orch.settings.events_retention_s)
     with orch.engine.begin() as conn:
-        return q.prune_events_txn(conn, cutoff, PRUNE_LIMIT)
+        pruned = q.prune_events_txn(conn, cutoff, PRUNE_LIMIT)
+    return pruned.affected if pruned.matched else 0  # not matched: nothing old enough

@@ -163,10 +163,10 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
         with orch.engine.begin() as conn:
             claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT)
             # not matched: the hinted task was taken — one due member of its group instead, if any
-            row = claimed.row if claimed.matched else next(
-                iter(tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s)), None
+            row = claimed.row if claimed.matched else (
+                tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s).row
             )
-            if row is None:  # stale or duplicate hint, group drained: nothing to do
+            if row is None:  # neither matched — stale or duplicate hint, group drained: nothing to do
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
                 return []
             _admit_txn(orch, conn, row)

@@ -42,7 +42,9 @@ def agent_grants_txn(
     answers: list[uuid.UUID | Denial | None] = [None] * len(items)
     if type(orch.policy).acquire is AllowAllPolicy.acquire:
         wanted = [(items[i][0]["scope_id"], AGENT_OPERATION, idempotency_key(*items[i])) for i in todo]
-        for i, grant in zip(todo, store.acquire_many_txn(conn, wanted, now), strict=True):
+        acquired = store.acquire_many_txn(conn, wanted, now)
+        # not matched: nothing wanted — every agent task of these jobs reuses a live one
+        for i, grant in zip(todo, acquired.rows if acquired.matched else (), strict=True):
             answers[i] = grant["id"]
         return answers
     for i in todo:
@@ -56,7 +58,8 @@ def agent_grants_txn(
 def bind_grant_txn(orch: Orchestrator, conn: Connection, grant_id: uuid.UUID | None, task_id: uuid.UUID) -> None:
     """Bind a taken grant to the task it pays for (when the task insert could not do it itself)."""
     if grant_id is not None:
-        store.bind_task_txn(conn, grant_id, task_id, orch.now())
+        store.bind_task_txn(conn, grant_id, task_id, orch.now()).expect(
+            "the task was inserted in this transaction")
 
 
 def commit_grants_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> None:

@@ -12,6 +12,7 @@ path and the sweep hint the fairest task), and every admitted claim moves its sc
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from app.orchestrator.types import Claim
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
 
 GLOBAL_KEY = "*"
 _SLOTS_READY: set[tuple[str, str, str, int]] = set()
@@ -54,17 +57,19 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
         return False
     expires = now + timedelta(seconds=orch.settings.lease_s)
     for key, limit in pools:
-        # only a re-claim (an earlier execution's lease expired) can still hold a slot
+        # only a re-claim (an earlier execution's lease expired) can still hold a slot; not matched:
+        # it holds none (or this is a first claim) — take a free one
         if row["attempt_count"] > 1 and slots.take_over_txn(
             conn, lane, key, row["id"], row["claim_generation"], expires, now
-        ):
+        ).matched:
             continue
         marker = (str(orch.engine.url), lane, key, limit)
-        # slot rows are never deleted: once seen committed, skip the check in this process
-        if marker not in _SLOTS_READY and slots.ensure_slots_txn(conn, lane, key, limit, now):
+        # slot rows are never deleted: once seen committed (ensure not matched: nothing to create),
+        # skip the check in this process; rows created now are not committed yet
+        if marker not in _SLOTS_READY and not slots.ensure_slots_txn(conn, lane, key, limit, now).matched:
             _SLOTS_READY.add(marker)
-        if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now):
-            return False
+        if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now).matched:
+            return False  # no free slot: refuse the claim
     slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])
     return True
 
@@ -125,27 +130,39 @@ def claim_group_txn(
     expires = now + timedelta(seconds=orch.settings.lease_s)
     free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, row["resource_key"])}
     k = min([n, *(len(v) for v in free.values())])
-    rows = tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s) if k > 0 else []
-    for key, slot_nos in free.items():
-        slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now)
+    claimed = tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s) if k > 0 else None
+    # not matched (or no slot free): no member is due — all taken already, or the group is drained
+    rows = list(claimed.rows) if claimed is not None and claimed.matched else []
+    if rows:
+        for key, slot_nos in free.items():
+            slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now).expect(
+                "its slots were locked free by lock_free_txn in this transaction")
     if len(rows) == k < n:  # slots ran out before the group did
         tasks.clear_hint_txn(conn, group)  # the members left over (the claimed ones are running)
     return rows
 
 
 def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
+    """With a heartbeat: extend the lease of the claim's slots."""
     if claim.lane in LIMITED_LANES:
         now = orch.now()
-        slots.extend_txn(conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
+        extended = slots.extend_txn(
+            conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
+        if not extended.matched and _pools(orch, GLOBAL_KEY):
+            # the slot's lease ran out before this heartbeat, and the sweep freed it or another claim
+            # took it: the task runs on (its own fenced heartbeat decides that) outside the lane limit
+            log.warning("lane slot lost", extra={"task_id": str(claim.task_id), "lane": claim.lane,
+                                                 "generation": claim.generation})
 
 
 def release_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
+    """With the claim's end: free its slots (not matched: it held none — unlimited, or freed already)."""
     if claim.lane in LIMITED_LANES:
         slots.release_txn(conn, claim.task_id, claim.generation, orch.now())
 
 
 def release_slots_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> None:
-    """``release_slot_txn`` for several claims, one statement."""
+    """``release_slot_txn`` for several claims, one statement (not matched: none held a slot)."""
     slots.release_many_txn(
         conn, [(c.task_id, c.generation) for c in claims if c.lane in LIMITED_LANES], orch.now()
     )
@@ -177,4 +194,6 @@ def refused_txn(orch: Orchestrator, conn: Connection, task_id) -> None:
 
 
 def release_orphan_slots_txn(orch: Orchestrator, conn: Connection) -> int:
-    return slots.release_orphans_txn(conn, orch.now())
+    """The sweep: free slots whose holder ended, was re-claimed or let its lease expire; how many."""
+    freed = slots.release_orphans_txn(conn, orch.now())
+    return len(freed.rows) if freed.matched else 0  # not matched: no orphan

@@ -162,4 +162,5 @@ def register_worker(engine: Engine, worker: WorkerIdentity) -> None:
 def deregister_worker(engine: Engine, worker: WorkerIdentity) -> bool:
     """Remove ``worker``'s registration on a clean shutdown (a kill leaves it to expire)."""
     with engine.begin() as conn:
-        return q.remove_worker_txn(conn, node=worker.node, pid=worker.pid)
+        removed = q.remove_worker_txn(conn, node=worker.node, pid=worker.pid)
+    return removed.matched  # not matched: a newer process owns the node name, or the row expired

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from sqlalchemy.engine import Connection
 
+from app.db.enums import GrantState
 from app.orchestrator.store import grants as store
 
 AGENT_OPERATION = "analysis.agent"
@@ -32,7 +33,7 @@ class Grant:
     """Permission to run one logical operation; ``id`` is stored on the task (tasks.grant_id)."""
 
     id: uuid.UUID
-    state: str = "acquired"
+    state: str = GrantState.ACQUIRED
 
 
 class Denial:

@@ -95,7 +95,8 @@ def _prune_ops_counters(orch: Orchestrator, before: datetime, deadline: float) -
         q.touch_walk_txn(conn, OPS_COUNTERS)
     for _ in range(s.retention_max_batches):
         with orch.engine.begin() as conn:
-            n = q.prune_ops_counters_txn(conn, before, s.retention_batch_size)
+            pruned = q.prune_ops_counters_txn(conn, before, s.retention_batch_size)
+        n = pruned.affected if pruned.matched else 0  # not matched: nothing older than the age
         deleted += n
         if n < s.retention_batch_size or time.monotonic() >= deadline:
             break
@@ -117,7 +118,8 @@ def _walk(orch: Orchestrator, kind: str, params: dict[str, Any], deadline: float
         page = 0
     for _ in range(s.retention_max_batches):
         with orch.engine.begin() as conn:
-            _scanned, n = q.walk_step_txn(conn, kind, page, pages, s.retention_batch_size, **params)
+            step = q.walk_step_txn(conn, kind, page, pages, s.retention_batch_size, **params)
+            n = step.affected if step.matched else 0  # not matched: nothing prunable in this window
             wrapped = False
             if n < s.retention_batch_size:  # else the window may hold more: read it again
                 page += pages

@@ -16,7 +16,7 @@ When every image with a context has a current row of the target, the reads switc
 conditional UPDATE (``store.serving.cutover_txn``: epoch + 1; racing workers and sweeps — exactly
 one wins). An operator can cut over early, roll back (serve the previous model again, pinned), or
 resume. Rows of a model that is none of serving/target/previous-in-window are prunable
-(``store.serving_fill.PRUNABLE_MODEL_PREDICATE``; the retention hooks are in serving_reads.py).
+(``store.serving_fill.PRUNABLE_TEXT_EMBEDDINGS``; the retention hooks are in serving_reads.py).
 """
 
 from __future__ import annotations

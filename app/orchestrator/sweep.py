@@ -86,7 +86,8 @@ def _rehint(orch: Orchestrator, report: SweepReport) -> None:
     """1. queued and due, but the last hint is old (lost publish, broker outage, backoff over)"""
     s = orch.settings
     with orch.engine.begin() as conn:
-        rows = q.due_for_rehint_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
+        rehinted = q.due_for_rehint_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
+        rows = rehinted.rows if rehinted.matched else ()  # not matched: every due task's hint is live
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
     report.hints += [Hint(r["lane"], r["id"]) for r in rows]
     report.counts["rehinted"] = len(rows)
@@ -97,7 +98,8 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
     """2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent"""
     s = orch.settings
     with orch.engine.begin() as conn:
-        rows = q.lease_expired_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
+        expired = q.lease_expired_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
+        rows = expired.rows if expired.matched else ()  # not matched: no expired lease to re-hint
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
         exhausted = []
         for r in rows:
@@ -159,7 +161,8 @@ def _serving(orch: Orchestrator, report: SweepReport) -> None:
 def _dead_workers(orch: Orchestrator, report: SweepReport) -> None:
     """6. worker registrations whose process died without a clean shutdown"""
     with orch.engine.begin() as conn:
-        report.counts["workers_pruned"] = workers_q.prune_workers_txn(conn, worker_ttl_s(orch.settings))
+        pruned = workers_q.prune_workers_txn(conn, worker_ttl_s(orch.settings))
+        report.counts["workers_pruned"] = pruned.affected if pruned.matched else 0  # not matched: none died
 
 
 def _webhooks(orch: Orchestrator, report: SweepReport) -> None:

@@ -108,8 +108,8 @@ def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID
     if sub is None:
         raise NotFound("webhook not found")
     with orch.engine.begin() as conn:
-        if not q.delete_txn(conn, scope_id, sub):
-            raise NotFound("webhook not found")
+        if not q.delete_txn(conn, scope_id, sub).matched:
+            raise NotFound("webhook not found")  # not matched: none of this scope by that id
 
 
 # ---------------------------------------------------------------------------- the delivery lane
@@ -176,15 +176,16 @@ def webhook_hints(orch: Orchestrator, limit: int | None = None) -> list[Hint]:
     """Wake-ups for subscriptions with an event due and nobody on it (the webhooks workers' poll and
     the sweep both call this; a hint older than ``rehint_grace_s`` is taken as lost)."""
     with orch.engine.begin() as conn:
-        ids = q.due_for_hint_txn(conn, orch.now(), orch.settings.rehint_grace_s,
+        due = q.due_for_hint_txn(conn, orch.now(), orch.settings.rehint_grace_s,
                                  limit or orch.settings.sweep_batch_limit)
-    return [Hint(LANE, i) for i in ids]
+    return [Hint(LANE, i) for i in due.rows] if due.matched else []  # not matched: nothing to wake
 
 
 def skip_unmatched_events(orch: Orchestrator) -> int:
     """Sweep step: filtered subscriptions' cursors skip the events they do not take."""
     with orch.engine.begin() as conn:
-        return q.skip_unmatched_txn(conn, len(ALL_TYPES), orch.now(), orch.settings.sweep_batch_limit)
+        skipped = q.skip_unmatched_txn(conn, len(ALL_TYPES), orch.now(), orch.settings.sweep_batch_limit)
+    return skipped.affected if skipped.matched else 0  # not matched: no idle filtered subscription
 
 
 def recent_webhook_failures(orch: Orchestrator, limit: int = 20) -> list[dict[str, Any]]:

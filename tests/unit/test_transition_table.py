@@ -92,3 +92,46 @@ def test_has_pending_names_the_predicate_the_webhook_claim_spells_out():
     from app.orchestrator.store import webhooks
 
     assert webhooks.HAS_PENDING in " ".join(webhooks.CLAIM.text.split())
+
+
+def _words(statement) -> str:
+    """Whitespace-insensitive form of a statement (its layout may differ from a fragment's)."""
+    text = getattr(statement, "text", statement)
+    return re.sub(r"\( ", "(", re.sub(r" \)", ")", " ".join(text.split())))
+
+
+def test_serving_statements_spell_out_current_and_needs():
+    from app.orchestrator.store import serving, serving_fill
+
+    for kind in ("text", "visual"):
+        assert _words(serving.CURRENT[kind].format(m=":m", d=":d", p=":p")) in _words(serving.COVERAGE[kind])
+        assert _words(serving.NEEDS[kind]) in _words(serving.COVERAGE[kind])
+        fill = _words(serving.CURRENT[kind].format(m="fm.model", d="fm.dims", p="fm.pv"))
+        for statement in (serving_fill.COUNT_NEEDING_FILL[kind], serving_fill.FILL_PAGE[kind]):
+            assert f"WHERE NOT {fill}" in _words(statement)
+            assert _words(serving.NEEDS[kind]) in _words(statement)
+    assert _words(serving.CURRENT["text"].format(m=":t", d=":td", p=":tp")) in _words(serving.CUTOVER_TEXT)
+    assert _words(serving.CURRENT["visual"].format(m=":t", d=":td", p=":tp")) in _words(serving.CUTOVER_VISUAL)
+
+
+def test_has_due_spells_out_has_pending():
+    from app.orchestrator.store import webhooks
+
+    assert _words(webhooks.HAS_PENDING) in _words(webhooks.HAS_DUE)
+
+
+#: Store modules whose statements take a part per stage from the stage declarations: the planner's
+#: validity facts (and the batched claims' cost CASE) — built once at import by the stage registry's
+#: design (docs/architecture.md "Stages: declared once"), not assembled by hand.
+STAGE_BUILT = {"artifacts.py", "jobs.py", "facts.py", "tasks.py"}
+
+
+def test_store_builds_no_statement_from_fragments():
+    """No other store module formats SQL at import or call time (``.format``, f-strings, ``{NAME}``)."""
+    for path in sorted((ROOT / "app" / "orchestrator" / "store").glob("*.py")):
+        if path.name in STAGE_BUILT:
+            continue
+        source = path.read_text()
+        assert ".format(" not in source, path.name
+        assert not re.search(r"\bf\"[^\"]*\b(SELECT|UPDATE|INSERT|DELETE|WHERE|FROM|RETURNING)\b", source), path.name
+        assert not re.search(r"\{[A-Z_]+(\[[a-z]+\])?\}", source), path.name

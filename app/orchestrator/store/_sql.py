@@ -34,13 +34,15 @@ class InvariantBroken(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Outcome(Generic[T]):
-    """What a transition did: ``matched`` — its WHERE clause held for at least one row — and the
-    rows it returned. A caller decides what "not matched" means (fencing rejection, lost race,
+    """What a transition did: ``matched`` — its WHERE clause held for at least one row — the rows
+    it returned, and how many rows it changed. A caller decides what "not matched" means (fencing rejection, lost race,
     nothing to do); using an Outcome as a truth value is an error, so that decision is never
     skipped by accident."""
 
     matched: bool
     rows: tuple[T, ...] = ()
+    #: how many rows the transition changed (``count``) or returned (``of``)
+    affected: int = 0
 
     @property
     def row(self) -> T | None:
@@ -51,12 +53,12 @@ class Outcome(Generic[T]):
     def of(cls, rows: Iterable[T]) -> Outcome[T]:
         """Matched when at least one row came back."""
         rows = tuple(rows)
-        return cls(bool(rows), rows)
+        return cls(bool(rows), rows, len(rows))
 
     @classmethod
     def count(cls, rowcount: int) -> Outcome[T]:
         """Matched when the statement touched at least one row (no RETURNING)."""
-        return cls(rowcount > 0)
+        return cls(rowcount > 0, (), max(rowcount, 0))
 
     def expect(self, why: str) -> Outcome[T]:
         """Self when matched; else raise ``InvariantBroken``: for a transition whose row the caller

@@ -15,23 +15,21 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.fingerprints import canonical_json
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
-EVENT_COLUMNS = "id, scope_id, type, job_id, image_id, batch_id, payload, created_at"
-
-# -- events_after: a scope's committed events after an id, oldest first (ix_events_scope_id) --
-EVENTS_AFTER = (
-    f"SELECT {EVENT_COLUMNS} FROM events WHERE scope_id = :s AND id > :after"
-    " AND (CAST(:types AS text[]) IS NULL OR type = ANY(CAST(:types AS text[]))) ORDER BY id LIMIT :n"
-)
+# A scope's committed events after an id (of the given types, if any), oldest first (ix_events_scope_id).
+EVENTS_AFTER = sql("""
+SELECT id, scope_id, type, job_id, image_id, batch_id, payload, created_at FROM events
+WHERE scope_id = :s AND id > :after AND (CAST(:types AS text[]) IS NULL OR type = ANY(CAST(:types AS text[])))
+ORDER BY id LIMIT :n
+""")
 
 
 def events_after_txn(
     conn: Connection, scope_id: str, after: int, limit: int, types: list[str] | None = None
 ) -> list[RowMapping]:
     """Up to ``limit`` events of ``scope_id`` with id > ``after`` (of ``types`` if given), in id order."""
-    return list(conn.execute(sql(EVENTS_AFTER), {"s": scope_id, "after": after, "n": limit,
-                                                  "types": types}).mappings())
+    return list(conn.execute(EVENTS_AFTER, {"s": scope_id, "after": after, "n": limit, "types": types}).mappings())
 
 
 def last_event_id_txn(conn: Connection, scope_id: str) -> int:
@@ -66,18 +64,18 @@ def last_batch_progress_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, 
     ).scalar()
 
 
-def prune_events_txn(conn: Connection, cutoff: datetime, limit: int) -> int:
-    """Delete up to ``limit`` of the oldest events created before ``cutoff`` (primary-key order)."""
-    return conn.execute(
-        sql(
-            "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT :n) AND created_at < :cut"
-        ),
-        {"n": limit, "cut": cutoff},
-    ).rowcount
+PRUNE_EVENTS = sql("DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT :n) AND created_at < :cut")
+
+
+@transition
+def prune_events_txn(conn: Connection, cutoff: datetime, limit: int) -> Outcome[None]:
+    """committed, created before ``cutoff`` → deleted: up to ``limit`` of the oldest events
+    (primary-key order); ``affected``: how many. Not matched: the oldest are younger."""
+    return Outcome.count(conn.execute(PRUNE_EVENTS, {"n": limit, "cut": cutoff}).rowcount)
 
 
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
-ACQUIRE_STREAM_SLOT = (
+ACQUIRE_STREAM_SLOT = sql(
     "INSERT INTO event_stream_slots AS x (scope_id, slot_no, holder, expires_at)"
     " SELECT CAST(:s AS varchar), g, CAST(:h AS varchar), CAST(:exp AS timestamptz)"
     "  FROM generate_series(0, CAST(:n AS int) - 1) AS g"
@@ -90,31 +88,38 @@ ACQUIRE_STREAM_SLOT = (
 )
 
 
+@transition
 def acquire_stream_slot_txn(
     conn: Connection, scope_id: str, holder: str, n: int, now: datetime, lease_s: float
-) -> int | None:
-    """One of the scope's ``n`` stream slots for ``holder`` until now + lease, or None if all are held."""
-    return conn.execute(
-        sql(ACQUIRE_STREAM_SLOT),
+) -> Outcome[int]:
+    """free (absent or expired) → held by ``holder`` until now + lease: one of the scope's ``n``
+    stream slots; ``row``: its number. Not matched: all are held (or a racing stream took it)."""
+    return Outcome.of(conn.execute(
+        ACQUIRE_STREAM_SLOT,
         {"s": scope_id, "h": holder, "n": n, "now": now, "exp": now + timedelta(seconds=lease_s)},
-    ).scalar()
+    ).scalars().all())
 
 
+RENEW_STREAM_SLOT = sql("""
+UPDATE event_stream_slots SET expires_at = :exp WHERE scope_id = :s AND slot_no = :n AND holder = :h
+""")
+
+
+@transition
 def renew_stream_slot_txn(
     conn: Connection, scope_id: str, slot_no: int, holder: str, now: datetime, lease_s: float
-) -> bool:
-    """Extend a held slot's lease; False when it was lost (expired and taken by another stream)."""
-    return conn.execute(
-        sql(
-            "UPDATE event_stream_slots SET expires_at = :exp"
-            " WHERE scope_id = :s AND slot_no = :n AND holder = :h"
-        ),
-        {"s": scope_id, "n": slot_no, "h": holder, "exp": now + timedelta(seconds=lease_s)},
-    ).rowcount > 0
+) -> Outcome[None]:
+    """held → held, lease extended (fenced by holder). Not matched: it was lost (expired and taken
+    by another stream)."""
+    return Outcome.count(conn.execute(
+        RENEW_STREAM_SLOT, {"s": scope_id, "n": slot_no, "h": holder, "exp": now + timedelta(seconds=lease_s)},
+    ).rowcount)
 
 
-def release_stream_slot_txn(conn: Connection, scope_id: str, slot_no: int, holder: str) -> None:
-    conn.execute(
-        sql("DELETE FROM event_stream_slots WHERE scope_id = :s AND slot_no = :n AND holder = :h"),
-        {"s": scope_id, "n": slot_no, "h": holder},
-    )
+RELEASE_STREAM_SLOT = sql("DELETE FROM event_stream_slots WHERE scope_id = :s AND slot_no = :n AND holder = :h")
+
+
+@transition
+def release_stream_slot_txn(conn: Connection, scope_id: str, slot_no: int, holder: str) -> Outcome[None]:
+    """held by ``holder`` → free (fenced by holder). Not matched: it was lost already."""
+    return Outcome.count(conn.execute(RELEASE_STREAM_SLOT, {"s": scope_id, "n": slot_no, "h": holder}).rowcount)

@@ -45,7 +45,7 @@ def acquire_txn(conn: Connection, scope_id: str, operation: str, key: str, now: 
 
     An existing acquired/committed/unknown grant for the key is returned unchanged (idempotent).
     """
-    return acquire_many_txn(conn, [(scope_id, operation, key)], now)[0]
+    return acquire_many_txn(conn, [(scope_id, operation, key)], now).expect("an upsert returns its row").row
 
 
 COMMIT_GRANT = sql("UPDATE operation_grants SET state = 'committed', updated_at = :now WHERE id = :id AND state = 'acquired'")
@@ -88,11 +88,19 @@ def mark_grant_unknown_txn(conn: Connection, grant_id: uuid.UUID, now: datetime)
     return Outcome.count(conn.execute(MARK_GRANT_UNKNOWN, {"id": grant_id, "now": now}).rowcount)
 
 
-def bind_task_txn(conn: Connection, grant_id: uuid.UUID, task_id: uuid.UUID, now: datetime) -> None:
-    """Link grant and task both ways (tasks.grant_id is how recovery and retries find it)."""
-    conn.execute(sql("UPDATE operation_grants SET task_id = :t, updated_at = :now WHERE id = :g"),
-                 {"g": grant_id, "t": task_id, "now": now})
-    conn.execute(sql("UPDATE tasks SET grant_id = :g WHERE id = :t"), {"g": grant_id, "t": task_id})
+BIND_GRANT_TO_TASK = sql("UPDATE operation_grants SET task_id = :t, updated_at = :now WHERE id = :g")
+BIND_TASK_TO_GRANT = sql("UPDATE tasks SET grant_id = :g WHERE id = :t")
+
+
+@transition
+def bind_task_txn(conn: Connection, grant_id: uuid.UUID, task_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """grant and task → linked both ways (tasks.grant_id is how recovery and retries find it).
+
+    Matched when the task row was linked; a custom policy's grant need not have an
+    ``operation_grants`` row (``affected``: 1 then, 2 with one)."""
+    granted = conn.execute(BIND_GRANT_TO_TASK, {"g": grant_id, "t": task_id, "now": now}).rowcount
+    tasked = conn.execute(BIND_TASK_TO_GRANT, {"g": grant_id, "t": task_id}).rowcount
+    return Outcome(tasked > 0, (), granted + tasked)
 
 
 def task_grant_txn(conn: Connection, task_id: uuid.UUID) -> uuid.UUID | None:
@@ -120,25 +128,26 @@ def active_dedupe_keys_txn(conn: Connection, keys: list[tuple[str, str]]) -> set
     return {(s, k) for s, k in rows} & set(keys)
 
 
-def acquire_many_txn(conn: Connection, wanted: list[tuple[str, str, str]], now: datetime) -> list[RowMapping]:
-    """``acquire_txn`` for several distinct (scope, operation, key) triples, one statement; returns
-    the grant rows in order."""
+# A released grant with the key is acquired again (a new quota window starts with it); any other
+# existing one comes back unchanged (idempotent). RETURNING gives every wanted row.
+ACQUIRE_GRANTS = sql("""
+INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, created_at, updated_at)
+SELECT id, s, o, k, 'acquired', :now, :now FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, s text, o text, k text)
+ON CONFLICT (scope_id, operation, idempotency_key) DO UPDATE SET
+  state = CASE WHEN operation_grants.state = 'released' THEN 'acquired' ELSE operation_grants.state END,
+  created_at = CASE WHEN operation_grants.state = 'released' THEN :now ELSE operation_grants.created_at END,
+  updated_at = :now
+RETURNING *
+""")
+
+
+@transition
+def acquire_many_txn(conn: Connection, wanted: list[tuple[str, str, str]], now: datetime) -> Outcome[RowMapping]:
+    """— / released → acquired: the grants of several distinct (scope, operation, key) triples, one
+    statement; ``rows``: the grant rows in ``wanted``'s order. Not matched: nothing wanted."""
     if not wanted:
-        return []
+        return Outcome(False)
     doc = json.dumps([{"id": str(uuid.uuid4()), "s": s, "o": o, "k": k} for s, o, k in wanted])
-    rows = conn.execute(
-        sql(
-            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, created_at, updated_at)"
-            " SELECT id, s, o, k, 'acquired', :now, :now"
-            " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, s text, o text, k text)"
-            " ON CONFLICT (scope_id, operation, idempotency_key) DO UPDATE SET"
-            "  state = CASE WHEN operation_grants.state = 'released' THEN 'acquired' ELSE operation_grants.state END,"
-            "  created_at = CASE WHEN operation_grants.state = 'released' THEN :now"
-            "   ELSE operation_grants.created_at END,"
-            "  updated_at = :now"
-            " RETURNING *"
-        ),
-        {"rows": doc, "now": now},
-    ).mappings().all()
+    rows = conn.execute(ACQUIRE_GRANTS, {"rows": doc, "now": now}).mappings().all()
     by_key = {(r["scope_id"], r["operation"], r["idempotency_key"]): r for r in rows}
-    return [by_key[w] for w in wanted]
+    return Outcome.of(by_key[w] for w in wanted)

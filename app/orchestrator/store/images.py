@@ -26,23 +26,23 @@ def ensure_scope_txn(conn: Connection, scope_id: str) -> uuid.UUID:
     return conn.execute(sql("SELECT storage_namespace FROM scopes WHERE id = :id"), {"id": scope_id}).scalar_one()
 
 
-def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], now: datetime) -> RowMapping | None:
-    """Insert a new image; None if the scope already has these bytes (unique (scope, sha256))."""
-    return (
-        conn.execute(
-            sql(
-                "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,"
-                " storage_key, display_name, metadata_hash, search_tsv, created_at, updated_at)"
-                " VALUES (:id, :scope, :sha256, :extension, :media_type, :size_bytes, :width, :height,"
-                " :storage_key, :display_name, :metadata_hash, to_tsvector('simple', :terms), :now, :now)"
-                " ON CONFLICT (scope_id, sha256) DO NOTHING RETURNING *"
-            ),
-            {"id": new_id(), "scope": scope_id, "now": now,
-             "terms": image_terms(values.get("display_name"), None), **values},
-        )
-        .mappings()
-        .first()
-    )
+INSERT_IMAGE = sql("""
+INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,
+                    display_name, metadata_hash, search_tsv, created_at, updated_at)
+VALUES (:id, :scope, :sha256, :extension, :media_type, :size_bytes, :width, :height, :storage_key,
+        :display_name, :metadata_hash, to_tsvector('simple', :terms), :now, :now)
+ON CONFLICT (scope_id, sha256) DO NOTHING RETURNING *
+""")
+
+
+@transition
+def insert_image_txn(conn: Connection, scope_id: str, values: dict[str, Any], now: datetime) -> Outcome[RowMapping]:
+    """— → a new image (context pending). Not matched: the scope already has these bytes
+    (unique (scope, sha256))."""
+    return Outcome.of(conn.execute(INSERT_IMAGE, {
+        "id": new_id(), "scope": scope_id, "now": now, "terms": image_terms(values.get("display_name"), None),
+        **values,
+    }).mappings().all())
 
 
 LOCK_IMAGE = sql("SELECT * FROM images WHERE scope_id = :s AND id = :id FOR UPDATE")
@@ -109,35 +109,57 @@ def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) 
                                                           "now": now}).mappings().all())
 
 
+EDIT_CONTEXT = sql("""
+UPDATE images SET display_name = :dn, context = CAST(:ctx AS jsonb), context_status = :cs,
+       context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,
+       search_tsv = to_tsvector('simple', :terms), updated_at = :now
+WHERE id = :id RETURNING *
+""")
+
+
+@transition
 def edit_context_txn(
     conn: Connection, image_id: uuid.UUID, *, display_name: str | None, context: dict | None,
     context_status: str, provenance: dict | None, metadata_hash: str, now: datetime,
-) -> RowMapping:
-    return (
-        conn.execute(
-            sql(
-                "UPDATE images SET display_name = :dn, context = CAST(:ctx AS jsonb), context_status = :cs,"
-                " context_provenance = CAST(:prov AS jsonb), metadata_hash = :mh, revision = revision + 1,"
-                " search_tsv = to_tsvector('simple', :terms), updated_at = :now WHERE id = :id RETURNING *"
-            ),
-            {
-                "terms": image_terms(display_name, context if context_status in (ContextStatus.READY, ContextStatus.EDITED) else None),
-                "dn": display_name, "ctx": None if context is None else canonical_json(context),
-                "cs": context_status, "prov": None if provenance is None else canonical_json(provenance),
-                "mh": metadata_hash, "now": now, "id": image_id,
-            },
-        )
-        .mappings()
-        .one()
-    )
+) -> Outcome[RowMapping]:
+    """context → ``context_status`` (a human edit: ``edited``), name and metadata_hash with it.
+
+    The caller holds the image row locked (``lock_image_txn``), so the row is the from-state."""
+    return Outcome.of(conn.execute(EDIT_CONTEXT, {
+        "terms": image_terms(display_name, context if context_status in (ContextStatus.READY, ContextStatus.EDITED)
+                             else None),
+        "dn": display_name, "ctx": None if context is None else canonical_json(context),
+        "cs": context_status, "prov": None if provenance is None else canonical_json(provenance),
+        "mh": metadata_hash, "now": now, "id": image_id,
+    }).mappings().all())
 
 
-def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str, Any], now: datetime) -> RowMapping:
-    """New bytes for an image: the context no longer describes them (status back to pending), and
-    lexical search keeps only the display name — unless a human wrote the context (``edited``)."""
-    name = conn.execute(sql("SELECT display_name FROM images WHERE id = :id"), {"id": image_id}).scalar()
+DISPLAY_NAME = sql("SELECT display_name FROM images WHERE id = :id")
+
+# New bytes: the context no longer describes them (back to pending) and lexical search keeps only
+# the display name — unless a human wrote the context (edited).
+REPLACE_CONTENT = sql("""
+UPDATE images SET sha256 = :sha256, extension = :extension, media_type = :media_type, size_bytes = :size_bytes,
+       width = :width, height = :height, storage_key = :storage_key,
+       search_tsv = CASE WHEN context_status = 'edited' THEN search_tsv ELSE to_tsvector('simple', :name_terms) END,
+       context_status = CASE WHEN context_status = 'edited' THEN 'edited' ELSE 'pending' END,
+       revision = revision + 1, updated_at = :now
+WHERE id = :id RETURNING *
+""")
+
+
+@transition
+def replace_content_txn(
+    conn: Connection, image_id: uuid.UUID, values: dict[str, Any], now: datetime
+) -> Outcome[RowMapping]:
+    """bytes → new bytes, context → pending (unless ``edited``). The caller holds the row locked.
+
+    ``DuplicateImage`` when another image of the scope already has those bytes."""
+    name = conn.execute(DISPLAY_NAME, {"id": image_id}).scalar()
     try:
-        return _replace_content_row_txn(conn, image_id, values, now, name)
+        return Outcome.of(conn.execute(REPLACE_CONTENT, {
+            "id": image_id, "now": now, "name_terms": image_terms(name, None), **values,
+        }).mappings().all())
     except IntegrityError as exc:
         if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) == "uq_images_scope_id_sha256":
             raise DuplicateImage(
@@ -146,32 +168,14 @@ def replace_content_txn(conn: Connection, image_id: uuid.UUID, values: dict[str,
         raise
 
 
-def _replace_content_row_txn(
-    conn: Connection, image_id: uuid.UUID, values: dict[str, Any], now: datetime, name: str | None
-) -> RowMapping:
-    return (
-        conn.execute(
-            sql(
-                "UPDATE images SET sha256 = :sha256, extension = :extension, media_type = :media_type,"
-                " size_bytes = :size_bytes, width = :width, height = :height, storage_key = :storage_key,"
-                " search_tsv = CASE WHEN context_status = 'edited' THEN search_tsv"
-                "   ELSE to_tsvector('simple', :name_terms) END,"
-                " context_status = CASE WHEN context_status = 'edited' THEN 'edited' ELSE 'pending' END,"
-                " revision = revision + 1, updated_at = :now WHERE id = :id RETURNING *"
-            ),
-            {"id": image_id, "now": now, "name_terms": image_terms(name, None), **values},
-        )
-        .mappings()
-        .one()
-    )
+DELETE_IMAGE = sql("DELETE FROM images WHERE scope_id = :s AND id = :id RETURNING storage_key")
 
 
-def delete_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> str | None:
-    """Delete the image; jobs, stages, tasks, attempts and embeddings cascade."""
-    return conn.execute(
-        sql("DELETE FROM images WHERE scope_id = :s AND id = :id RETURNING storage_key"),
-        {"s": scope_id, "id": image_id},
-    ).scalar()
+@transition
+def delete_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> Outcome[str]:
+    """image → deleted; jobs, stages, tasks, attempts and embeddings cascade. ``row``: its storage
+    key. Not matched: no such image in the scope."""
+    return Outcome.of(conn.execute(DELETE_IMAGE, {"s": scope_id, "id": image_id}).scalars().all())
 
 
 def storage_key_in_use_txn(conn: Connection, storage_key: str) -> bool:

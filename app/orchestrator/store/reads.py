@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.db.enums import STAGE_ORDER, JobStatus
+from app.db.enums import STAGE_ORDER, JobStatus, StageStatus
 from app.orchestrator.store._sql import sql
 
 _STAGE_POS = {s.value: n for n, s in enumerate(STAGE_ORDER)}
-_DONE = ("succeeded", "reused")
+_DONE = (StageStatus.SUCCEEDED, StageStatus.REUSED)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -145,12 +145,18 @@ def get_task_txn(conn: Connection, scope_id: str, task_id: uuid.UUID) -> dict[st
     }
 
 
+# A list cursor's keyset position: (created_at, id) of the row it names, per listed table.
+CURSOR_KEY = {
+    "images": sql("SELECT created_at, id FROM images WHERE scope_id = :s AND id = :id"),
+    "processing_jobs": sql("SELECT created_at, id FROM processing_jobs WHERE scope_id = :s AND id = :id"),
+}
+
+
 def cursor_key_txn(conn: Connection, table: str, scope_id: str, row_id: str) -> tuple[datetime, uuid.UUID] | None:
-    if table not in ("images", "processing_jobs"):
+    """The keyset position of a page cursor naming ``row_id`` of ``table`` in the scope, or None."""
+    if table not in CURSOR_KEY:
         raise ValueError(table)
-    row = conn.execute(
-        sql(f"SELECT created_at, id FROM {table} WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": row_id}
-    ).first()
+    row = conn.execute(CURSOR_KEY[table], {"s": scope_id, "id": row_id}).first()
     return (row[0], row[1]) if row else None
 
 

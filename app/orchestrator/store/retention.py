@@ -30,47 +30,67 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Row
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
-_STEP = """
-WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table}
-                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
-doomed AS (
-  SELECT {alias}.ctid AS k FROM {table} {alias}
-  WHERE {alias}.ctid = ANY(ARRAY(SELECT k FROM scan)) AND {condition}
-  LIMIT :n FOR UPDATE OF {alias} SKIP LOCKED),
-gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
-SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
-"""
+# Every walk step below has the same frame — ``scan``: the TIDs of heap pages [:lo, :hi);
+# ``doomed``: up to :n of them that are old and no longer needed, locked SKIP LOCKED; ``gone``: their
+# delete; the result: (rows read, rows deleted) — written out whole in each statement.
 
 # Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
 # except those of a job that is active or waits for a human.
-TASKS = _STEP.format(table="tasks", alias="t", condition="""
-    t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
+PRUNE_TASKS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM tasks
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+doomed AS (
+  SELECT t.ctid AS k FROM tasks t
+  WHERE t.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
     AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
     AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
-        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')""")
+        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
+  LIMIT :n FOR UPDATE OF t SKIP LOCKED),
+gone AS (DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
 
 # Completed or failed attempts of ended tasks, except under a job that is active or waits for a human.
-ATTEMPTS = _STEP.format(table="task_attempts", alias="a", condition="""
-    a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
+PRUNE_ATTEMPTS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM task_attempts
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+doomed AS (
+  SELECT a.ctid AS k FROM task_attempts a
+  WHERE a.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND a.state IN ('completed', 'failed') AND a.updated_at < :cutoff
     AND (SELECT t.status IN ('succeeded', 'failed', 'cancelled')
                 AND j.status NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
-         FROM tasks t JOIN processing_jobs j ON j.id = t.job_id WHERE t.id = a.task_id)""")
+         FROM tasks t JOIN processing_jobs j ON j.id = t.job_id WHERE t.id = a.task_id)
+  LIMIT :n FOR UPDATE OF a SKIP LOCKED),
+gone AS (DELETE FROM task_attempts WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
 
 # Ended jobs a newer job of the same image replaced (superseded, target_changed, and any other
 # ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
 # one waiting for a human, one with a task still queued or running, or one of a batch that is
 # active or ended within the age. The image's latest revision: its unique index, backwards.
-JOBS = _STEP.format(table="processing_jobs", alias="j", condition="""
-    j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
+PRUNE_JOBS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM processing_jobs
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+doomed AS (
+  SELECT j.ctid AS k FROM processing_jobs j
+  WHERE j.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND j.status IN ('succeeded', 'failed', 'target_changed', 'superseded', 'cancelled') AND j.completed_at < :cutoff
     AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
                       WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
     AND (SELECT true FROM tasks t WHERE t.job_id = j.id AND t.status IN ('queued', 'running') LIMIT 1) IS NULL
     AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
-                                FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))""")
+                                FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))
+  LIMIT :n FOR UPDATE OF j SKIP LOCKED),
+gone AS (DELETE FROM processing_jobs WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
 
 # Embeddings no longer current — an older image version (older than stale_cutoff) or a model that
 # is no longer configured (older than model_cutoff; NULL = never). The image row is share-locked
@@ -78,75 +98,170 @@ JOBS = _STEP.format(table="processing_jobs", alias="j", condition="""
 # image is skipped), so an image update that would make a picked row current again waits for this
 # delete and then recomputes the row. A model a scope's search serving state (app/orchestrator/
 # serving.py) names — serving, target, or previous within the rollback window (keep_after) or
-# pinned — is never an old model for that scope.
-_EMBEDDINGS = """
-WITH scan AS MATERIALIZED (SELECT ctid AS k FROM {table} WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+# pinned — is never an old model for that scope. The old-model condition appears twice:
+# the pick's flag and its filter.
+PRUNE_TEXT_EMBEDDINGS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM text_embeddings WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
 picked AS (
-  SELECT e.ctid AS c, e.scope_id, e.image_id, {cols}, coalesce({old_model}, false) AS old_model
-  FROM {table} e
+  SELECT e.ctid AS c, e.scope_id, e.image_id, e.image_sha256, e.metadata_hash,
+         coalesce((e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[]))
+                   AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'text'
+                                   AND (e.model = ss.serving_model OR e.model IS NOT DISTINCT FROM ss.target_model
+                                        OR (e.model IS NOT DISTINCT FROM ss.previous_model
+                                            AND (ss.state = 'pinned' OR ss.switched_at IS NULL
+                                                 OR ss.switched_at >= CAST(:keep_after AS timestamptz)))))),
+                  false) AS old_model
+  FROM text_embeddings e
   WHERE e.ctid = ANY(ARRAY(SELECT k FROM scan))
     AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
-          AND (SELECT {stale} FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
-      OR {old_model})
+          AND (SELECT i.sha256 <> e.image_sha256 OR i.metadata_hash IS DISTINCT FROM e.metadata_hash
+               FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
+      OR (e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[]))
+          AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'text'
+                          AND (e.model = ss.serving_model OR e.model IS NOT DISTINCT FROM ss.target_model
+                               OR (e.model IS NOT DISTINCT FROM ss.previous_model
+                                   AND (ss.state = 'pinned' OR ss.switched_at IS NULL
+                                        OR ss.switched_at >= CAST(:keep_after AS timestamptz)))))))
   LIMIT :n),
 doomed AS (
   SELECT p.c FROM picked p CROSS JOIN LATERAL (
-    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR {stale_p})
+    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id
+      AND (p.old_model OR i.sha256 <> p.image_sha256 OR i.metadata_hash IS DISTINCT FROM p.metadata_hash)
     FOR SHARE SKIP LOCKED) held),
-gone AS (DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT c FROM doomed)) RETURNING 1)
+gone AS (DELETE FROM text_embeddings WHERE ctid = ANY(ARRAY(SELECT c FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
-"""
-TEXT_EMBEDDINGS = _EMBEDDINGS.format(
-    table="text_embeddings", cols="e.image_sha256, e.metadata_hash",
-    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz) AND e.model <> ALL(CAST(:keep AS text[]))"
-              " AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'text'"
-              " AND (e.model = ss.serving_model OR e.model IS NOT DISTINCT FROM ss.target_model"
-              " OR (e.model IS NOT DISTINCT FROM ss.previous_model AND (ss.state = 'pinned'"
-              " OR ss.switched_at IS NULL OR ss.switched_at >= CAST(:keep_after AS timestamptz))))))",
-    stale="i.sha256 <> e.image_sha256 OR i.metadata_hash IS DISTINCT FROM e.metadata_hash",
-    stale_p="i.sha256 <> p.image_sha256 OR i.metadata_hash IS DISTINCT FROM p.metadata_hash",
-)
-# kept visual models are "model|preprocess_version"
-VISUAL_EMBEDDINGS = _EMBEDDINGS.format(
-    table="visual_embeddings", cols="e.image_sha256",
-    old_model="(e.created_at < CAST(:model_cutoff AS timestamptz)"
-              " AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[]))"
-              " AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'visual'"
-              " AND ((e.model, e.dims, e.preprocess_version) ="
-              " (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')"
-              " OR (e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM"
-              " (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')"
-              " OR ((e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM"
-              " (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')"
-              " AND (ss.state = 'pinned' OR ss.switched_at IS NULL OR ss.switched_at >= CAST(:keep_after AS timestamptz))))))",
-    stale="i.sha256 <> e.image_sha256", stale_p="i.sha256 <> p.image_sha256",
-)
+""")
+
+# The same for visual embeddings; kept visual models are "model|preprocess_version", a serving
+# state's model is (model, dims, preprocess version).
+PRUNE_VISUAL_EMBEDDINGS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM visual_embeddings WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+picked AS (
+  SELECT e.ctid AS c, e.scope_id, e.image_id, e.image_sha256,
+         coalesce((e.created_at < CAST(:model_cutoff AS timestamptz)
+                   AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[]))
+                   AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'visual'
+                                   AND ((e.model, e.dims, e.preprocess_version) =
+                                        (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')
+                                        OR (e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM
+                                        (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')
+                                        OR ((e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM
+                                            (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')
+                                            AND (ss.state = 'pinned' OR ss.switched_at IS NULL
+                                                 OR ss.switched_at >= CAST(:keep_after AS timestamptz)))))),
+                  false) AS old_model
+  FROM visual_embeddings e
+  WHERE e.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND ((e.created_at < CAST(:stale_cutoff AS timestamptz)
+          AND (SELECT i.sha256 <> e.image_sha256 FROM images i WHERE i.scope_id = e.scope_id AND i.id = e.image_id))
+      OR (e.created_at < CAST(:model_cutoff AS timestamptz)
+          AND e.model || '|' || e.preprocess_version <> ALL(CAST(:keep AS text[]))
+          AND NOT EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = e.scope_id AND ss.kind = 'visual'
+                          AND ((e.model, e.dims, e.preprocess_version) =
+                               (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')
+                               OR (e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM
+                               (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')
+                               OR ((e.model, e.dims, e.preprocess_version) IS NOT DISTINCT FROM
+                                   (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')
+                                   AND (ss.state = 'pinned' OR ss.switched_at IS NULL
+                                        OR ss.switched_at >= CAST(:keep_after AS timestamptz)))))))
+  LIMIT :n),
+doomed AS (
+  SELECT p.c FROM picked p CROSS JOIN LATERAL (
+    SELECT 1 FROM images i WHERE i.scope_id = p.scope_id AND i.id = p.image_id AND (p.old_model OR i.sha256 <> p.image_sha256)
+    FOR SHARE SKIP LOCKED) held),
+gone AS (DELETE FROM visual_embeddings WHERE ctid = ANY(ARRAY(SELECT c FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
 
 # Per-minute counter buckets, oldest first (primary key (bucket, name)); deleted by TID.
-OPS_COUNTERS = """
+PRUNE_OPS_COUNTERS = sql("""
 DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM ops_counters WHERE bucket < :cutoff
   ORDER BY bucket LIMIT :n FOR UPDATE SKIP LOCKED))
-"""
+""")
 
-# each walk's statement and table
+def _window(page: int, pages: int, n: int) -> dict[str, object]:
+    """A walk step's bounds: heap pages [page, page + pages), up to ``n`` deletes."""
+    return {"lo": f"({int(page)},0)", "hi": f"({int(page) + int(pages)},0)", "n": n}
+
+
+def _step(row: Row) -> Outcome[Row]:
+    """A walk step's outcome: matched when it deleted a row; ``row`` (scanned, deleted) either way."""
+    return Outcome(int(row.deleted) > 0, (row,), int(row.deleted))
+
+
+@transition
+def prune_tasks_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """ended before ``cutoff``, no stage points at it, its job neither active nor waiting → deleted.
+
+    One step of the tasks walk (heap pages [page, page + pages), at most ``n``); ``row``: (scanned,
+    deleted). Not matched: nothing prunable in the window."""
+    return _step(conn.execute(PRUNE_TASKS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_attempts_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """completed / failed before ``cutoff``, its task ended, its job neither active nor waiting → deleted.
+
+    One step of the attempts walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_ATTEMPTS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_jobs_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """ended before ``cutoff``, not its image's latest, no active task or batch → deleted (cascades).
+
+    One step of the jobs walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_JOBS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_text_embeddings_txn(
+    conn: Connection, page: int, pages: int, n: int, *, stale_cutoff: datetime | None, model_cutoff: datetime | None,
+    keep: list[str], keep_after: datetime,
+) -> Outcome[Row]:
+    """no longer current (an older image version, or a model no longer configured or served) → deleted.
+
+    One step of the text embeddings walk, as ``prune_tasks_txn``; ``keep``: the configured models,
+    ``keep_after``: the rollback window's start."""
+    return _step(conn.execute(PRUNE_TEXT_EMBEDDINGS, {
+        **_window(page, pages, n), "stale_cutoff": stale_cutoff, "model_cutoff": model_cutoff, "keep": keep,
+        "keep_after": keep_after,
+    }).one())
+
+
+@transition
+def prune_visual_embeddings_txn(
+    conn: Connection, page: int, pages: int, n: int, *, stale_cutoff: datetime | None, model_cutoff: datetime | None,
+    keep: list[str], keep_after: datetime,
+) -> Outcome[Row]:
+    """no longer current (an older image version, or a model no longer configured or served) → deleted.
+
+    One step of the visual embeddings walk, as ``prune_text_embeddings_txn`` (``keep``:
+    ``model|preprocess_version``)."""
+    return _step(conn.execute(PRUNE_VISUAL_EMBEDDINGS, {
+        **_window(page, pages, n), "stale_cutoff": stale_cutoff, "model_cutoff": model_cutoff, "keep": keep,
+        "keep_after": keep_after,
+    }).one())
+
+
+# each walk's statement, step and table
 WALKS = {
-    "jobs": (JOBS, "processing_jobs"),
-    "tasks": (TASKS, "tasks"),
-    "attempts": (ATTEMPTS, "task_attempts"),
-    "text_embeddings": (TEXT_EMBEDDINGS, "text_embeddings"),
-    "visual_embeddings": (VISUAL_EMBEDDINGS, "visual_embeddings"),
+    "jobs": (PRUNE_JOBS, prune_jobs_txn, "processing_jobs"),
+    "tasks": (PRUNE_TASKS, prune_tasks_txn, "tasks"),
+    "attempts": (PRUNE_ATTEMPTS, prune_attempts_txn, "task_attempts"),
+    "text_embeddings": (PRUNE_TEXT_EMBEDDINGS, prune_text_embeddings_txn, "text_embeddings"),
+    "visual_embeddings": (PRUNE_VISUAL_EMBEDDINGS, prune_visual_embeddings_txn, "visual_embeddings"),
 }
 
 
-def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> tuple[int, int]:
-    """One step of ``kind``'s walk over heap pages ``[page, page + pages)``: (rows read, rows deleted).
+def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> Outcome[Row]:
+    """One step of ``kind``'s walk over heap pages ``[page, page + pages)`` (its ``prune_*_txn``).
     ``params``: ``cutoff`` for jobs, tasks and attempts; ``stale_cutoff``, ``model_cutoff``, ``keep``
     and ``keep_after`` (the rollback window's start) for the embeddings."""
-    statement, _table = WALKS[kind]
-    row = conn.execute(sql(statement), {"lo": f"({int(page)},0)", "hi": f"({int(page) + int(pages)},0)", "n": n,
-                                        **params}).one()
-    return int(row.scanned), int(row.deleted)
+    _statement, step, _table = WALKS[kind]
+    return step(conn, page, pages, n, **params)
 
 
 def table_pages_txn(conn: Connection, kind: str) -> tuple[int, float]:
@@ -154,13 +269,15 @@ def table_pages_txn(conn: Connection, kind: str) -> tuple[int, float]:
     row = conn.execute(sql(
         "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int AS pages,"
         " CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END AS density"
-        " FROM pg_class c WHERE c.oid = CAST(:t AS regclass)"), {"t": WALKS[kind][1]}).one()
+        " FROM pg_class c WHERE c.oid = CAST(:t AS regclass)"), {"t": WALKS[kind][2]}).one()
     return int(row.pages), float(row.density)
 
 
-def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> int:
-    """Delete up to ``n`` ops_counters buckets older than ``cutoff``, oldest first; how many went."""
-    return conn.execute(sql(OPS_COUNTERS), {"cutoff": cutoff, "n": n}).rowcount
+@transition
+def prune_ops_counters_txn(conn: Connection, cutoff: datetime, n: int) -> Outcome[None]:
+    """a per-minute bucket older than ``cutoff`` → deleted: up to ``n``, oldest first; ``affected``:
+    how many went. Not matched: none is that old."""
+    return Outcome.count(conn.execute(PRUNE_OPS_COUNTERS, {"cutoff": cutoff, "n": n}).rowcount)
 
 
 def walk_position_txn(conn: Connection, kind: str) -> int:

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.orchestrator.store._sql import Outcome, sql, transition
 
 # A current embedding of model ({m}, {d}[, preprocess version {p}]) for image ``i`` (its bytes — and
-# for text its context — as they are now), per kind.
+# for text its context — as they are now), per kind. The statements spell it out (COVERAGE_*,
+# CUTOVER_*, serving_fill's fill scans); tests/unit/test_transition_table.py checks they agree.
 CURRENT = {
     "text": (
         "EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id"
@@ -33,6 +34,7 @@ CURRENT = {
 #: waits for images whose agent stage is done too, so a fill job never re-runs (pays for) a failed or
 #: unfinished agent — such an image gets the new vector from its own job (which embeds with both).
 NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "i.context_status <> 'pending'"}
+
 
 def ref_json(ref: dict[str, Any] | None) -> str | None:
     return None if ref is None else json.dumps(ref, sort_keys=True)
@@ -312,18 +314,34 @@ def events_txn(conn: Connection, scope_id: str, kind: str, limit: int) -> list[R
     ).mappings())
 
 
+# Coverage of a model per kind: the scope's images that need an embedding of the kind (NEEDS), and
+# those of them with a current one of model (:m, :d[, :p]) — CURRENT spelled out.
+COVERAGE_TEXT = sql("""
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id
+                                      AND t.image_id = i.id AND t.image_sha256 = i.sha256
+                                      AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
+                                      AND t.model = :m AND t.dims = :d)) AS ready
+FROM images i WHERE i.scope_id = :s AND i.metadata_hash IS NOT NULL
+""")
+
+COVERAGE_VISUAL = sql("""
+SELECT count(*) AS total,
+       count(*) FILTER (WHERE EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
+                                      AND v.image_id = i.id AND v.image_sha256 = i.sha256
+                                      AND v.model = :m AND v.dims = :d AND v.preprocess_version = :p)) AS ready
+FROM images i WHERE i.scope_id = :s AND i.context_status <> 'pending'
+""")
+COVERAGE = {"text": COVERAGE_TEXT, "visual": COVERAGE_VISUAL}
+
+
 def coverage_txn(
     conn: Connection, scope_id: str, kind: str, model: str, dims: int, preprocess_version: str | None = None
 ) -> dict[str, int]:
     """{ready, total}: the scope's images that need an embedding of the kind (text: those with a
     context), and those of them with a current embedding of the model."""
     row = conn.execute(
-        sql(
-            "SELECT count(*) AS total, count(*) FILTER (WHERE "
-            + CURRENT[kind].format(m=":m", d=":d", p=":p") + ") AS ready"
-            f" FROM images i WHERE i.scope_id = :s AND {NEEDS[kind]}"
-        ),
-        {"s": scope_id, "m": model, "d": int(dims), "p": preprocess_version},
+        COVERAGE[kind], {"s": scope_id, "m": model, "d": int(dims), "p": preprocess_version},
     ).one()
     return {"ready": int(row.ready), "total": int(row.total)}
 

@@ -12,7 +12,6 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.store._sql import sql
-from app.orchestrator.store.serving import CURRENT, NEEDS
 
 #: Validity of the text stage (app/orchestrator/planner.py) during a model change: besides the job's own
 #: model, an image needs a current embedding of its scope's serving and target text models, so uploads
@@ -35,38 +34,66 @@ SERVING_VISUAL_MISSING = (
     " AND v2.image_sha256 = {sha} AND v2.model = w.model AND v2.preprocess_version = w.pv AND v2.dims = w.dims))"
 )
 
-#: Retention hook (alias ``te`` for text_embeddings). A row is *superseded by a model change* —
-#: prunable — when its model is none of its scope's serving, target or previous model; the previous
-#: one is kept for a rollback until :keep_after passed its switch (and always while the scope is
-#: pinned: after a rollback it is the configured model, still written). Scopes without a serving row
-#: are left alone (nothing is known about them yet). Rows of old image versions are another matter
-#: (their model may be current): this predicate says nothing about them.
-PRUNABLE_MODEL_PREDICATE = (
-    "EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = te.scope_id AND ss.kind = 'text'"
-    " AND te.model IS DISTINCT FROM ss.serving_model AND te.model IS DISTINCT FROM ss.target_model"
-    " AND (te.model IS DISTINCT FROM ss.previous_model"
-    "  OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))"
-)
-
-
-def _missing_any(kind: str) -> str:
-    """The image lacks a current embedding of one of the fill models (``:models``)."""
-    return ("EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)"
-            " WHERE NOT " + CURRENT[kind].format(m="fm.model", d="fm.dims", p="fm.pv") + ")")
-
 
 def fill_kind(models: list[dict[str, Any]]) -> str:
     """The kind of a fill batch's models (one kind per batch; entries without one are text)."""
     return str(models[0].get("kind", "text")) if models else "text"
 
 
+# The fill scans, one statement per kind: an image needs filling when it needs an embedding of the
+# kind (serving.NEEDS) and lacks a current one (serving.CURRENT) of one of the fill models
+# (``:models``: a JSON list of {model, dims, pv}).
+COUNT_NEEDING_FILL_TEXT = sql("""
+SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND i.metadata_hash IS NOT NULL
+  AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
+              WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id
+                                AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash
+                                AND t.status = 'ready' AND t.model = fm.model AND t.dims = fm.dims))
+""")
+
+COUNT_NEEDING_FILL_VISUAL = sql("""
+SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND i.context_status <> 'pending'
+  AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
+              WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
+                                AND v.image_sha256 = i.sha256 AND v.model = fm.model AND v.dims = fm.dims
+                                AND v.preprocess_version = fm.pv))
+""")
+COUNT_NEEDING_FILL = {"text": COUNT_NEEDING_FILL_TEXT, "visual": COUNT_NEEDING_FILL_VISUAL}
+
+
 def count_needing_fill_txn(conn: Connection, scope_id: str, models: list[dict[str, Any]], until: datetime) -> int:
-    kind = fill_kind(models)
+    """How many of the scope's images (created by ``until``) a fill batch of ``models`` must embed."""
     return conn.execute(
-        sql(f"SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND {NEEDS[kind]}"
-            f" AND {_missing_any(kind)}"),
-        {"s": scope_id, "u": until, "models": _models_doc(models)},
+        COUNT_NEEDING_FILL[fill_kind(models)], {"s": scope_id, "u": until, "models": _models_doc(models)},
     ).scalar_one()
+
+
+FILL_PAGE_TEXT = sql("""
+SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
+       (i.metadata_hash IS NOT NULL
+        AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
+                    WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id
+                                      AND t.image_id = i.id AND t.image_sha256 = i.sha256
+                                      AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
+                                      AND t.model = fm.model AND t.dims = fm.dims))) AS needs
+FROM images i WHERE i.scope_id = :s
+  AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))
+ORDER BY i.created_at, i.id LIMIT :n
+""")
+
+FILL_PAGE_VISUAL = sql("""
+SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
+       (i.context_status <> 'pending'
+        AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
+                    WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
+                                      AND v.image_id = i.id AND v.image_sha256 = i.sha256
+                                      AND v.model = fm.model AND v.dims = fm.dims
+                                      AND v.preprocess_version = fm.pv))) AS needs
+FROM images i WHERE i.scope_id = :s
+  AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))
+ORDER BY i.created_at, i.id LIMIT :n
+""")
+FILL_PAGE = {"text": FILL_PAGE_TEXT, "visual": FILL_PAGE_VISUAL}
 
 
 def fill_page_txn(
@@ -76,14 +103,8 @@ def fill_page_txn(
     """The next images (keyset over (created_at, id), up to ``n`` scanned) lacking a current
     embedding of one of ``models``, each with the reverse_image_policy its context was made with;
     and the keyset position reached (None: the scan is done)."""
-    kind = fill_kind(models)
     rows = conn.execute(
-        sql(
-            "SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,"
-            f" ({NEEDS[kind]} AND {_missing_any(kind)}) AS needs FROM images i WHERE i.scope_id = :s"
-            " AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))"
-            " ORDER BY i.created_at, i.id LIMIT :n"
-        ),
+        FILL_PAGE[fill_kind(models)],
         {"s": scope_id, "u": until, "ac": after[0] if after else None, "aid": after[1] if after else None,
          "n": n, "models": _models_doc(models)},
     ).mappings().all()
@@ -96,13 +117,27 @@ def _models_doc(models: list[dict[str, Any]]) -> str:
                        for m in models])
 
 
+# Retention hook: a text embedding is *superseded by a model change* —
+# prunable — when its model is none of its scope's serving, target or previous model; the previous
+# one is kept for a rollback until :keep_after passed its switch (and always while the scope is
+# pinned: after a rollback it is the configured model, still written). Scopes without a serving row
+# are left alone (nothing is known about them yet). Rows of old image versions are another matter
+# (their model may be current): this predicate says nothing about them.
+PRUNABLE_TEXT_EMBEDDINGS = sql("""
+SELECT te.id FROM text_embeddings te
+WHERE EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = te.scope_id AND ss.kind = 'text'
+              AND te.model IS DISTINCT FROM ss.serving_model AND te.model IS DISTINCT FROM ss.target_model
+              AND (te.model IS DISTINCT FROM ss.previous_model
+                   OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))
+ORDER BY te.id LIMIT :n FOR UPDATE OF te SKIP LOCKED
+""")
+
+
 def prunable_text_embeddings_txn(conn: Connection, keep_after: datetime, limit: int) -> list[int]:
-    """Ids of up to ``limit`` text embeddings superseded by a model change (PRUNABLE_MODEL_PREDICATE),
+    """Ids of up to ``limit`` text embeddings superseded by a model change,
     locked ``SKIP LOCKED`` for the caller's delete — the hook the retention sweep uses."""
     return list(conn.execute(
-        sql(f"SELECT te.id FROM text_embeddings te WHERE {PRUNABLE_MODEL_PREDICATE}"
-            " ORDER BY te.id LIMIT :n FOR UPDATE OF te SKIP LOCKED"),
-        {"keep_after": keep_after, "n": limit},
+        PRUNABLE_TEXT_EMBEDDINGS, {"keep_after": keep_after, "n": limit},
     ).scalars())
 
 
@@ -139,25 +174,22 @@ def current_visual_models_many_txn(
     return out
 
 
-#: Visual retention hook (alias ``ve`` for visual_embeddings), as PRUNABLE_MODEL_PREDICATE.
-PRUNABLE_VISUAL_MODEL_PREDICATE = (
-    "EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = ve.scope_id AND ss.kind = 'visual'"
-    " AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
-    "  (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')"
-    " AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
-    "  (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')"
-    " AND ((ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM"
-    "  (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')"
-    "  OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))"
-)
+# Visual retention hook, as PRUNABLE_TEXT_EMBEDDINGS (a model is (model, dims, preprocess version)).
+PRUNABLE_VISUAL_EMBEDDINGS = sql("""
+SELECT ve.scope_id, ve.image_id, ve.model, ve.preprocess_version, ve.image_sha256 FROM visual_embeddings ve
+WHERE EXISTS (SELECT 1 FROM search_serving ss WHERE ss.scope_id = ve.scope_id AND ss.kind = 'visual'
+              AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM
+                  (ss.serving_model, ss.serving_dims, ss.serving_ref->>'preprocess_version')
+              AND (ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM
+                  (ss.target_model, ss.target_dims, ss.target_ref->>'preprocess_version')
+              AND ((ve.model, ve.dims, ve.preprocess_version) IS DISTINCT FROM
+                   (ss.previous_model, ss.previous_dims, ss.previous_ref->>'preprocess_version')
+                   OR (ss.state <> 'pinned' AND ss.switched_at < :keep_after)))
+LIMIT :n FOR UPDATE OF ve SKIP LOCKED
+""")
 
 
 def prunable_visual_embeddings_txn(conn: Connection, keep_after: datetime, limit: int) -> list[tuple]:
     """Keys (scope_id, image_id, model, preprocess_version, image_sha256) of up to ``limit`` visual
     embeddings superseded by a model change, locked SKIP LOCKED for the caller's DELETE."""
-    return [tuple(r) for r in conn.execute(
-        sql(f"SELECT ve.scope_id, ve.image_id, ve.model, ve.preprocess_version, ve.image_sha256"
-            f" FROM visual_embeddings ve WHERE {PRUNABLE_VISUAL_MODEL_PREDICATE}"
-            " LIMIT :n FOR UPDATE OF ve SKIP LOCKED"),
-        {"keep_after": keep_after, "n": limit},
-    )]
+    return [tuple(r) for r in conn.execute(PRUNABLE_VISUAL_EMBEDDINGS, {"keep_after": keep_after, "n": limit})]

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 # Both fairness reads below walk the waiting (resource key, scope) pairs of a lane with a loose
 # index scan over ix_tasks_claimable (cost follows the number of waiting pairs, not the backlog) and take each pair's best
@@ -59,127 +59,143 @@ ORDER BY seq, c.priority DESC, c.created_at LIMIT :n
 """)
 
 
-def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> bool:
-    """Create slot rows 0..limit-1 on demand.
+COUNT_SLOTS = sql("SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit")
+
+# The pool's missing slot rows 0..limit-1, free (rows are never deleted).
+INSERT_SLOTS = sql("""
+INSERT INTO lane_slots (lane, resource_key, slot_no, updated_at)
+SELECT :lane, :rk, g, :now FROM generate_series(0, :limit - 1) g
+ON CONFLICT DO NOTHING
+""")
+
+
+@transition
+def ensure_slots_txn(conn: Connection, lane: str, resource_key: str, limit: int, now: datetime) -> Outcome[None]:
+    """— → free: create the pool's slot rows 0..limit-1 on demand. Not matched: every row exists,
+    committed (visible to everyone from now on); matched: some were inserted in this (uncommitted)
+    transaction.
 
     A plain read first: once the rows exist (the steady state) no INSERT runs, because a
-    speculative insert would wait on slot rows that concurrent claimers hold locked.
+    speculative insert would wait on slot rows that concurrent claimers hold locked. An INSERT that
+    inserts nothing found every row committed (ON CONFLICT waits for a concurrent inserter's end).
     """
-    have = conn.execute(
-        sql("SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit"),
-        {"lane": lane, "rk": resource_key, "limit": limit},
-    ).scalar_one()
+    have = conn.execute(COUNT_SLOTS, {"lane": lane, "rk": resource_key, "limit": limit}).scalar_one()
     if have >= limit:
-        return True  # committed rows, visible to everyone from now on
-    conn.execute(
-        sql(
-            "INSERT INTO lane_slots (lane, resource_key, slot_no, updated_at)"
-            " SELECT :lane, :rk, g, :now FROM generate_series(0, :limit - 1) g"
-            " ON CONFLICT DO NOTHING"
-        ),
-        {"lane": lane, "rk": resource_key, "limit": limit, "now": now},
-    )
-    return False  # inserted in this (uncommitted) transaction
+        return Outcome(False)
+    return Outcome.count(conn.execute(
+        INSERT_SLOTS, {"lane": lane, "rk": resource_key, "limit": limit, "now": now}
+    ).rowcount)
 
 
+# The slot a re-claimed task still holds (its earlier execution's lease expired) moves to the new generation.
+TAKE_OVER = sql("""
+UPDATE lane_slots SET claim_generation = :gen, lease_expires_at = :exp, updated_at = :now
+WHERE lane = :lane AND resource_key = :rk AND task_id = :t
+""")
+
+
+@transition
 def take_over_txn(
     conn: Connection, lane: str, resource_key: str, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime
-) -> bool:
-    """A re-claim of a task that still holds a slot (expired lease) moves it to the new generation."""
-    res = conn.execute(
-        sql(
-            "UPDATE lane_slots SET claim_generation = :gen, lease_expires_at = :exp, updated_at = :now"
-            " WHERE lane = :lane AND resource_key = :rk AND task_id = :t"
-        ),
-        {"lane": lane, "rk": resource_key, "t": task_id, "gen": gen, "exp": expires, "now": now},
-    )
-    return res.rowcount > 0
+) -> Outcome[None]:
+    """held by the task → held by its new generation (a re-claim after an expired lease). Not
+    matched: the task holds no slot of the pool (take a free one)."""
+    return Outcome.count(conn.execute(TAKE_OVER, {
+        "lane": lane, "rk": resource_key, "t": task_id, "gen": gen, "exp": expires, "now": now,
+    }).rowcount)
 
 
+# A CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row. Only the slot
+# row's own columns decide "free": after SKIP LOCKED takes a row lock, PostgreSQL re-checks the
+# WHERE clause on the newest row version, but a subquery on `tasks` would still see the statement's
+# older snapshot and could steal a slot that a concurrent claim just took. Terminal transitions
+# release slots in their own transaction; a dead holder's slot frees itself when its lease expires.
+TAKE_FREE = sql("""
+WITH pick AS (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk
+              AND slot_no < :limit AND (ls.task_id IS NULL OR ls.lease_expires_at < :now)
+              ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED)
+UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp, updated_at = :now
+FROM pick
+WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = pick.slot_no RETURNING s.slot_no
+""")
+
+
+@transition
 def take_free_txn(
     conn: Connection, lane: str, resource_key: str, limit: int, task_id: uuid.UUID, gen: int, expires: datetime,
     now: datetime,
-) -> bool:
-    """Take one free slot below ``limit``; slots other claimers are taking right now are skipped."""
-    row = conn.execute(
-        sql(
-            # A CTE is evaluated once; a LIMIT subquery in FROM may be rescanned per target row.
-            # Only the slot row's own columns decide "free": after SKIP LOCKED takes a row lock,
-            # PostgreSQL re-checks the WHERE clause on the newest row version, but a subquery on
-            # `tasks` would still see the statement's older snapshot and could steal a slot that
-            # a concurrent claim just took. Terminal transitions release slots in their own
-            # transaction; a dead holder's slot frees itself when its lease expires.
-            "WITH pick AS (SELECT slot_no FROM lane_slots ls WHERE lane = :lane AND resource_key = :rk"
-            "  AND slot_no < :limit AND (ls.task_id IS NULL OR ls.lease_expires_at < :now)"
-            "  ORDER BY slot_no LIMIT 1 FOR UPDATE SKIP LOCKED)"
-            " UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp,"
-            " updated_at = :now FROM pick"
-            " WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = pick.slot_no RETURNING s.slot_no"
-        ),
-        {"lane": lane, "rk": resource_key, "limit": limit, "t": task_id, "gen": gen, "exp": expires, "now": now},
-    ).first()
-    return row is not None
+) -> Outcome[int]:
+    """free (no holder, or its lease expired) → held: one slot below ``limit``; slots other claimers
+    are taking right now are skipped. ``row``: the slot number. Not matched: no free slot."""
+    return Outcome.of(conn.execute(TAKE_FREE, {
+        "lane": lane, "rk": resource_key, "limit": limit, "t": task_id, "gen": gen, "exp": expires, "now": now,
+    }).scalars().all())
 
 
-def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime) -> None:
-    conn.execute(
-        sql(
-            "UPDATE lane_slots SET lease_expires_at = :exp, updated_at = :now"
-            " WHERE task_id = :t AND claim_generation = :gen"
-        ),
-        {"t": task_id, "gen": gen, "exp": expires, "now": now},
-    )
+EXTEND = sql("""
+UPDATE lane_slots SET lease_expires_at = :exp, updated_at = :now WHERE task_id = :t AND claim_generation = :gen
+""")
 
 
-def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -> int:
-    """Free every slot this execution holds (fenced by generation)."""
-    return conn.execute(
-        sql(
-            "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
-            " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
-        ),
-        {"t": task_id, "gen": gen, "now": now},
-    ).rowcount
+@transition
+def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime, now: datetime) -> Outcome[None]:
+    """held → held, lease extended (fenced by task and generation). Not matched: this execution
+    holds no slot (none was needed, or it was freed as an orphan after its lease expired)."""
+    return Outcome.count(conn.execute(EXTEND, {"t": task_id, "gen": gen, "exp": expires, "now": now}).rowcount)
 
 
-def release_many_txn(conn: Connection, holders: list[tuple[uuid.UUID, int]], now: datetime) -> None:
-    """``release_txn`` for several executions (task id, generation), one statement."""
-    if holders:
-        conn.execute(
-            sql(
-                "UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
-                " updated_at = :now FROM unnest(CAST(:tasks AS uuid[]), CAST(:gens AS bigint[])) AS h(t, gen)"
-                " WHERE s.task_id = h.t AND s.task_id = ANY(:tasks) AND s.claim_generation = h.gen"
-            ),
-            {"tasks": [t for t, _ in holders], "gens": [g for _, g in holders], "now": now},
-        )
+# Free the slots one execution (task, generation) holds — also the orphan sweep's per-slot re-check.
+RELEASE = sql("""
+UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL, updated_at = :now
+WHERE task_id = :t AND claim_generation = :gen
+""")
 
 
-def release_orphans_txn(conn: Connection, now: datetime) -> int:
-    """Free slots whose holder is not running with that generation, or whose lease expired.
+@transition
+def release_txn(conn: Connection, task_id: uuid.UUID, gen: int, now: datetime) -> Outcome[None]:
+    """held → free: every slot this execution holds (fenced by generation). Not matched: it held none."""
+    return Outcome.count(conn.execute(RELEASE, {"t": task_id, "gen": gen, "now": now}).rowcount)
+
+
+RELEASE_MANY = sql("""
+UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL, updated_at = :now
+FROM unnest(CAST(:tasks AS uuid[]), CAST(:gens AS bigint[])) AS h(t, gen)
+WHERE s.task_id = h.t AND s.task_id = ANY(:tasks) AND s.claim_generation = h.gen
+""")
+
+
+@transition
+def release_many_txn(conn: Connection, holders: list[tuple[uuid.UUID, int]], now: datetime) -> Outcome[None]:
+    """held → free for several executions (task id, generation), one statement. Not matched: none held one."""
+    if not holders:
+        return Outcome(False)
+    return Outcome.count(conn.execute(RELEASE_MANY, {
+        "tasks": [t for t, _ in holders], "gens": [g for _, g in holders], "now": now,
+    }).rowcount)
+
+
+# Held slots whose holder is not running with that generation, or whose lease expired.
+ORPHAN_SLOTS = sql("""
+SELECT ls.task_id, ls.claim_generation FROM lane_slots ls WHERE ls.task_id IS NOT NULL
+  AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = ls.task_id
+       AND t.status = 'running' AND t.claim_generation = ls.claim_generation))
+""")
+
+
+@transition
+def release_orphans_txn(conn: Connection, now: datetime) -> Outcome[tuple[uuid.UUID, int]]:
+    """held by a finished, re-claimed or expired execution → free (the sweep). ``rows``: one
+    (task id, generation) per slot freed. Not matched: no orphan (the usual case).
 
     Two statements: candidates are found on one snapshot, then each is freed only if the slot
     still names the same (task, generation) — a row-level re-check that cannot free a slot a
     concurrent claim took after the snapshot.
     """
-    candidates = conn.execute(
-        sql(
-            "SELECT ls.task_id, ls.claim_generation FROM lane_slots ls WHERE ls.task_id IS NOT NULL"
-            " AND (ls.lease_expires_at < :now OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = ls.task_id"
-            "  AND t.status = 'running' AND t.claim_generation = ls.claim_generation))"
-        ),
-        {"now": now},
-    ).all()
-    freed = 0
-    for task_id, gen in candidates:
-        freed += conn.execute(
-            sql(
-                "UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL,"
-                " updated_at = :now WHERE task_id = :t AND claim_generation = :gen"
-            ),
-            {"t": task_id, "gen": gen, "now": now},
-        ).rowcount
-    return freed
+    freed: list[tuple[uuid.UUID, int]] = []
+    for task_id, gen in conn.execute(ORPHAN_SLOTS, {"now": now}).all():
+        # one holder may have a slot in two pools: the first candidate frees both
+        freed += [(task_id, gen)] * conn.execute(RELEASE, {"t": task_id, "gen": gen, "now": now}).rowcount
+    return Outcome.of(freed)
 
 
 def record_dispatch_txn(conn: Connection, lane: str, resource_key: str, scope_id: str) -> None:
@@ -237,19 +253,23 @@ def lock_free_txn(conn: Connection, lane: str, resource_key: str, limit: int, n:
     )
 
 
+ASSIGN = sql("""
+UPDATE lane_slots s SET task_id = h.t, claim_generation = h.gen, lease_expires_at = :exp, updated_at = :now
+FROM unnest(CAST(:slots AS int[]), CAST(:tasks AS uuid[]), CAST(:gens AS bigint[])) AS h(slot_no, t, gen)
+WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = h.slot_no
+""")
+
+
+@transition
 def assign_txn(
     conn: Connection, lane: str, resource_key: str, slot_nos: list[int], holders: list, expires: datetime,
     now: datetime,
-) -> None:
-    """Give slots locked by ``lock_free_txn`` to claimed tasks (rows with id, claim_generation), pairwise."""
+) -> Outcome[None]:
+    """free, locked by ``lock_free_txn`` → held: the slots given to claimed tasks (rows with id,
+    claim_generation), pairwise. Not matched: nothing to assign (no slot or no task)."""
     if not slot_nos:
-        return
-    conn.execute(
-        sql(
-            "UPDATE lane_slots s SET task_id = h.t, claim_generation = h.gen, lease_expires_at = :exp,"
-            " updated_at = :now FROM unnest(CAST(:slots AS int[]), CAST(:tasks AS uuid[]), CAST(:gens AS bigint[]))"
-            " AS h(slot_no, t, gen) WHERE s.lane = :lane AND s.resource_key = :rk AND s.slot_no = h.slot_no"
-        ),
-        {"lane": lane, "rk": resource_key, "slots": slot_nos, "tasks": [r["id"] for r in holders],
-         "gens": [r["claim_generation"] for r in holders], "exp": expires, "now": now},
-    )
+        return Outcome(False)
+    return Outcome.count(conn.execute(ASSIGN, {
+        "lane": lane, "rk": resource_key, "slots": slot_nos, "tasks": [r["id"] for r in holders],
+        "gens": [r["claim_generation"] for r in holders], "exp": expires, "now": now,
+    }).rowcount)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 SWEEP_LOCK_KEY = 0x6D656D65  # "meme": one sweep at a time across all beats and CLIs
 
@@ -20,37 +20,41 @@ def unlock(conn: Connection) -> None:
     conn.execute(sql("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
 
 
-def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[RowMapping]:
-    """Queued, due tasks whose last hint is older than the grace period (or never sent)."""
-    return list(
-        conn.execute(
-            sql(
-                "UPDATE tasks SET last_hint_at = :now WHERE id IN ("
-                " SELECT id FROM tasks WHERE status = 'queued'"
-                " AND (last_hint_at IS NULL OR last_hint_at < :cutoff) AND available_at <= :now"
-                " ORDER BY last_hint_at NULLS FIRST LIMIT :n FOR UPDATE SKIP LOCKED)"
-                " RETURNING id, lane"
-            ),
-            {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
-        ).mappings()
-    )
+REHINT = sql("""
+UPDATE tasks SET last_hint_at = :now WHERE id IN (
+  SELECT id FROM tasks WHERE status = 'queued'
+    AND (last_hint_at IS NULL OR last_hint_at < :cutoff) AND available_at <= :now
+  ORDER BY last_hint_at NULLS FIRST LIMIT :n FOR UPDATE SKIP LOCKED)
+RETURNING id, lane
+""")
 
 
-def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[RowMapping]:
-    """Running tasks whose lease expired (claimable again); re-hinted at most once per grace."""
-    return list(
-        conn.execute(
-            sql(
-                "WITH pick AS (SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < :now"
-                " AND (last_hint_at IS NULL OR last_hint_at < :cutoff)"
-                " ORDER BY lease_expires_at LIMIT :n FOR UPDATE SKIP LOCKED)"
-                " UPDATE tasks t SET last_hint_at = :now FROM pick WHERE t.id = pick.id"
-                " RETURNING t.id, t.lane, t.scope_id, t.job_id, t.stage, t.lease_owner, t.claim_generation,"
-                " t.attempt_count, t.max_attempts, t.image_id, t.image_sha256, t.payload"
-            ),
-            {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
-        ).mappings()
-    )
+@transition
+def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[RowMapping]:
+    """queued, due, last hint older than the grace (or never sent) → hinted now; ``rows``: (id, lane)
+    to re-hint. Not matched: every due task has a live hint."""
+    return Outcome.of(conn.execute(
+        REHINT, {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
+    ).mappings().all())
+
+
+LEASE_EXPIRED = sql("""
+WITH pick AS (SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < :now
+                AND (last_hint_at IS NULL OR last_hint_at < :cutoff)
+              ORDER BY lease_expires_at LIMIT :n FOR UPDATE SKIP LOCKED)
+UPDATE tasks t SET last_hint_at = :now FROM pick WHERE t.id = pick.id
+RETURNING t.id, t.lane, t.scope_id, t.job_id, t.stage, t.lease_owner, t.claim_generation,
+          t.attempt_count, t.max_attempts, t.image_id, t.image_sha256, t.payload
+""")
+
+
+@transition
+def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[RowMapping]:
+    """running, lease expired (claimable again) → hinted now, at most once per grace. Not matched:
+    no expired lease waits for a hint."""
+    return Outcome.of(conn.execute(
+        LEASE_EXPIRED, {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
+    ).mappings().all())
 
 
 def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, lookback_s: float) -> list:

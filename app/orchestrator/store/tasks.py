@@ -317,15 +317,15 @@ SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id
 @transition
 def claim_group_members_txn(
     conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float
-) -> list[RowMapping]:
-    """queued → running: up to ``n`` due members of ``task_id``'s wake-up group (empty: none due).
+) -> Outcome[RowMapping]:
+    """queued → running: up to ``n`` due members of ``task_id``'s wake-up group. Not matched: none due.
 
-    One scope and resource key by construction (see advance._wake_groups). Returns the rows, not
-    an Outcome: its callers (the agent lane's slot assignment in ``lanes``) zip them with slots.
+    One scope and resource key by construction (see advance._wake_groups); ``rows``: the claimed
+    tasks, which the agent lane's slot assignment (``lanes.claim_group_txn``) zips with slots.
     """
-    return list(conn.execute(CLAIM_GROUP_MEMBERS, {
+    return Outcome.of(conn.execute(CLAIM_GROUP_MEMBERS, {
         "id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s),
-    }).mappings())
+    }).mappings().all())
 
 
 HEARTBEAT = sql("""

@@ -21,14 +21,10 @@ from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
 # A subscription has an event to deliver (ix_events_scope_id range from its cursor) — the predicate
-# CLAIM and DUE_FOR_HINT spell out in full.
+# CLAIM and HAS_DUE spell out in full (tests/unit/test_transition_table.py checks they agree).
 HAS_PENDING = (
     "EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
     " AND e.type = ANY(s.event_types))"
-)
-PUBLIC_COLUMNS = (
-    "id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,"
-    " last_error, last_delivery_at, created_at"
 )
 
 
@@ -43,30 +39,44 @@ def count_txn(conn: Connection, scope_id: str) -> int:
     ).scalar_one()
 
 
+# A new subscription, returning its public columns (never the secret).
+INSERT_SUBSCRIPTION = sql("""
+INSERT INTO webhook_subscriptions (id, scope_id, url, event_types, secret, cursor, next_attempt_at, created_at)
+VALUES (:id, :s, :u, :t, :sec, :c, :now, :now)
+RETURNING id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,
+          last_error, last_delivery_at, created_at
+""")
+
+
 def insert_txn(
     conn: Connection, scope_id: str, url: str, event_types: list[str], secret: str, cursor: int, now: datetime
 ) -> RowMapping:
     return conn.execute(
-        sql(
-            "INSERT INTO webhook_subscriptions (id, scope_id, url, event_types, secret, cursor, next_attempt_at,"
-            f" created_at) VALUES (:id, :s, :u, :t, :sec, :c, :now, :now) RETURNING {PUBLIC_COLUMNS}"
-        ),
+        INSERT_SUBSCRIPTION,
         {"id": uuid.uuid4(), "s": scope_id, "u": url, "t": event_types, "sec": secret, "c": cursor, "now": now},
     ).mappings().one()
 
 
+# A scope's subscriptions, oldest first: the columns INSERT_SUBSCRIPTION returns.
+LIST_SUBSCRIPTIONS = sql("""
+SELECT id, scope_id, url, event_types, cursor, attempts, next_attempt_at, delivered_count, failed_count,
+       last_error, last_delivery_at, created_at
+FROM webhook_subscriptions WHERE scope_id = :s ORDER BY created_at, id
+""")
+
+
 def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
-    return list(conn.execute(
-        sql(f"SELECT {PUBLIC_COLUMNS} FROM webhook_subscriptions WHERE scope_id = :s ORDER BY created_at, id"),
-        {"s": scope_id},
-    ).mappings())
+    return list(conn.execute(LIST_SUBSCRIPTIONS, {"s": scope_id}).mappings())
 
 
-def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> bool:
-    """Delete a scope's subscription; a claim in flight is fenced out by the row's absence."""
-    return conn.execute(
-        sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s"), {"id": sub_id, "s": scope_id}
-    ).rowcount > 0
+DELETE_SUBSCRIPTION = sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s")
+
+
+@transition
+def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> Outcome[None]:
+    """subscription of the scope → deleted; a claim in flight is fenced out by the row's absence.
+    Not matched: no such subscription in the scope."""
+    return Outcome.count(conn.execute(DELETE_SUBSCRIPTION, {"id": sub_id, "s": scope_id}).rowcount)
 
 
 CLAIM = sql("""
@@ -164,17 +174,21 @@ def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int
 
 
 # -- has_due: does any subscription have an event to deliver now (the lane's "queued work") --
-HAS_DUE = f"SELECT EXISTS (SELECT 1 FROM webhook_subscriptions s WHERE s.next_attempt_at <= now() AND {HAS_PENDING})"
+HAS_DUE = sql("""
+SELECT EXISTS (SELECT 1 FROM webhook_subscriptions s WHERE s.next_attempt_at <= now()
+               AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor
+                           AND e.type = ANY(s.event_types)))
+""")
 
 
 def has_due_txn(conn: Connection) -> bool:
     """Whether the webhooks lane has work waiting: a subscription past its backoff with an event
     after its cursor (one probe of ``ix_events_scope_id`` per subscription until the first)."""
-    return bool(conn.execute(sql(HAS_DUE)).scalar_one())
+    return bool(conn.execute(HAS_DUE).scalar_one())
 
 
 # -- due_for_hint: subscriptions to wake (new events, backoff over, lease expired, hint lost) --
-DUE_FOR_HINT = (
+DUE_FOR_HINT = sql(
     "UPDATE webhook_subscriptions SET last_hint_at = :now WHERE id IN ("
     " SELECT s.id FROM webhook_subscriptions s WHERE s.next_attempt_at <= :now"
     "  AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
@@ -185,16 +199,19 @@ DUE_FOR_HINT = (
 )
 
 
-def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> list[uuid.UUID]:
-    """Mark and return subscriptions that have an event to deliver and nobody working on it: never
-    hinted since their last claim, or hinted longer than ``grace_s`` ago (the hint was lost)."""
-    return list(conn.execute(
-        sql(DUE_FOR_HINT), {"now": now, "stale": now - timedelta(seconds=grace_s), "n": limit}
-    ).scalars())
+@transition
+def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[uuid.UUID]:
+    """due, unleased, an event to deliver, hint older than the grace (or none) → hinted now.
+
+    ``rows``: the subscriptions to wake — never hinted since their last claim, or hinted longer
+    than ``grace_s`` ago (the hint was lost). Not matched: nothing to wake."""
+    return Outcome.of(conn.execute(
+        DUE_FOR_HINT, {"now": now, "stale": now - timedelta(seconds=grace_s), "n": limit}
+    ).scalars().all())
 
 
 # -- skip_unmatched: move idle filtered subscriptions' cursors past events they do not take --
-SKIP_UNMATCHED = (
+SKIP_UNMATCHED = sql(
     "UPDATE webhook_subscriptions s SET cursor = coalesce("
     "  (SELECT min(e.id) - 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
     "    AND e.type = ANY(s.event_types)),"
@@ -204,11 +221,14 @@ SKIP_UNMATCHED = (
 )
 
 
-def skip_unmatched_txn(conn: Connection, all_types: int, now: datetime, limit: int) -> int:
-    """For unleased subscriptions to some types only: move the cursor to just before the next event
-    they take, or to the scope's newest event — safe because a scope's later commits always get
-    larger ids — so their "anything due?" probes stay short however many other events pass."""
-    return conn.execute(sql(SKIP_UNMATCHED), {"all": all_types, "now": now, "n": limit}).rowcount
+@transition
+def skip_unmatched_txn(conn: Connection, all_types: int, now: datetime, limit: int) -> Outcome[None]:
+    """unleased, filtered, cursor → just before the next event it takes (or the scope's newest).
+
+    For subscriptions to some types only; safe because a scope's later commits always get larger
+    ids — so their "anything due?" probes stay short however many other events pass. ``affected``:
+    the subscriptions updated (not matched: no filtered subscription is idle)."""
+    return Outcome.count(conn.execute(SKIP_UNMATCHED, {"all": all_types, "now": now, "n": limit}).rowcount)
 
 
 def recent_failures_txn(conn: Connection, limit: int, scope_id: str | None = None) -> list[RowMapping]:

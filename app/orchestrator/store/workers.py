@@ -12,7 +12,7 @@ from datetime import datetime
 
 from sqlalchemy.engine import Connection, RowMapping
 
-from app.orchestrator.store._sql import sql
+from app.orchestrator.store._sql import Outcome, sql, transition
 
 
 def db_now(conn: Connection) -> datetime:
@@ -36,21 +36,26 @@ def upsert_worker_txn(
     )
 
 
-def remove_worker_txn(conn: Connection, *, node: str, pid: int) -> bool:
-    """Forget ``node`` on a clean shutdown; a newer process that took the node name keeps its row."""
-    deleted = conn.execute(
-        sql("DELETE FROM worker_registry WHERE node = :node AND pid = :pid"), {"node": node, "pid": pid}
-    )
-    return deleted.rowcount > 0
+REMOVE_WORKER = sql("DELETE FROM worker_registry WHERE node = :node AND pid = :pid")
 
 
-def prune_workers_txn(conn: Connection, ttl_s: float, now: datetime | None = None) -> int:
-    """Delete rows not seen within ``ttl_s`` (their process died without a clean shutdown)."""
-    return conn.execute(
-        sql("DELETE FROM worker_registry WHERE last_seen < coalesce(CAST(:now AS timestamptz), now())"
-            " - make_interval(secs => :ttl)"),
-        {"now": now, "ttl": ttl_s},
-    ).rowcount
+@transition
+def remove_worker_txn(conn: Connection, *, node: str, pid: int) -> Outcome[None]:
+    """registered by this process → deleted (a clean shutdown). Not matched: a newer process took
+    the node name (it keeps its row), or the row expired already."""
+    return Outcome.count(conn.execute(REMOVE_WORKER, {"node": node, "pid": pid}).rowcount)
+
+
+PRUNE_WORKERS = sql("""
+DELETE FROM worker_registry WHERE last_seen < coalesce(CAST(:now AS timestamptz), now()) - make_interval(secs => :ttl)
+""")
+
+
+@transition
+def prune_workers_txn(conn: Connection, ttl_s: float, now: datetime | None = None) -> Outcome[None]:
+    """registered, not seen within ``ttl_s`` (the process died without a clean shutdown) → deleted;
+    ``affected``: how many. Not matched: every registration is live."""
+    return Outcome.count(conn.execute(PRUNE_WORKERS, {"now": now, "ttl": ttl_s}).rowcount)
 
 
 def live_workers_per_lane(conn: Connection, ttl_s: float, now: datetime | None = None) -> dict[str, int]:

@@ -20,7 +20,9 @@ reported complete. The data's inode lives as long as any attempt's name does: ``
 data file holds that scope's records only. A record outside a group (a worker running one call
 per thread, e.g. ``local-ocr`` in a threads pool) is written at once, concurrently with the
 others, as one file: tmp + fsync + rename + directory fsync (so is a lone record of a group, and
-every record on a filesystem without hard links).
+every record on a filesystem without hard links). Both paths write through ``app/atomic.py``:
+``write_atomic`` for a single record, ``write_temp`` (its fsync'd temp file) for a group's data
+file, which is hard-linked instead of renamed.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ import json
 import os
 import re
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from app.atomic import fsync_dir, write_atomic, write_temp
 from app.stages.base import AgentResult
 from app.stages.errors import PermanentError
 
@@ -215,16 +217,10 @@ def _flush(batch: list[_Pending]) -> None:
 
 
 def _write_single(directory: Path, entry: _Pending) -> Path:
-    """One record in its own file: tmp + fsync + rename + directory fsync."""
+    """One record in its own file: tmp + fsync + rename + directory fsync (``app.atomic``)."""
     target = directory / f"{entry.attempt_id}.json"
     payload = json.dumps(entry.data, ensure_ascii=False, sort_keys=True).encode("utf-8")
-    tmp_name = _write_tmp(directory, f".{entry.attempt_id}.", payload)
-    try:
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(directory)  # make the rename itself durable
+    write_atomic(target, payload, prefix=f".{entry.attempt_id}.", suffix=".tmp")
     return target
 
 
@@ -233,7 +229,7 @@ def _write_group(directory: Path, entries: list[_Pending]) -> bool:
     then one directory fsync. False (nothing linked) if this filesystem has no hard links."""
     payload = json.dumps({"format": _BATCH_FORMAT, "records": {e.attempt_id: e.data for e in entries}},
                          ensure_ascii=False, sort_keys=True).encode("utf-8")
-    tmp_name = _write_tmp(directory, f".group-{secrets.token_hex(8)}.", payload)
+    tmp_name = write_temp(directory, payload, prefix=f".group-{secrets.token_hex(8)}.", suffix=".tmp")
     try:
         for entry in entries:
             target = directory / f"{entry.attempt_id}.json"
@@ -250,29 +246,8 @@ def _write_group(directory: Path, entries: list[_Pending]) -> bool:
             entry.path = target
     finally:
         Path(tmp_name).unlink(missing_ok=True)  # the data lives on under the attempts' names
-    _fsync_dir(directory)  # every name durable (and the data file's, already fsync'd, with it)
+    fsync_dir(directory)  # every name durable (and the data file's, already fsync'd, with it)
     return True
-
-
-def _write_tmp(directory: Path, prefix: str, payload: bytes) -> str:
-    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return tmp_name
-
-
-def _fsync_dir(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def discard(results_dir: str | os.PathLike[str], namespace: str, attempt_ids: Iterable[str]) -> None:
