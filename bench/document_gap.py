@@ -93,6 +93,7 @@ class Step:
     docs: dict[str, str]  # meme id -> text embedded
     version: str | None = None  # document version (queries folded as it folds them); None = raw
     hybrid: bool = False
+    near: float = 0.0  # hybrid: weight of a query word met one edit away (fusion.NEAR_MATCH_WEIGHT)
 
 
 class Ranker:
@@ -104,6 +105,7 @@ class Ranker:
 
         self.provider, self.memes, self.contexts = provider, list(chosen), contexts
         self.ids = [m.id for m in chosen]
+        self.by_id = {m.id: m for m in chosen}
         self._doc_cache: dict[str, np.ndarray] = {}
         self._query_cache: dict[tuple[str, str | None], np.ndarray] = {}
         self.terms = {m.id: set(lexical.document_terms(lexical.lexical_fields(m.filename, contexts[m.id])))
@@ -138,12 +140,21 @@ class Ranker:
         terms = lexical.query_terms(query)
         df = {t: sum(t in self.terms[i] for i in self.ids) for t in terms}
         n = len(self.ids)
-        lex = {i: fusion.lexical_score([t for t in terms if t in self.terms[i]], terms, df, n) for i in self.ids}
+        matched = {i: [t for t in terms if t in self.terms[i]] for i in self.ids}
+        exact = {i: fusion.lexical_score(matched[i], terms, df, n) for i in self.ids}
+        # the served candidates: top CANDIDATES by cosine ∪ top CANDIDATES exact lexical matches
         pool = {self.ids[k] for k in order[:CANDIDATES]}
-        pool |= set(sorted((i for i in self.ids if lex[i] > 0), key=lambda i: (-lex[i], i))[:CANDIDATES])
+        pool |= set(sorted((i for i in self.ids if exact[i] > 0), key=lambda i: (-exact[i], i))[:CANDIDATES])
+        words = lexical.query_words(query) if step.near > 0 else {}
         index = {i: k for k, i in enumerate(self.ids)}
-        cands = [fusion.Candidate(image_id=i, cosine=float(cos[index[i]]) * scale, lexical=lex[i]) for i in pool]
-        return [(c.image_id, c.score) for c in fusion.fuse(cands)]
+        cands = []
+        for i in pool:
+            near = lexical.near_terms(words, [t for t in terms if t not in matched[i]],
+                                      lexical.lexical_fields(self.by_id[i].filename, self.contexts[i])) if words else []
+            score = fusion.lexical_score(matched[i], terms, df, n, near, step.near)
+            cands.append(fusion.Candidate(image_id=i, cosine=float(cos[index[i]]) * scale, lexical=score))
+        params = fusion.FusionParams(near=step.near)
+        return [(c.image_id, c.score) for c in fusion.fuse(cands, params)]
 
 
 def evaluate(ranker: Ranker, step: Step) -> dict[tuple[str, str], list[tuple[int, list[tuple[str, float]]]]]:
@@ -163,7 +174,8 @@ def r1(results: list[tuple[int, Any]]) -> float:
 
 
 # ---------------------------------------------------------------------------- report
-def steps_for(chosen: Sequence[Meme], contexts: dict[str, dict], versions: Sequence[str]) -> list[Step]:
+def steps_for(chosen: Sequence[Meme], contexts: dict[str, dict], versions: Sequence[str],
+              near: Sequence[float] = ()) -> list[Step]:
     from app.orchestrator.fingerprints import semantic_document
 
     steps = [
@@ -175,17 +187,20 @@ def steps_for(chosen: Sequence[Meme], contexts: dict[str, dict], versions: Seque
         docs = {m.id: semantic_document(m.filename, contexts[m.id], v) for m in chosen}
         steps.append(Step(f"document v{v}", docs, version=v))
         steps.append(Step(f"hybrid v{v}", docs, version=v, hybrid=True))
+        for w in near:
+            steps.append(Step(f"hybrid v{v}, near matches {w:g}", docs, version=v, hybrid=True, near=w))
     return steps
 
 
 def report(chosen: Sequence[Meme], contexts: dict[str, dict], versions: Sequence[str],
-           served: dict[str, Any] | None, echo: Callable[[str], None] = print) -> dict[str, Any]:
+           served: dict[str, Any] | None, near: Sequence[float] = (),
+           echo: Callable[[str], None] = print) -> dict[str, Any]:
     from app.stages.registry import get_text_provider
 
     by_id = {m.id: m for m in chosen}
     provider = get_text_provider(TEXT_PROVIDER)  # document version only matters to semantic_document
     ranker = Ranker(provider, chosen, contexts)
-    steps = steps_for(chosen, contexts, versions)
+    steps = steps_for(chosen, contexts, versions, near)
     results = [(s, evaluate(ranker, s)) for s in steps]
     cells = [(lang, qt) for lang in LANGS for qt in QUERY_TYPES]
     echo("\n## r@1 per step (served ranking reproduced bench-side)\n")
@@ -260,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--json", type=Path, help="a bench/search_quality.py --json file (its contexts)")
     src.add_argument("--ocr", action="store_true", help="run the local OCR agent in-process instead")
     parser.add_argument("--versions", default="3", help="document versions to render, comma-separated")
+    parser.add_argument("--near", default="", help="near-match weights to add hybrid steps for, comma-separated")
     parser.add_argument("--subset", action="store_true", help="only the quality gate's subset")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables and flips as JSON")
     args = parser.parse_args(argv)
@@ -270,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         contexts, served = contexts_from_json(args.json, chosen)
     else:
         contexts = contexts_from_ocr(chosen)
-    result = report(chosen, contexts, [v.strip() for v in args.versions.split(",") if v.strip()], served)
+    result = report(chosen, contexts, [v.strip() for v in args.versions.split(",") if v.strip()], served,
+                    [float(w) for w in args.near.split(",") if w.strip()])
     if args.out:
         result["contexts"] = contexts
         args.out.write_text(json.dumps(result, ensure_ascii=False, indent=1))
