@@ -19,7 +19,10 @@ Steps (the documents of every meme rendered one way; queries as the served searc
    with queries folded by ``semantic_query(q, N)``; semantic ranking (exact, as the served
    exact scan of a scope under 20,000 images);
 5. ``hybrid vN``: the same plus the lexical lift (``fusion.fuse``), candidates = top 100 by
-   cosine ∪ top 100 lexical matches (the served ``_CANDIDATES``), df/n over the benchmark's images.
+   cosine ∪ top 100 exact lexical matches (the served ``_CANDIDATES``), df/n over the benchmark's
+   images, exact terms only (the search before near matches);
+6. ``hybrid vN, near matches W`` (``--near W,…``): a query word the text holds one edit away
+   (``lexical.near_terms``, an OCR misread) counts W of its idf (served: ``fusion.NEAR_MATCH_WEIGHT``).
 
 Contexts come from a ``bench/search_quality.py --json`` file (its ``contexts``; older files only
 have ``ocr_all``, then title and tags are left empty — they rarely add words to the document) or,
@@ -27,8 +30,8 @@ with ``--ocr``, from the local OCR agent run in-process on the benchmark's image
 bytes as the pipeline; ~1 min). The served ranks in the JSON (``misses``) are compared with the
 reproduction of the served default when the versions match.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/document_gap.py --json /tmp/sq.json [--versions 3,5]
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/document_gap.py --ocr [--versions 3,5] [--out gap.json]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/document_gap.py --json /tmp/sq.json [--versions 3,4] [--near 0.5]
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/document_gap.py --ocr [--versions 3,4] [--out gap.json]
 
 Deterministic: same contexts in, same tables out.
 """
@@ -69,8 +72,6 @@ def contexts_from_json(path: Path, chosen: Sequence[Meme]) -> tuple[dict[str, di
 
 def contexts_from_ocr(chosen: Sequence[Meme]) -> dict[str, dict]:
     """The local OCR agent's context of every meme, run in-process on the rendered images."""
-    import io
-
     from app.stages.agent.local_ocr import LocalOcrAgent
     from app.stages.images import decode_image
     from bench.search_data import _encode  # the bytes the benchmark uploads
@@ -80,8 +81,8 @@ def contexts_from_ocr(chosen: Sequence[Meme]) -> dict[str, dict]:
         out = {}
         for n, meme in enumerate(chosen):
             data = _encode(render(meme), meme.fmt)
-            ctx = agent.describe(decode_image(io.BytesIO(data).getvalue()), attempt_id=f"a{n:06d}",
-                                 reverse_image_policy="disabled").context
+            ctx = agent.describe(decode_image(data), attempt_id=f"{n:08x}",
+                                 reverse_image_policy="forbid").context
             out[meme.id] = {k: ctx[k] for k in ("title", "description", "ocr_text", "tags")}
     return out
 
