@@ -207,13 +207,16 @@ def query_words(query: str) -> dict[str, str]:
     return out
 
 
+_LONG_WORD = re.compile(rf"[^\W\d_{_CJK_CLASS}]{{{FUZZY_MIN_LENGTH},}}", re.UNICODE)
+
+
 def _words(texts: Iterable[str | None]) -> set[str]:
-    """Distinct alphabetic Latin words (normalised) of at least FUZZY_MIN_LENGTH letters."""
+    """Distinct alphabetic non-CJK words of at least FUZZY_MIN_LENGTH letters, NFKC + lower case
+    (the words ``tokens`` finds; Chinese folding is left out: it never changes a Latin word)."""
     out: set[str] = set()
     for text in texts:
         if text:
-            out.update(t.text for t in tokens(text)
-                       if not t.cjk and len(t.text) >= FUZZY_MIN_LENGTH and t.text.isalpha())
+            out.update(_LONG_WORD.findall(unicodedata.normalize("NFKC", text).lower()))
     return out
 
 
