@@ -310,6 +310,16 @@ def wait_terminal(engine, image_ids: list[str], timeout_s: float, echo: Callable
         time.sleep(1.0)
 
 
+def stored_contexts(engine, image_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """image id -> the context's text fields (title, description, ocr_text, tags) from the database."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT id::text, context FROM images WHERE id = ANY(CAST(:ids AS uuid[]))"),
+                            {"ids": image_ids}).all()
+    return {r[0]: {k: (r[1] or {}).get(k) for k in ("title", "description", "ocr_text", "tags")} for r in rows}
+
+
 def stored_texts(engine, image_ids: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     """(image id -> current semantic document, image id -> context.ocr_text) from the database."""
     from sqlalchemy import text
@@ -405,6 +415,25 @@ def scale_latency(api: Api, engine, chosen: list[Meme], variants: list[dict[str,
     return out
 
 
+def scale_quality(api: Api, chosen: list[Meme], image_ids: dict[str, str], variants: list[dict[str, str]],
+                  n: int) -> dict[str, Any]:
+    """r@1/r@5/MRR of every served variant once the scope holds ``n`` more (synthetic) images.
+
+    The synthetic images' vectors are random (cosine ≈ 0 to any query), their text common meme
+    words: they rarely outrank a real meme semantically, so a cell that falls here mostly shows the
+    approximate index (a scope above ``EXACT_SCAN_MAX_IMAGES`` is searched through HNSW — the
+    concatenated vector's index, also for a query that weighs only some of its models), or a
+    lexical distractor."""
+    rows: dict[str, Any] = {}
+    for params in variants:
+        label = "served" + ("".join(f" {k}={v}" for k, v in params.items()) if params else " default")
+        ev = evaluate(api.text_search(**params), chosen, image_ids)
+        rows[label] = {"table": ev.table(), "misses": ev.misses}
+    print(f"\n## text search after {n} extra images: r@1 | r@5 | MRR\n")
+    print(format_table({k: v["table"] for k, v in rows.items()}))
+    return rows
+
+
 # ---------------------------------------------------------------------------- printing
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
@@ -480,10 +509,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"pipeline: {len(image_ids)} images in {pipeline_s:.0f}s; latest jobs {jobs}")
                 result.update(pipeline_s=pipeline_s, jobs=jobs)
                 docs, ocr = stored_texts(engine, list(image_ids.values()))
+                ctxs = stored_contexts(engine, list(image_ids.values()))
+                result["contexts"] = {m.id: ctxs.get(image_ids[m.id], {}) for m in chosen}  # bench/document_gap.py
+                result["documents"] = {m.id: docs.get(image_ids[m.id], "") for m in chosen}
                 result.update(measure(api, chosen, image_ids, written.twins, docs, ocr, args.model))
                 if args.scale:
                     variants, _ = served_modes(api, "monday")
                     result["scale_latency_ms"] = scale_latency(api, engine, chosen, variants, args.scale)
+                    result["scale_quality"] = scale_quality(api, chosen, image_ids, variants, args.scale)
                     result["scale_n"] = args.scale
             finally:
                 engine.dispose()

@@ -226,11 +226,24 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def part_query(vectors: list[list[float]], keep: int) -> list[list[float]]:
+    """Each vector with all but its first ``keep`` dims zeroed, renormalized: a query that weighs one
+    part of a concatenated vector only (a CJK query: e5 alone, app/stages/text/composite.py)."""
+    v = np.asarray(vectors)
+    v[:, keep:] = 0.0
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).tolist()
+
+
+QUERY_KEEP_DIMS = 0  # --query-keep-dims: 0 = whole vectors
+
+
 def measure(engine, raw_url: str, scope: str, n_queries: int, text_dims: int, visual_dims: int,
             timed: bool, seed: int, recall_queries: int = 20) -> dict[str, Any]:
     """Recall@10 (and, ``timed``, latency) of hybrid, semantic and visual search in one scope."""
     provider = GivenVector(text_dims)
     tq = query_vectors(raw_url, "t", n_queries, seed)
+    if QUERY_KEEP_DIMS:
+        tq = part_query(tq, QUERY_KEEP_DIMS)
     vq = query_vectors(raw_url, "v", n_queries, seed + 1)
     rng = random.Random(seed)
     words = [" ".join(f"w{rng.randrange(VOCAB)}" for _ in range(2)) for _ in range(n_queries)]
@@ -287,11 +300,15 @@ def main() -> None:
                     help="override EXACT_SCAN_MAX_IMAGES (-1: never exact, the code before issue 18)")
     ap.add_argument("--ef-search", type=int, default=EF_SEARCH, help="override HNSW_EF_SEARCH")
     ap.add_argument("--only-measured", action="store_true", help="skip the recall check of every other scope")
+    ap.add_argument("--query-keep-dims", type=int, default=0,
+                    help="text queries keep only their first N dims (e.g. 384 of 768: one model of a concatenated vector)")
     ap.add_argument("--no-scope-indexes", action="store_true",
                     help="don't build the per-scope HNSW indexes of scopes above the exact-scan size (and drop none)")
     ap.add_argument("--measure", help="comma-separated scope ids to time (default: the largest, two medium, three small)")
     args = ap.parse_args()
     Q.EXACT_SCAN_MAX_IMAGES, Q.HNSW_EF_SEARCH = args.exact_max, args.ef_search
+    global QUERY_KEEP_DIMS
+    QUERY_KEEP_DIMS = args.query_keep_dims
     root = args.keep or Path(tempfile.mkdtemp(prefix="memeflow-search-scale-", dir="/tmp"))
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)

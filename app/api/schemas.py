@@ -339,9 +339,16 @@ class SignalMatchSchema(Schema):
     terms = fields.List(fields.String(), metadata={"description": "lexical: the query terms the text contains"})
 
 
+class NearMatchSchema(Schema):
+    terms = fields.List(fields.String(), required=True,
+                        metadata={"description": "query terms the text holds only one edit away (an OCR misread)"})
+    lexical_score = fields.Float(required=True, metadata={"description": "the lexical score with them (half weight)"})
+
+
 class MatchedSchema(Schema):
     semantic = fields.Nested(SignalMatchSchema)
     lexical = fields.Nested(SignalMatchSchema)
+    near = fields.Nested(NearMatchSchema)
 
 
 class HighlightSchema(Schema):

@@ -52,7 +52,7 @@ def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -
 
 
 DOCUMENT_VERSIONS = ("1", "2", "3", "4")
-DEFAULT_DOCUMENT_VERSION = "3"
+DEFAULT_DOCUMENT_VERSION = "4"
 
 
 def semantic_document(display_name: str | None, context: Mapping[str, Any] | None, version: str = "1") -> str:
@@ -63,14 +63,15 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     description and tags where they add words the text does not already have. No display name
     (usually a file name) and no labels: both dilute the embedding of a short caption, measured
     in docs/search.md.
-    Version "3" (the default): version 2 with traditional Chinese written in simplified form
+    Version "3": version 2 with traditional Chinese written in simplified form
     (app/search/hanzi.py: PP-OCRv5 reads some simplified captions with traditional characters);
     queries are folded the same way (:func:`semantic_query`).
-    Version "4" (opt-in): version 3 where lines (of the text, title and description) with neither
-    a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR text
-    mostly drawn strokes read as characters, which alone carry no meaning a text model can use
-    (lexical search still has them). Measured in docs/search.md: paraphrases gain, one exact
-    query is lost, so it is not the default.
+    Version "4" (the default): version 3 where lines (of the text, title and description) with
+    neither a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR
+    text mostly drawn strokes read as characters, which alone carry no meaning a text model can
+    use (lexical search still has them). Measured in docs/search.md ("Where the paraphrase points
+    go"): the only step between the captions and the served ranking that loses queries, besides
+    OCR misreading letters.
     """
     if version not in DOCUMENT_VERSIONS:
         raise ValueError(f"unknown document_version {version!r}")

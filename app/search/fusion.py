@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 # Defaults chosen on bench/search_quality.py (docs/search.md): see FusionParams.
 LEXICAL_GATE = 0.3
 LEXICAL_WEIGHT = 0.1
+# A query word that the image's text holds only one edit away (an OCR misread, see
+# ``lexical.near_terms``) counts this much of its idf (0 = exact terms only).
+NEAR_MATCH_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class FusionParams:
 
     gate: float = LEXICAL_GATE
     weight: float = LEXICAL_WEIGHT
+    near: float = NEAR_MATCH_WEIGHT
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Candidate:
     image_id: str
     cosine: float | None = None
     matched_terms: list[str] = field(default_factory=list)
+    near_terms: list[str] = field(default_factory=list)  # query terms met only one edit away
     lexical: float = 0.0
     semantic_rank: int | None = None
     lexical_rank: int | None = None
@@ -51,13 +56,16 @@ def idf(df: int, n: int) -> float:
     return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
-def lexical_score(matched: Sequence[str], terms: Sequence[str], df: Mapping[str, int], n: int) -> float:
-    """Share of the query's IDF mass that ``matched`` covers (0..1)."""
+def lexical_score(matched: Sequence[str], terms: Sequence[str], df: Mapping[str, int], n: int,
+                  near: Sequence[str] = (), near_weight: float = NEAR_MATCH_WEIGHT) -> float:
+    """Share of the query's IDF mass that ``matched`` covers (0..1); a term in ``near`` (met one
+    edit away, not exactly) counts ``near_weight`` of its idf."""
     total = sum(idf(df.get(t, 0), n) for t in terms)
     if total <= 0:
         return 0.0
-    wanted = set(matched)
-    return sum(idf(df.get(t, 0), n) for t in terms if t in wanted) / total
+    wanted, close = set(matched), set(near) - set(matched)
+    return sum(idf(df.get(t, 0), n) * (1.0 if t in wanted else near_weight if t in close else 0.0)
+               for t in terms) / total
 
 
 def rank_lexical(cands: list[Candidate]) -> list[Candidate]:

@@ -189,3 +189,62 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | Non
 def has_cjk(text: str) -> bool:
     """Whether ``text`` contains any CJK character (Han, kana, hangul)."""
     return _CJK_RUN.search(text) is not None
+
+
+# ---------------------------------------------------------------------------- OCR-tolerant matching
+#: Shortest Latin word (query and document side) that may match a word one edit away.
+FUZZY_MIN_LENGTH = 5
+
+
+def query_words(query: str) -> dict[str, str]:
+    """term -> the query's word it came from, for the query's Latin terms (``query_terms`` order)."""
+    out: dict[str, str] = {}
+    for tok in tokens(query):
+        if not tok.cjk:
+            term = latin_term(tok.text)
+            if term:
+                out.setdefault(term, tok.text.strip("'’"))
+    return out
+
+
+_LONG_WORD = re.compile(rf"[^\W\d_{_CJK_CLASS}]{{{FUZZY_MIN_LENGTH},}}", re.UNICODE)
+
+
+def _words(texts: Iterable[str | None]) -> set[str]:
+    """Distinct alphabetic non-CJK words of at least FUZZY_MIN_LENGTH letters, NFKC + lower case
+    (the words ``tokens`` finds; Chinese folding is left out: it never changes a Latin word)."""
+    out: set[str] = set()
+    for text in texts:
+        if text:
+            out.update(_LONG_WORD.findall(unicodedata.normalize("NFKC", text).lower()))
+    return out
+
+
+def within_one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by at most one insertion, deletion, substitution or swap of
+    two neighbouring characters (optimal string alignment distance ≤ 1)."""
+    if a == b:
+        return True
+    la, lb = len(a), len(b)
+    if abs(la - lb) > 1:
+        return False
+    i = 0
+    while i < min(la, lb) and a[i] == b[i]:
+        i += 1
+    if la == lb:
+        return a[i + 1:] == b[i + 1:] or (a[i + 1:i + 2] == b[i:i + 1] and a[i:i + 1] == b[i + 1:i + 2]
+                                          and a[i + 2:] == b[i + 2:])
+    return a[i:] == b[i + 1:] if la < lb else a[i + 1:] == b[i:]
+
+
+def near_terms(words: dict[str, str], unmatched: Iterable[str], texts: Iterable[str | None]) -> list[str]:
+    """The ``unmatched`` query terms whose query word (``words``: term -> word) is one edit away
+    from a word of ``texts`` — an OCR misread (``MOTVATION`` for ``motivation``, ``dplans`` for
+    ``plans``) that an exact term cannot meet. Both words need FUZZY_MIN_LENGTH letters: shorter
+    words are one edit away from too many others."""
+    wanted = [(t, words[t]) for t in unmatched if t in words and len(words[t]) >= FUZZY_MIN_LENGTH
+              and words[t].isalpha()]
+    if not wanted:
+        return []
+    doc_words = _words(texts)
+    return [t for t, w in wanted if any(within_one_edit(w, d) for d in doc_words)]

@@ -101,11 +101,16 @@ def search_text(
                         vector=vector, terms=terms, k=max(_CANDIDATES, limit))
     df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)
     scale = cosine_scale(len(parts), weights)
+    params = params or fusion.FusionParams()
+    words = lexical.query_words(query) if terms and params.near > 0 else {}
     cands: dict[str, fusion.Candidate] = {}
     for row in rows:
         cosine = None if row["cosine"] is None else float(row["cosine"]) * scale
         c = fusion.Candidate(image_id=str(row["id"]), cosine=cosine, matched_terms=list(row["matched_terms"]))
-        c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n) if terms else 0.0
+        if words:  # OCR misreads: query words the image's text holds one edit away
+            c.near_terms = lexical.near_terms(words, [t for t in terms if t not in c.matched_terms],
+                                              lexical.lexical_fields(row["display_name"], row["context"]))
+        c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n, c.near_terms, params.near) if terms else 0.0
         cands[c.image_id] = c
     _assign_ranks(list(cands.values()), semantic=vector is not None, lexical_on=bool(terms))
     if mode == "semantic":
@@ -117,7 +122,7 @@ def search_text(
         for c in ranked:
             c.score = c.lexical
     else:
-        ranked = fusion.fuse(list(cands.values()), params or fusion.FusionParams())
+        ranked = fusion.fuse(list(cands.values()), params)
     by_id = {str(r["id"]): r for r in rows}
     items = [_hit(by_id[c.image_id], c, terms) for c in ranked[:limit]]
     coverage = Q.text_coverage(engine, scope_id, model=stored_model)
@@ -148,6 +153,8 @@ def _hit(row: dict[str, Any], c: fusion.Candidate, terms: list[str]) -> dict[str
         matched["semantic"] = {"rank": c.semantic_rank, "score": round(float(c.cosine or 0.0), 6)}
     if c.lexical_rank is not None:
         matched["lexical"] = {"rank": c.lexical_rank, "score": round(c.lexical, 6), "terms": c.matched_terms}
+    if c.near_terms:  # query terms its text holds only one edit away (an OCR misread), in the lexical score
+        matched["near"] = {"terms": c.near_terms, "lexical_score": round(c.lexical, 6)}
     return {"image": image, "score": float(c.score), "matched": matched,
             "highlight": _highlight(image, c.matched_terms)}
 

@@ -50,6 +50,19 @@ def test_edited_chinese_context_is_found_by_any_word_of_it(client):
     assert out["lexical"]["terms"] == ["红包"]
 
 
+def test_a_word_misread_by_ocr_still_counts_half_when_one_edit_away(client):
+    misread = upload(client, png_bytes((9, 9, 9)), process=False).get_json()["image"]["id"]
+    other = upload(client, png_bytes((8, 8, 8)), process=False).get_json()["image"]["id"]
+    client.patch(f"/api/v1/images/{misread}", json={"context": {"ocr_text": "ERROR 404:\nMOTVATION NOT FOUND"}})
+    client.patch(f"/api/v1/images/{other}", json={"context": {"ocr_text": "motivation is overrated"}})
+    out = client.get("/api/v1/search/text", query_string={"q": "motivation found", "mode": "lexical"}).get_json()
+    hits = {h["image"]["id"]: h for h in out["items"]}
+    assert [h["image"]["id"] for h in out["items"]] == [misread, other]  # both terms equally rare
+    assert hits[misread]["matched"]["lexical"]["terms"] == ["found"]
+    assert hits[misread]["matched"]["near"] == {"terms": ["motiv"], "lexical_score": 0.75}
+    assert hits[other]["matched"]["lexical"]["score"] == 0.5 and "near" not in hits[other]["matched"]
+
+
 def test_lexical_search_never_crosses_scopes(token_app, tokens):
     token_client = token_app.test_client()
 

@@ -54,6 +54,13 @@ def test_document_version_3_folds_traditional_chinese_and_keeps_every_line():
     assert semantic_document(None, english, "3") == semantic_document(None, english, "2")
 
 
+def test_document_version_4_is_the_default():
+    from app.config import Settings
+    from app.orchestrator.fingerprints import DEFAULT_DOCUMENT_VERSION
+
+    assert DEFAULT_DOCUMENT_VERSION == Settings().text_document_version == "4"
+
+
 def test_document_version_4_also_drops_lines_without_letters():
     ctx = {"ocr_text": "躺平\n是我最後的倔強\n1 1 11", "title": "1 1 11", "tags": ["躺平"]}
     assert semantic_document("meme.png", ctx, "4") == "躺平\n是我最后的倔强"

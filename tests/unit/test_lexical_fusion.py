@@ -59,6 +59,34 @@ def test_lexical_score_weighs_rare_terms_more():
     assert rare > 0.5 > common > 0
 
 
+def test_one_edit_apart_means_one_insertion_deletion_substitution_or_swap():
+    near = lexical.within_one_edit
+    assert near("motivation", "motvation") and near("plans", "dplans") and near("pumpkin", "pumnkin")
+    assert near("abcde", "abced") and near("abcde", "abcde") and near("abcd", "axcd")
+    assert not near("running", "iinning") and not near("abcd", "badc") and not near("abcdef", "abc")
+
+
+def test_a_query_word_misread_by_ocr_is_met_one_edit_away_in_long_words_only():
+    words = lexical.query_words("Motivation not found")
+    assert words == {"motiv": "motivation", "found": "found"}  # "not" is a stopword
+    texts = ["ERROR 404:\nMOTVATION NOT FOUND", ""]
+    assert lexical.near_terms(words, ["motiv"], texts) == ["motiv"]
+    assert lexical.near_terms(words, ["motiv"], ["motivational speaker"]) == []  # two edits
+    # short words are one edit from too many others: "cats" never meets "bats"
+    assert lexical.near_terms(lexical.query_words("cats"), ["cat"], ["bats"]) == []
+    assert lexical.near_terms(lexical.query_words("抢红包"), ["抢红", "红包"], ["抢红色"]) == []  # Latin only
+
+
+def test_a_near_match_counts_part_of_its_terms_idf():
+    df = {"motiv": 0, "found": 1}
+    exact = fusion.lexical_score(["found"], ["motiv", "found"], df, 170)
+    near = fusion.lexical_score(["found"], ["motiv", "found"], df, 170, ["motiv"], 0.5)
+    full = fusion.lexical_score(["found", "motiv"], ["motiv", "found"], df, 170)
+    assert exact < near < full == 1.0
+    assert abs(near - (exact + 0.5 * (1 - exact))) < 1e-12
+    assert fusion.lexical_score(["found"], ["motiv", "found"], df, 170, ["motiv"], 0.0) == exact
+
+
 def test_a_weak_lexical_match_never_reorders_the_semantic_answer():
     # paraphrase: the right image shares no word; another shares one common word
     cands = [Candidate("right", cosine=0.85, lexical=0.0), Candidate("common-word", cosine=0.84, lexical=0.3)]
