@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 
 CLAIMS = Counter("memeflow_claims_total", "Successful task claims", ["lane"])
+CLAIM_LOCK_TIMEOUTS = Counter("memeflow_claim_lock_timeouts_total",
+                              "Batched claims whose hinted task stayed locked past lock_timeout (hinted again)", ["lane"])
 EMPTY_CLAIMS = Counter("memeflow_empty_claims_total", "Claims that found nothing (stale/duplicate hints)", ["lane"])
 COMPLETIONS = Counter("memeflow_completions_total", "Task completions by outcome", ["lane", "outcome"])
 FENCING_REJECTIONS = Counter(

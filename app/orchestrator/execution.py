@@ -8,7 +8,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
@@ -131,6 +131,25 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
     if lane == Lane.AGENT:
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
     budget = lane_batch_budget(orch.settings, lane)
+    try:
+        return _claim_with_batch(orch, task_id, lane, n, owner, budget)
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        # the hinted task's holder (a writer joining its group, seeding a batch page on a loaded
+        # box) outlasted lock_timeout: this transaction claimed nothing and rolled back — wake the
+        # lane again for the same task instead of failing the hint (the sweep would also recover it)
+        metrics.CLAIM_LOCK_TIMEOUTS.labels(lane).inc()
+        log.warning("hinted task still locked after lock_timeout; hinting it again",
+                    extra={"task_id": str(task_id), "lane": lane})
+        return BatchClaim([], [Hint(lane, task_id)])
+
+
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE lock_not_available: lock_timeout expired
+
+
+def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str, budget: int) -> BatchClaim:
+    """``claim_with_batch``'s one transaction (its docstring)."""
     with orch.engine.begin() as conn:
         # not matched (the hinted task is running, finished or unknown): its queued members may
         # still be due — the group claim below decides
