@@ -108,6 +108,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
             procs.append(subprocess.Popen(cmd, env={**env, "MEMEFLOW_WORKER_LANES": ",".join(lanes)}, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=log))
     spies = _start_profilers(args, procs) if args.profile else []
+    pg = _postmaster(engine)
     polls = 0
     deadline = time.monotonic() + args.timeout
     cpu_mark: tuple[int, float] | None = None  # (jobs done, workers' CPU s) once the drain is under way
@@ -117,10 +118,10 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
                 done = conn.execute(text("SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")).scalar_one()
             polls += 1
             if done >= args.n:
-                cpu_end = (done, _cpu_s(procs))
+                cpu_end = (done, _cpu_s(procs), _pg_cpu_s(pg))
                 break
             if done and cpu_mark is None:
-                cpu_mark = (done, _cpu_s(procs))
+                cpu_mark = (done, _cpu_s(procs), _pg_cpu_s(pg))
             if time.monotonic() > deadline:
                 raise SystemExit(f"timeout: {done}/{args.n} jobs succeeded")
             time.sleep(0.5)
@@ -153,10 +154,11 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     drain_s = (last - first).total_seconds()
     run_s = {lane: [float(r[1]) for r in rows if r[0] == lane and r[1] is not None] for lane in LANES}
     e2e_s = {lane: [float(r[2]) for r in rows if r[0] == lane] for lane in LANES}
-    cpu_mark = cpu_mark or (0, 0.0)
+    cpu_mark = cpu_mark or (0, 0.0, 0.0)
     worker_cpu_ms = 1000 * (cpu_end[1] - cpu_mark[1]) / max(1, cpu_end[0] - cpu_mark[0])
+    pg_cpu_ms = 1000 * (cpu_end[2] - cpu_mark[2]) / max(1, cpu_end[0] - cpu_mark[0]) if pg else float("nan")
     return {
-        "worker_cpu_ms_per_job": worker_cpu_ms,
+        "worker_cpu_ms_per_job": worker_cpu_ms, "pg_cpu_ms_per_job": pg_cpu_ms,
         "n": args.n, "workers": len(layouts), "layout": args.layout, "publish_s": publish_s,
         "publish_jobs_per_s": args.n / publish_s, "drain_s": drain_s, "jobs_per_s": args.n / drain_s,
         "ingest_commits_per_job": (c1 - c0 - 1) / args.n,
@@ -179,6 +181,37 @@ def _cpu_s(procs: list) -> float:
             for q in [proc, *proc.children(recursive=True)]:
                 t = q.cpu_times()
                 total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _postmaster(engine):
+    """The PostgreSQL postmaster (psutil.Process) when it runs on this machine, else None."""
+    import psutil
+
+    try:
+        with engine.connect() as conn:
+            data_dir = conn.execute(text("SELECT current_setting('data_directory')")).scalar_one()
+        pid = int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
+        return psutil.Process(pid)
+    except Exception:  # noqa: BLE001 - a remote or unreadable server: no PostgreSQL CPU figure
+        return None
+
+
+def _pg_cpu_s(pg) -> float:
+    """User + system CPU seconds of PostgreSQL so far: the postmaster, its live backends and
+    auxiliary processes, and the exited ones it reaped (its ``children_*`` times)."""
+    import psutil
+
+    if pg is None:
+        return 0.0
+    t = pg.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for q in pg.children():
+        try:
+            c = q.cpu_times()
+            total += c.user + c.system
         except psutil.Error:
             pass
     return total
@@ -236,7 +269,7 @@ def main() -> None:
             results.append(r)
             print(f"run {run + 1}: {r['jobs_per_s']:.0f} jobs/s  drain {r['drain_s']:.1f}s  "
                   f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})  "
-                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
+                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  PG CPU {r['pg_cpu_ms_per_job']:.2f} ms/job  agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
                   flush=True)
         rates = [r["jobs_per_s"] for r in results]
         last = results[-1]
