@@ -83,6 +83,9 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     t0 = time.perf_counter()
     ingest_pngs(orch, settings, namespace, args.n, int(time.time()), publisher)
     publish_s = time.perf_counter() - t0
+    if args.pg_stat_statements:  # the drain's statements only
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_stat_statements_reset()"))
     c1 = xact_commit(engine)
 
     env = dict(os.environ)
@@ -150,6 +153,8 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
             "SELECT lane, extract(epoch FROM completed_at - started_at), extract(epoch FROM completed_at - created_at)"
             " FROM tasks WHERE status = 'succeeded'")).all()
         attempts = conn.execute(text("SELECT max(attempt_count), count(*) FROM tasks")).one()
+    if args.pg_stat_statements:
+        _print_statements(engine, args.n)
     engine.dispose()
     drain_s = (last - first).total_seconds()
     run_s = {lane: [float(r[1]) for r in rows if r[0] == lane and r[1] is not None] for lane in LANES}
@@ -184,6 +189,20 @@ def _cpu_s(procs: list) -> float:
         except psutil.Error:
             pass
     return total
+
+
+def _print_statements(engine, n: int) -> None:
+    """The drain's statements by server time (exec + plan) per job, from pg_stat_statements."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT calls, plans, total_exec_time, total_plan_time, regexp_replace(query, '\\s+', ' ', 'g')"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " ORDER BY total_exec_time + total_plan_time DESC")).all()
+    total = sum(r[2] + r[3] for r in rows)
+    print(f"server time {total / n:.2f} ms/job in {sum(r[0] for r in rows) / n:.2f} statements/job"
+          f" (exec + plan ms/job, calls, plans):")
+    for calls, plans, exec_ms, plan_ms, query in rows[:25]:
+        print(f"  {exec_ms / n:6.3f} + {plan_ms / n:5.3f}  {calls:6d} {plans:6d}  {query[:110]}")
 
 
 def _postmaster(engine):
@@ -257,6 +276,8 @@ def main() -> None:
     ap.add_argument("--database-url")
     ap.add_argument("--broker-url")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--pg-stat-statements", action="store_true",
+                    help="print the drain's statements by server time (the server must load pg_stat_statements)")
     ap.add_argument("--profile", type=Path, help="py-spy (on PATH) every worker during the drain, raw stacks here")
     ap.add_argument("--profile-idle", action="store_true", help="with --profile: also sample idle threads")
     ap.add_argument("--profile-gil", action="store_true", help="with --profile: only samples holding the GIL")
