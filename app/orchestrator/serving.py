@@ -55,7 +55,7 @@ SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
 def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
     """After completions committed: a scope in backfill may be covered now — try its cutover
     (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
-    with orch.engine.connect() as conn:
+    with orch.engine.begin() as conn:  # read-only: COMMIT keeps psycopg's prepared statements (service.py)
         rows = q.serving_many_txn(conn, scope_ids, kind)
     for scope_id, row in rows.items():
         if row["state"] == ServingState.BACKFILL:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from app.orchestrator.fingerprints import config_hash
@@ -24,11 +25,13 @@ class StageConfigs:
 
         return {s.stage.value: getattr(self, s.config_field) for s in STAGES}
 
-    @property
+    # Computed once per instance (the configs are never mutated): the planner asks for
+    # agent_hash several times per job, and advance.py reuses one instance per job config hash.
+    @cached_property
     def hash(self) -> str:
         return config_hash(self.as_dict())
 
-    @property
+    @cached_property
     def agent_hash(self) -> str:
         return config_hash(self.agent)
 
