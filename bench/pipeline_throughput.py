@@ -290,7 +290,8 @@ def main() -> None:
             results.append(r)
             print(f"run {run + 1}: {r['jobs_per_s']:.0f} jobs/s  drain {r['drain_s']:.1f}s  "
                   f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})  "
-                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  PG CPU {r['pg_cpu_ms_per_job']:.2f} ms/job  agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
+                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  PG CPU {r['pg_cpu_ms_per_job']:.2f} ms/job  "
+                  f"agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
                   flush=True)
         rates = [r["jobs_per_s"] for r in results]
         last = results[-1]

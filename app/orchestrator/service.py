@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
+from app.db.engine import read_connection
 from app.ids import parse_uuid
 from app.orchestrator import batches, changes, events, execution, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
@@ -108,11 +109,8 @@ class Orchestrator:
         return doc
 
     # ------------------------------------------------------------------ workers
-    # _READ_TXN_NOTE: the worker path's read-only blocks use engine.begin() (COMMIT of a read-only
-    # transaction: no WAL, no fsync) rather than engine.connect() (ROLLBACK on close): psycopg
-    # forgets every prepared statement of the connection on ROLLBACK (and sends DEALLOCATE ALL),
-    # so one rolled-back read per batch kept the hot statements from ever being prepared — each
-    # was parsed and planned on every call (docs/performance.md §18).
+    # The worker path's reads use read_connection (autocommit): a ROLLBACK would drop the
+    # connection's prepared statements (app/db/engine.py).
     def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None) -> Claim | None:
         return execution.claim_task(self, _uuid(task_id), owner, lane)
 
@@ -149,7 +147,7 @@ class Orchestrator:
 
     def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
         """The other visual models each claim's image needs for its scope's serving state (model refs)."""
-        with self.engine.begin() as conn:  # read-only; COMMIT, not ROLLBACK: see _READ_TXN_NOTE
+        with read_connection(self.engine) as conn:
             return serving_reads.extra_models_txn(self, conn, claims, serving_reads.VISUAL)
 
     def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
@@ -157,7 +155,7 @@ class Orchestrator:
         another scope dropped; the worker re-checks the metadata hash at completion), with the
         ``extra_models`` its scope's search serving state also needs (model refs, app/orchestrator/serving_reads.py)."""
         scopes = {c.image_id: c.scope_id for c in claims}
-        with self.engine.begin() as conn:  # read-only; COMMIT keeps the prepared statements (_READ_TXN_NOTE)
+        with read_connection(self.engine) as conn:
             rows = reads.text_inputs_many_txn(conn, list(scopes))
             extra = serving_reads.extra_models_txn(self, conn, claims, serving_reads.TEXT)
         return {iid: {**dict(r), "extra_models": extra.get(iid, [])}
@@ -196,7 +194,7 @@ class Orchestrator:
         """Those of ``attempt_ids`` still in flight (their agent result records are still needed)."""
         from app.orchestrator.store.attempts import open_attempt_ids_txn
 
-        with self.engine.begin() as conn:  # read-only; COMMIT keeps the prepared statements (_READ_TXN_NOTE)
+        with read_connection(self.engine) as conn:
             return open_attempt_ids_txn(conn, attempt_ids)
 
     # ------------------------------------------------------------------ events (issue 20)
