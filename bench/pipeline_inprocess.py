@@ -6,7 +6,7 @@ Ingests N images, then drains the hints in this process through ``app.worker.run
 and per lane the wall time, hints handled and SQL statements per job (counted with SQLAlchemy
 events); ``--statements`` also lists every statement shape with its count and wall time per job.
 
-    python bench/pipeline_inprocess.py [--n 600] [--statements] [--agent-batch B] [--agent-lane-limit L]
+    python bench/pipeline_inprocess.py [--n 600] [--statements | --no-count] [--agent-batch B] [--agent-lane-limit L]
 
 Fresh embedded PostgreSQL (durable settings) under a temp dir unless --database-url (Redis is not used).
 """
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--agent-lane-limit", type=int, default=defaults.agent_lane_limit,
                     help="MEMEFLOW_AGENT_LANE_LIMIT (default: settings; 0 = none)")
     ap.add_argument("--database-url")
+    ap.add_argument("--no-count", action="store_true",
+                    help="count no statements: the CPU figure then includes the store's fast path")
     args = ap.parse_args()
 
     from app.db.engine import make_engine
@@ -66,14 +68,16 @@ def main() -> None:
         def shape(statement: str) -> tuple[str, str]:
             return lane_now[0], " ".join(statement.split())[:100]
 
-        @event.listens_for(engine, "before_cursor_execute")
         def _before(conn, cursor, statement, *a):
             counts[shape(statement)] += 1
             started[id(cursor)] = time.perf_counter()
 
-        @event.listens_for(engine, "after_cursor_execute")
         def _after(conn, cursor, statement, *a):
             walls[shape(statement)] += time.perf_counter() - started.pop(id(cursor), time.perf_counter())
+
+        if not args.no_count:  # listeners send every statement through SQLAlchemy's own path (app/db/fastpath.py)
+            event.listen(engine, "before_cursor_execute", _before)
+            event.listen(engine, "after_cursor_execute", _after)
 
         providers = Providers(settings)
         lane_wall: collections.Counter = collections.Counter()

@@ -83,6 +83,9 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
     t0 = time.perf_counter()
     ingest_pngs(orch, settings, namespace, args.n, int(time.time()), publisher)
     publish_s = time.perf_counter() - t0
+    if args.pg_stat_statements:  # the drain's statements only
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_stat_statements_reset()"))
     c1 = xact_commit(engine)
 
     env = dict(os.environ)
@@ -108,6 +111,7 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
             procs.append(subprocess.Popen(cmd, env={**env, "MEMEFLOW_WORKER_LANES": ",".join(lanes)}, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=log))
     spies = _start_profilers(args, procs) if args.profile else []
+    pg = _postmaster(engine)
     polls = 0
     deadline = time.monotonic() + args.timeout
     cpu_mark: tuple[int, float] | None = None  # (jobs done, workers' CPU s) once the drain is under way
@@ -117,10 +121,10 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
                 done = conn.execute(text("SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")).scalar_one()
             polls += 1
             if done >= args.n:
-                cpu_end = (done, _cpu_s(procs))
+                cpu_end = (done, _cpu_s(procs), _pg_cpu_s(pg))
                 break
             if done and cpu_mark is None:
-                cpu_mark = (done, _cpu_s(procs))
+                cpu_mark = (done, _cpu_s(procs), _pg_cpu_s(pg))
             if time.monotonic() > deadline:
                 raise SystemExit(f"timeout: {done}/{args.n} jobs succeeded")
             time.sleep(0.5)
@@ -149,14 +153,17 @@ def one_run(args, db_url: str, broker_url: str, var_dir: Path) -> dict:
             "SELECT lane, extract(epoch FROM completed_at - started_at), extract(epoch FROM completed_at - created_at)"
             " FROM tasks WHERE status = 'succeeded'")).all()
         attempts = conn.execute(text("SELECT max(attempt_count), count(*) FROM tasks")).one()
+    if args.pg_stat_statements:
+        _print_statements(engine, args.n)
     engine.dispose()
     drain_s = (last - first).total_seconds()
     run_s = {lane: [float(r[1]) for r in rows if r[0] == lane and r[1] is not None] for lane in LANES}
     e2e_s = {lane: [float(r[2]) for r in rows if r[0] == lane] for lane in LANES}
-    cpu_mark = cpu_mark or (0, 0.0)
+    cpu_mark = cpu_mark or (0, 0.0, 0.0)
     worker_cpu_ms = 1000 * (cpu_end[1] - cpu_mark[1]) / max(1, cpu_end[0] - cpu_mark[0])
+    pg_cpu_ms = 1000 * (cpu_end[2] - cpu_mark[2]) / max(1, cpu_end[0] - cpu_mark[0]) if pg else float("nan")
     return {
-        "worker_cpu_ms_per_job": worker_cpu_ms,
+        "worker_cpu_ms_per_job": worker_cpu_ms, "pg_cpu_ms_per_job": pg_cpu_ms,
         "n": args.n, "workers": len(layouts), "layout": args.layout, "publish_s": publish_s,
         "publish_jobs_per_s": args.n / publish_s, "drain_s": drain_s, "jobs_per_s": args.n / drain_s,
         "ingest_commits_per_job": (c1 - c0 - 1) / args.n,
@@ -179,6 +186,51 @@ def _cpu_s(procs: list) -> float:
             for q in [proc, *proc.children(recursive=True)]:
                 t = q.cpu_times()
                 total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _print_statements(engine, n: int) -> None:
+    """The drain's statements by server time (exec + plan) per job, from pg_stat_statements."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT calls, plans, total_exec_time, total_plan_time, regexp_replace(query, '\\s+', ' ', 'g')"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " ORDER BY total_exec_time + total_plan_time DESC")).all()
+    total = sum(r[2] + r[3] for r in rows)
+    print(f"server time {total / n:.2f} ms/job in {sum(r[0] for r in rows) / n:.2f} statements/job"
+          f" (exec + plan ms/job, calls, plans):")
+    for calls, plans, exec_ms, plan_ms, query in rows[:25]:
+        print(f"  {exec_ms / n:6.3f} + {plan_ms / n:5.3f}  {calls:6d} {plans:6d}  {query[:110]}")
+
+
+def _postmaster(engine):
+    """The PostgreSQL postmaster (psutil.Process) when it runs on this machine, else None."""
+    import psutil
+
+    try:
+        with engine.connect() as conn:
+            data_dir = conn.execute(text("SELECT current_setting('data_directory')")).scalar_one()
+        pid = int((Path(data_dir) / "postmaster.pid").read_text().split()[0])
+        return psutil.Process(pid)
+    except Exception:  # noqa: BLE001 - a remote or unreadable server: no PostgreSQL CPU figure
+        return None
+
+
+def _pg_cpu_s(pg) -> float:
+    """User + system CPU seconds of PostgreSQL so far: the postmaster, its live backends and
+    auxiliary processes, and the exited ones it reaped (its ``children_*`` times)."""
+    import psutil
+
+    if pg is None:
+        return 0.0
+    t = pg.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for q in pg.children():
+        try:
+            c = q.cpu_times()
+            total += c.user + c.system
         except psutil.Error:
             pass
     return total
@@ -224,6 +276,8 @@ def main() -> None:
     ap.add_argument("--database-url")
     ap.add_argument("--broker-url")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--pg-stat-statements", action="store_true",
+                    help="print the drain's statements by server time (the server must load pg_stat_statements)")
     ap.add_argument("--profile", type=Path, help="py-spy (on PATH) every worker during the drain, raw stacks here")
     ap.add_argument("--profile-idle", action="store_true", help="with --profile: also sample idle threads")
     ap.add_argument("--profile-gil", action="store_true", help="with --profile: only samples holding the GIL")
@@ -236,7 +290,8 @@ def main() -> None:
             results.append(r)
             print(f"run {run + 1}: {r['jobs_per_s']:.0f} jobs/s  drain {r['drain_s']:.1f}s  "
                   f"commits/job drain {r['drain_commits_per_job']:.2f} (+ingest {r['ingest_commits_per_job']:.2f})  "
-                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
+                  f"worker CPU {r['worker_cpu_ms_per_job']:.2f} ms/job  PG CPU {r['pg_cpu_ms_per_job']:.2f} ms/job  "
+                  f"agent run p50 {r['run_ms']['agent']['p50']:.1f} ms",
                   flush=True)
         rates = [r["jobs_per_s"] for r in results]
         last = results[-1]

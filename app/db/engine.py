@@ -9,6 +9,8 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import Connection
 
+from app.db.fastpath import FastConnection
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
 
@@ -18,11 +20,14 @@ def make_engine(
 ) -> Engine:
     """An engine for ``url`` with short timeouts; statements never wait minutes on a lock.
 
+    Its connections run the store's parsed statements on the psycopg cursor directly
+    (``app.db.fastpath``); everything else goes through SQLAlchemy as usual.
+
     ``pre_ping=False`` (workers) saves a round trip per checkout; a connection broken by a
     database restart is then detected on use, the pool is invalidated and the orchestrator
     retries that operation once (``execution.retry_on_disconnect``).
     """
-    return create_engine(
+    engine = create_engine(
         driver_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -31,6 +36,17 @@ def make_engine(
         echo=echo,
         connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
     )
+    engine._connection_cls = FastConnection  # the store's statements skip SQLAlchemy's execution overhead
+    return engine
+
+
+def read_connection(engine: Engine) -> Connection:
+    """A connection for a block of reads only, in autocommit: no BEGIN, no COMMIT, and above all
+    no ROLLBACK when it closes — psycopg drops every prepared statement of its connection on
+    ROLLBACK (and sends DEALLOCATE ALL), so a rolled-back read per batch kept the worker's hot
+    statements from ever being prepared (docs/performance.md §18). Each statement sees its own
+    snapshot, as every statement of a READ COMMITTED transaction does; never write through it."""
+    return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
 
 def driver_url(url: str) -> str:

@@ -151,7 +151,7 @@ def _advance_txn(
         end_job_txn(orch, conn, job, JobStatus.SUPERSEDED, "superseded", "the image context changed")
         return
     stages = {r["stage"]: r for r in job["stage_rows"]}
-    configs = StageConfigs.from_job_config(job["config"])
+    configs = _job_configs(job)
     succeeded = [s for s, row in stages.items() if row["status"] == StageStatus.SUCCEEDED]
     image_facts = ImageFacts(
         sha256=image["sha256"], context_status=image["context_status"], provenance=image["context_provenance"],
@@ -177,6 +177,33 @@ def _advance_txn(
     _run_stage_txn(orch, conn, job, image, configs, stage, stages[stage], p.fingerprints[stage], fields, pending)
 
 
+_CONFIGS: dict[str, StageConfigs] = {}  # config_hash → the frozen configs (few per deployment)
+
+
+def _job_configs(job: RowMapping) -> StageConfigs:
+    """The job's frozen configs, one instance per config hash (its hashes computed once)."""
+    configs = _CONFIGS.get(job["config_hash"])
+    if configs is None or configs.as_dict() != job["config"]:
+        configs = StageConfigs.from_job_config(job["config"])
+        if len(_CONFIGS) >= 64:
+            _CONFIGS.clear()
+        _CONFIGS[job["config_hash"]] = configs
+    return configs
+
+
+_STAGE_CONFIG_HASHES: dict[tuple[str, str], str] = {}  # (configs hash, stage) → its config's hash
+
+
+def _stage_config_hash(configs: StageConfigs, stage: str) -> str:
+    key = (configs.hash, stage)
+    found = _STAGE_CONFIG_HASHES.get(key)
+    if found is None:
+        if len(_STAGE_CONFIG_HASHES) >= 256:
+            _STAGE_CONFIG_HASHES.clear()
+        found = _STAGE_CONFIG_HASHES[key] = fp.config_hash(stage_spec(stage).config(configs))
+    return found
+
+
 def _run_stage_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping, configs: StageConfigs,
     stage: str, row: dict, fingerprint: str | None, job_fields: dict, pending: _Pending,
@@ -197,7 +224,7 @@ def _task_values(orch: Orchestrator, new: _NewTask, grant_id: uuid.UUID | None) 
     s = stage_spec(stage)
     payload: dict = {
         "image_id": str(image["id"]), "image_sha256": image["sha256"], "stage": stage,
-        "stage_config_hash": fp.config_hash(s.config(configs)), **s.payload(job, image, configs),
+        "stage_config_hash": _stage_config_hash(configs, stage), **s.payload(job, image, configs),
     }
     return {
         "scope_id": job["scope_id"], "job_id": job["id"], "stage": stage, "lane": lane_of(stage),

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
+from app.db.engine import read_connection
 from app.ids import parse_uuid
 from app.orchestrator import batches, changes, events, execution, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
@@ -108,6 +109,8 @@ class Orchestrator:
         return doc
 
     # ------------------------------------------------------------------ workers
+    # The worker path's reads use read_connection (autocommit): a ROLLBACK would drop the
+    # connection's prepared statements (app/db/engine.py).
     def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None) -> Claim | None:
         return execution.claim_task(self, _uuid(task_id), owner, lane)
 
@@ -144,7 +147,7 @@ class Orchestrator:
 
     def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
         """The other visual models each claim's image needs for its scope's serving state (model refs)."""
-        with self.engine.connect() as conn:
+        with read_connection(self.engine) as conn:
             return serving_reads.extra_models_txn(self, conn, claims, serving_reads.VISUAL)
 
     def text_inputs_many(self, claims: list[Claim]) -> dict[uuid.UUID, dict]:
@@ -152,7 +155,7 @@ class Orchestrator:
         another scope dropped; the worker re-checks the metadata hash at completion), with the
         ``extra_models`` its scope's search serving state also needs (model refs, app/orchestrator/serving_reads.py)."""
         scopes = {c.image_id: c.scope_id for c in claims}
-        with self.engine.connect() as conn:
+        with read_connection(self.engine) as conn:
             rows = reads.text_inputs_many_txn(conn, list(scopes))
             extra = serving_reads.extra_models_txn(self, conn, claims, serving_reads.TEXT)
         return {iid: {**dict(r), "extra_models": extra.get(iid, [])}
@@ -191,7 +194,7 @@ class Orchestrator:
         """Those of ``attempt_ids`` still in flight (their agent result records are still needed)."""
         from app.orchestrator.store.attempts import open_attempt_ids_txn
 
-        with self.engine.connect() as conn:
+        with read_connection(self.engine) as conn:
             return open_attempt_ids_txn(conn, attempt_ids)
 
     # ------------------------------------------------------------------ events (issue 20)

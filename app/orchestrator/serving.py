@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from app import metrics
+from app.db.engine import read_connection
 from app.db.enums import BatchStatus, ServingAction, ServingState
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
@@ -55,7 +56,7 @@ SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
 def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
     """After completions committed: a scope in backfill may be covered now — try its cutover
     (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
-    with orch.engine.connect() as conn:
+    with read_connection(orch.engine) as conn:  # autocommit: no ROLLBACK (app/db/engine.py)
         rows = q.serving_many_txn(conn, scope_ids, kind)
     for scope_id, row in rows.items():
         if row["state"] == ServingState.BACKFILL:

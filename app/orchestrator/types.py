@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from app.orchestrator.fingerprints import config_hash
@@ -68,11 +69,13 @@ class StageConfigs(Mapping[str, dict[str, Any]]):
         """The configs by stage name, as a job's ``config`` column stores them."""
         return dict(self._by_stage)
 
-    @property
+    # Computed once per instance (the configs are never mutated): the planner asks for
+    # agent_hash several times per job, and advance.py reuses one instance per job config hash.
+    @cached_property
     def hash(self) -> str:
         return config_hash(self.as_dict())
 
-    @property
+    @cached_property
     def agent_hash(self) -> str:
         return config_hash(self._by_stage["agent"])
 

@@ -488,16 +488,16 @@ def insert_and_link_many_txn(
 FINISH_MANY = sql("""
 WITH r AS (
   SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
-    AS r(id uuid, owner text, gen int, st text, sst text, err text, res text)
+    AS r(id uuid, owner text, gen int, st text, sst text, err jsonb, res jsonb)
 ), f AS (
-  UPDATE tasks t SET status = r.st, error = CAST(r.err AS jsonb), result = CAST(r.res AS jsonb),
+  UPDATE tasks t SET status = r.st, error = r.err, result = r.res,
          completed_at = :now, updated_at = :now, lease_expires_at = NULL
   FROM r
   WHERE t.id = r.id AND t.id = ANY(:ids) AND t.lease_owner = r.owner AND t.claim_generation = r.gen
     AND t.status = 'running'
   RETURNING t.id, r.sst, r.err
 ), s AS (
-  UPDATE job_stages js SET status = f.sst, error = CAST(f.err AS jsonb), updated_at = :now,
+  UPDATE job_stages js SET status = f.sst, error = f.err, updated_at = :now,
          completed_at = CASE WHEN f.sst = 'succeeded' THEN CAST(:now AS timestamptz) ELSE js.completed_at END
   FROM f WHERE js.task_id = f.id AND js.status IN ('queued', 'running')
   RETURNING js.task_id, js.job_id
@@ -513,16 +513,13 @@ def finish_many_txn(
     """running → succeeded / cancelled, N tasks (each fenced on its own) and the stages waiting on each.
 
     ``rows``: {id, owner, gen, st (task status), sst (stage status), err, res} — err/res dicts or
-    None. ``rows`` of the outcome: (task id, job ids to advance) for the tasks that landed; a task
+    None (nested in the one JSON document as objects: stored as jsonb, so no key order to keep).
+    ``rows`` of the outcome: (task id, job ids to advance) for the tasks that landed; a task
     missing from them was fenced out.
     """
     if not rows:
         return Outcome(False)
-    doc = json.dumps([
-        {**r, "err": None if r["err"] is None else canonical_json(r["err"]),
-         "res": None if r["res"] is None else canonical_json(r["res"])}
-        for r in rows
-    ], default=str)
+    doc = json.dumps(rows, default=str)
     return Outcome.of(
         (task_id, list(job_ids))
         for task_id, job_ids in conn.execute(FINISH_MANY, {"rows": doc, "ids": [r["id"] for r in rows], "now": now})
