@@ -44,7 +44,7 @@ def read_connection(engine: Engine) -> Connection:
     """A connection for a block of reads only, in autocommit: no BEGIN, no COMMIT, and above all
     no ROLLBACK when it closes — psycopg drops every prepared statement of its connection on
     ROLLBACK (and sends DEALLOCATE ALL), so a rolled-back read per batch kept the worker's hot
-    statements from ever being prepared (docs/performance.md §18). Each statement sees its own
+    statements from ever being prepared (docs/performance.md §19). Each statement sees its own
     snapshot, as every statement of a READ COMMITTED transaction does; never write through it."""
     return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
