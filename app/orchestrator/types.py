@@ -22,7 +22,7 @@ class StageConfigs(Mapping[str, dict[str, Any]]):
     by config_key (``StageConfigs(visual=…, agent=…, text=…)``: every stage exactly once).
     """
 
-    __slots__ = ("_by_stage",)
+    __slots__ = ("_by_stage", "__dict__")  # __dict__: the cached_property hashes below
 
     def __init__(self, **by_key: dict[str, Any]) -> None:
         from app.orchestrator.stages import STAGES  # which key is whose: the stage registry
