@@ -56,9 +56,8 @@ def chatml(text: str) -> str:
 def generate(args: argparse.Namespace) -> None:
     if args.runtime:
         sys.path.insert(0, args.runtime)
-    from gpt4all import GPT4All  # type: ignore[import-not-found]
-
     import search_data  # type: ignore[import-not-found]
+    from gpt4all import GPT4All  # type: ignore[import-not-found]
 
     model = GPT4All(
         model_name=os.path.basename(args.model), model_path=os.path.dirname(os.path.abspath(args.model)),
@@ -75,7 +74,7 @@ def generate(args: argparse.Namespace) -> None:
             continue
         pieces: list[str] = []
 
-        def more(_token_id: int, piece: str) -> bool:
+        def more(_token_id: int, piece: str, pieces: list[str] = pieces) -> bool:
             pieces.append(piece)
             text = "".join(pieces)
             if any(s in text for s in _SPECIAL):
@@ -108,8 +107,8 @@ def _lines(answer: str, tag: str | None) -> str:
 
 def evaluate(args: argparse.Namespace) -> None:
     import numpy as np
-
     import text_models as tm
+
     from app.orchestrator.fingerprints import semantic_document
     from app.search.service import route_weights
     from app.stages.text.composite import ConcatenatedTextProvider
