@@ -135,6 +135,11 @@ def test_model_change_mid_backfill_with_racing_uploads_and_edits(engine, it_sett
             poll_until(lambda: _states(engine) == {("serving", C, None)} and _all_jobs_done(engine), timeout=120,
                        interval=0.2, what="both scopes cut over to C")
         assert not sweeper.errors
+        # the probe's answer in flight at the cutover may still be A's: let it answer once more in
+        # every scope (a search still answering from A after the cutover never gets here)
+        seen = {s: len(probe.models[s]) for s in SCOPES}
+        poll_until(lambda: all(len(probe.models[s]) > seen[s] + 1 for s in SCOPES), timeout=30, interval=0.05,
+                   what="a search of every scope begun after the cutover")
     _stop(cluster, procs)
 
     assert probe.failures == []
