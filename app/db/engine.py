@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import Connection
 
-from app.db.fastpath import FastConnection
+from app.db import fastpath
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
@@ -36,7 +36,8 @@ def make_engine(
         echo=echo,
         connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
     )
-    engine._connection_cls = FastConnection  # the store's statements skip SQLAlchemy's execution overhead
+    if fastpath.SUPPORTED:  # the store's statements skip SQLAlchemy's execution overhead
+        engine._connection_cls = fastpath.FastConnection
     return engine
 
 

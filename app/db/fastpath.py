@@ -59,6 +59,13 @@ def _compiled(conn: Connection, clause: TextClause, binary: tuple[str, ...]) -> 
     return query
 
 
+#: The private SQLAlchemy methods ``FastConnection`` calls, checked at import (and exercised
+#: against the installed version by tests/db/test_fastpath.py): a release without them gets the
+#: ordinary execution path instead of an error.
+SUPPORTED = all(hasattr(Connection, name) for name in ("_revalidate_connection", "_autobegin",
+                                                       "_handle_dbapi_exception"))
+
+
 class FastConnection(Connection):
     """A Connection that runs the store's parsed statements on the raw cursor (module docstring)."""
 
