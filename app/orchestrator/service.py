@@ -210,6 +210,7 @@ class Orchestrator:
     webhook_failed = webhooks.webhook_failed
     release_webhook = webhooks.release_webhook
     webhook_hints = webhooks.webhook_hints
+    any_webhook = webhooks.any_webhook
     recent_webhook_failures = webhooks.recent_webhook_failures
     # ------------------------------------------------------------------ search serving (model changes)
     reconcile_serving = serving.reconcile
