@@ -134,6 +134,7 @@ class HintPoller:
         try:
             engine = self.orch.engine
             cargs, cparams = engine.dialect.create_connect_args(engine.url)
+            cparams.setdefault("connect_timeout", 5)  # never hang the poller on an unreachable server
             conn = engine.dialect.loaded_dbapi.connect(*cargs, **cparams)
             conn.autocommit = True
             conn.execute(f"LISTEN {webhooks_q.CHANNEL}")
