@@ -69,10 +69,15 @@ def check_quota_txn(orch: Orchestrator, conn: Connection, scope_id: str) -> None
 
 def take_request(orch: Orchestrator, kind: str, scope_id: str, key: str) -> None:
     """Count one ``kind`` request ("uploads" or "processing") of ``key``; raise RateLimited (with
-    the seconds until the window ends) when over the scope's per-minute limit. Its own short
-    transaction, committed before the request does anything."""
+    the seconds until the window ends) when over the scope's per-minute limit. Committed before
+    the request does anything.
+
+    In autocommit: each statement is its own transaction — the limits read (with no limit, the
+    usual case, that is all: no BEGIN/COMMIT round trips per upload), then the count, one atomic
+    upsert. Nothing here needs the two in one transaction: a limit changing in between applies
+    from the next request, as it would a moment later anyway (docs/performance.md §24)."""
     now = orch.now()
-    with orch.engine.begin() as conn:
+    with orch.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         limit = getattr(limits_txn(orch, conn, scope_id), RATE_KINDS[kind])
         if not limit:
             return

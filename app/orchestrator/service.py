@@ -142,7 +142,7 @@ class Orchestrator:
         spec = by_lane(results[0][0].lane) if results else None
         kind = spec.serving_kind if spec is not None else None
         if kind is not None:
-            serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind)
+            serving.after_completions(self, sorted({c.scope_id for c, _ in results}), kind, [c for c, _ in results])
         return hints
 
     def visual_extra_models(self, claims: list[Claim]) -> dict[uuid.UUID, list[dict]]:
@@ -210,6 +210,7 @@ class Orchestrator:
     webhook_failed = webhooks.webhook_failed
     release_webhook = webhooks.release_webhook
     webhook_hints = webhooks.webhook_hints
+    any_webhook = webhooks.any_webhook
     recent_webhook_failures = webhooks.recent_webhook_failures
     # ------------------------------------------------------------------ search serving (model changes)
     reconcile_serving = serving.reconcile

@@ -40,6 +40,7 @@ from app.orchestrator.serving_reads import (
     coverage_txn,
     same,
     slot,
+    states_seen,
     status,
 )
 from app.orchestrator.store import batches as batches_q
@@ -53,9 +54,15 @@ SWEEP_SCOPES = 50  # rows bootstrapped / acted on per sweep run
 
 
 # ---------------------------------------------------------------------------- the switch
-def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str) -> None:
+def after_completions(orch: Orchestrator, scope_ids: list[str], kind: str, claims: list | None = None) -> None:
     """After completions committed: a scope in backfill may be covered now — try its cutover
-    (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once)."""
+    (throttled per scope by ``search_cutover_check_s``, so racing workers scan it once).
+
+    ``claims``: the completed claims; when this thread's extra-models read saw none of their
+    scopes in a backfill (``serving_reads.states_seen``), there is nothing to check and no read."""
+    seen = states_seen(claims) if claims else None
+    if seen is not None and ServingState.BACKFILL not in seen:
+        return
     with read_connection(orch.engine) as conn:  # autocommit: no ROLLBACK (app/db/engine.py)
         rows = q.serving_many_txn(conn, scope_ids, kind)
     for scope_id, row in rows.items():

@@ -4,6 +4,7 @@ prunable rows of replaced models, and the states as the API, /ops and the CLI sh
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ def extra_models_txn(
     during a model change) that the image has no current embedding of yet; the executor drops the
     one its own provider computes anyway."""
     rows = q.serving_many_txn(conn, sorted({c.scope_id for c in claims}), kind)
+    _remember_states(claims, rows)
     if not rows:
         return {}
     image_ids = [c.image_id for c in claims if c.scope_id in rows]
@@ -82,6 +84,29 @@ def extra_models_txn(
         if needed:
             out[claim.image_id] = needed
     return out
+
+
+#: Per thread: the serving state each claim of the last batch's extra-models read saw for its
+#: scope, by (task id, generation) — a worker thread reads, computes and completes one batch.
+_SEEN = threading.local()
+
+
+def _remember_states(claims: list[Claim], rows: dict) -> None:
+    _SEEN.states = {(c.task_id, c.generation): (rows[c.scope_id]["state"] if c.scope_id in rows else None)
+                    for c in claims}
+
+
+def states_seen(claims: list[Claim]) -> list[str | None] | None:
+    """The serving state (None: no row) this thread's extra-models read saw for each claim's scope
+    before computing it, or None when any claim was not read here (read them again then).
+    ``serving.after_completions`` uses it to skip its read when no scope was in a backfill: a scope
+    entering one after that read gets its cutover check from its next completion or the sweep, as
+    it would for a completion that committed just before the backfill started."""
+    states = getattr(_SEEN, "states", None) or {}
+    try:
+        return [states[(c.task_id, c.generation)] for c in claims]
+    except KeyError:
+        return None
 
 
 def coverage_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any]) -> dict[str, int]:

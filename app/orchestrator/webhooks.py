@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import metrics
+from app.db.engine import read_connection
 from app.db.enums import EventType
 from app.ids import parse_uuid
 from app.netguard import OutboundRefused, allowed_networks, check_outbound_url
@@ -94,6 +95,7 @@ def create_webhook(orch: Orchestrator, scope_id: str, url: str, event_types: lis
             raise TooManyWebhooks(f"at most {orch.settings.webhooks_per_scope} webhooks per scope")
         cursor = events_q.last_event_id_txn(conn, scope_id)  # deliver what happens from now on
         row = q.insert_txn(conn, scope_id, url, types, secret, cursor, orch.now())
+        q.notify_created_txn(conn)  # a poller sleeping while no subscription existed wakes at commit
     return webhook_doc(row), secret
 
 
@@ -179,6 +181,12 @@ def webhook_hints(orch: Orchestrator, limit: int | None = None) -> list[Hint]:
         due = q.due_for_hint_txn(conn, orch.now(), orch.settings.rehint_grace_s,
                                  limit or orch.settings.sweep_batch_limit)
     return [Hint(LANE, i) for i in due.rows] if due.matched else []  # not matched: nothing to wake
+
+
+def any_webhook(orch: Orchestrator) -> bool:
+    """Whether any subscription exists (of any scope): the hint pollers sleep while none does."""
+    with read_connection(orch.engine) as conn:
+        return q.any_subscription_txn(conn)
 
 
 def skip_unmatched_events(orch: Orchestrator) -> int:

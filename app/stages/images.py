@@ -90,7 +90,8 @@ def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Decode
         frame_count = int(getattr(im, "n_frames", 1))
         im.seek(0)
         im.load()
-        rgb = _to_rgb(ImageOps.exif_transpose(im))
+        # exif_transpose returns a new image (transposed, or a copy): _to_rgb need not copy it again
+        rgb = _to_rgb(ImageOps.exif_transpose(im), copy=False)
     return DecodedImage(
         image=rgb,
         width=rgb.width,
@@ -126,10 +127,11 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[i
     return width, height, media_type
 
 
-def _to_rgb(im: Image.Image) -> Image.Image:
-    """Flatten to RGB; transparent pixels become white (memes are read on light backgrounds)."""
+def _to_rgb(im: Image.Image, *, copy: bool = True) -> Image.Image:
+    """Flatten to RGB; transparent pixels become white (memes are read on light backgrounds).
+    ``copy=False``: an RGB image that is already the caller's own comes back as is."""
     if im.mode == "RGB":
-        return im.copy()
+        return im.copy() if copy else im
     has_alpha = im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info)
     if not has_alpha:
         return im.convert("RGB")

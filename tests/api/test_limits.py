@@ -184,3 +184,26 @@ def test_cli_sets_shows_and_resets_a_scopes_limits(settings, engine):
         assert runner.invoke(main, ["scopes", "limits", "nosuch"]).exit_code == 1
     finally:
         reset_settings(None)
+
+
+def test_the_rate_check_without_a_limit_opens_no_transaction(engine, settings, monkeypatch):
+    """Every upload runs the rate check; with no limit it is one autocommit read, no BEGIN/COMMIT
+    (docs/performance.md §24). With a limit it still counts, and refuses over it."""
+    orch = Orchestrator(engine, settings)
+    orch.ensure_scope("local")
+
+    def no_transaction(*_a, **_k):
+        raise AssertionError("take_request opened a transaction")
+
+    monkeypatch.setattr(orch.engine, "begin", no_transaction)
+    orch.take_request("uploads", "local", "scope:local")  # no limit: a read only
+    clock = FakeClock(datetime(2026, 1, 1, 12, 0, 20, tzinfo=timezone.utc))  # both in one window
+    limited = Orchestrator(engine, dataclasses.replace(settings, uploads_per_minute=1), clock=clock)
+    monkeypatch.setattr(limited.engine, "begin", no_transaction)
+    limited.take_request("uploads", "local", "scope:local")
+    try:
+        limited.take_request("uploads", "local", "scope:local")
+    except Exception as exc:  # noqa: BLE001 - the second one is over the limit
+        assert type(exc).__name__ == "RateLimited"
+    else:
+        raise AssertionError("the second request was not limited")

@@ -20,6 +20,9 @@ INSERT = sql("INSERT INTO fp (id, n, label) VALUES (:id, :n, :label) RETURNING i
 BY_IDS = sql("SELECT id, n, label FROM fp WHERE id = ANY(:ids) ORDER BY n")
 BUMP = sql("UPDATE fp SET n = n + 1 WHERE n >= :n")
 BAD = sql("SELECT no_such_column FROM fp")
+# column names as the result gives them (the fast path reads them off the result, not description)
+ALIASED = sql('SELECT n AS "ñ col", label AS "中", n + 1 FROM fp WHERE n >= :n ORDER BY n')
+NO_COLUMNS = sql("SELECT FROM fp")
 
 
 def _exercise(conn) -> dict:
@@ -34,6 +37,9 @@ def _exercise(conn) -> dict:
         "none": conn.execute(BY_IDS, {"ids": [uuid.UUID(int=99)]}).first(),
         "rowcount": conn.execute(BUMP, {"n": 2}).rowcount,
         "after": conn.execute(BY_IDS, {"ids": ids}).scalars().all(),
+        "aliased": [dict(r) for r in conn.execute(ALIASED, {"n": 0}).mappings().all()],
+        "aliased_none": list(conn.execute(ALIASED, {"n": 99}).keys()),
+        "no_columns": len(conn.execute(NO_COLUMNS).all()),
     }
     with pytest.raises(IntegrityError):
         conn.execute(INSERT, {"id": ids[0], "n": 0, "label": None})

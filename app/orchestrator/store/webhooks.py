@@ -39,6 +39,23 @@ def count_txn(conn: Connection, scope_id: str) -> int:
     ).scalar_one()
 
 
+#: The channel a new subscription is announced on (the webhooks workers' hint pollers LISTEN on it
+#: and sleep while no subscription exists: app/worker/webhooks.py).
+CHANNEL = "memeflow_webhooks"
+NOTIFY_CREATED = sql("SELECT pg_notify('memeflow_webhooks', '')")  # CHANNEL
+ANY_SUBSCRIPTION = sql("SELECT EXISTS (SELECT 1 FROM webhook_subscriptions)")
+
+
+def notify_created_txn(conn: Connection) -> None:
+    """Wake the sleeping hint pollers when this transaction commits (PostgreSQL delivers a
+    NOTIFY at commit, and never for a rolled-back transaction)."""
+    conn.execute(NOTIFY_CREATED)
+
+
+def any_subscription_txn(conn: Connection) -> bool:
+    return bool(conn.execute(ANY_SUBSCRIPTION).scalar_one())
+
+
 # A new subscription, returning its public columns (never the secret).
 INSERT_SUBSCRIPTION = sql("""
 INSERT INTO webhook_subscriptions (id, scope_id, url, event_types, secret, cursor, next_attempt_at, created_at)

@@ -39,15 +39,14 @@ def _dct_matrix(n: int = 32) -> np.ndarray:
 
 def perceptual_vector(image: Image.Image) -> np.ndarray:
     """The perceptual-v1 descriptor of an RGB image (unit length, float64)."""
-    rgb = image.convert("RGB")
-    grey32 = np.asarray(
-        rgb.convert("L").resize((32, 32), Image.Resampling.BOX, reducing_gap=3.0), dtype=np.float64
-    )
+    rgb = image if image.mode == "RGB" else image.convert("RGB")  # convert() of an RGB image copies it
+    grey = rgb.convert("L")  # once for both grey thumbnails (the same pixels either way)
+    grey32 = np.asarray(grey.resize((32, 32), Image.Resampling.BOX, reducing_gap=3.0), dtype=np.float64)
     d = _dct_matrix(32)
     coeffs = (d @ grey32 @ d.T)[:8, :8].flatten()[1:]
     hash_bits = np.where(coeffs > np.median(coeffs), 1.0, -1.0)
 
-    grey8 = np.asarray(rgb.convert("L").resize((8, 8), Image.Resampling.BOX), dtype=np.float64)
+    grey8 = np.asarray(grey.resize((8, 8), Image.Resampling.BOX), dtype=np.float64)
     grey8 = grey8.flatten() - grey8.mean()
 
     small = np.asarray(rgb.resize((64, 64), Image.Resampling.BOX), dtype=np.int64) // 64

@@ -83,3 +83,34 @@ def test_identical_input_gives_identical_vector(provider, originals):
     first = provider.embed([decoded(originals[0])])
     second = provider.embed([decoded(originals[0])])
     assert first == second
+
+
+def _reference_vector(image: Image.Image) -> np.ndarray:
+    """perceptual-v1 as first written (a fresh RGB copy, grey converted per thumbnail): the
+    descriptor must stay bit-identical to it, or its fingerprint (preprocess_version) must change."""
+    from app.stages.base import l2_normalise
+    from app.stages.visual.perceptual import _WEIGHTS, _dct_matrix
+
+    rgb = image.convert("RGB")
+    grey32 = np.asarray(rgb.convert("L").resize((32, 32), Image.Resampling.BOX, reducing_gap=3.0), dtype=np.float64)
+    d = _dct_matrix(32)
+    coeffs = (d @ grey32 @ d.T)[:8, :8].flatten()[1:]
+    hash_bits = np.where(coeffs > np.median(coeffs), 1.0, -1.0)
+    grey8 = np.asarray(rgb.convert("L").resize((8, 8), Image.Resampling.BOX), dtype=np.float64)
+    grey8 = grey8.flatten() - grey8.mean()
+    small = np.asarray(rgb.resize((64, 64), Image.Resampling.BOX), dtype=np.int64) // 64
+    bins = (small[..., 0] * 16 + small[..., 1] * 4 + small[..., 2]).flatten()
+    hist = np.sqrt(np.bincount(bins, minlength=64).astype(np.float64))
+    blocks = {"hash": hash_bits, "dct": coeffs, "gray": grey8, "hist": hist}
+    return l2_normalise(np.concatenate([_WEIGHTS[k] * l2_normalise(v) for k, v in blocks.items()]))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "P"])
+def test_vector_is_bit_identical_to_the_reference(originals, mode):
+    from app.stages.visual.perceptual import perceptual_vector
+
+    for img in originals[:5]:
+        src = img.convert(mode)
+        before = src.tobytes()
+        assert perceptual_vector(src).tobytes() == _reference_vector(src).tobytes()
+        assert src.tobytes() == before  # the caller's image is not modified
