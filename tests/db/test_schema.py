@@ -255,3 +255,42 @@ def test_0019_remakes_lexical_terms_with_traditional_chinese_folded(fresh_db):
     eng.dispose()
     assert "'倔强'" in rows["a.png"] and "'最后'" in rows["a.png"] and "倔強" not in rows["a.png"]
     assert rows["b.png"] == "'b':1 'png':2"  # a pending context: the display name's terms only
+
+
+def test_a_linked_job_and_a_claimed_stage_are_updated_in_place(conn):
+    """0021: no index names a column these updates set, and the pages keep room, so both are HOT."""
+    s = _scope(conn)
+    job = _job(conn, s, _image(conn, s))
+    conn.execute(text("INSERT INTO job_stages (job_id, stage, scope_id, position, status)"
+                      " VALUES (:j, 'visual', :s, 0, 'queued')"), {"j": job, "s": s})
+    conn.commit()
+    conn.execute(text("UPDATE processing_jobs SET current_stage = 'agent', metadata_hash = 'm', updated_at = now()"
+                      " WHERE id = :j"), {"j": job})
+    conn.execute(text("UPDATE job_stages SET status = 'running', attempt_count = 1, started_at = now(),"
+                      " updated_at = now() WHERE job_id = :j"), {"j": job})
+    hot = dict(conn.execute(text(
+        "SELECT relname, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+        " WHERE relname IN ('processing_jobs', 'job_stages')")).all())
+    conn.rollback()
+    assert hot == {"processing_jobs": 1, "job_stages": 1}
+    options = dict(conn.execute(text(
+        "SELECT relname, reloptions FROM pg_class WHERE relname IN ('processing_jobs', 'job_stages')")).all())
+    assert options == {"processing_jobs": ["fillfactor=80"], "job_stages": ["fillfactor=80"]}
+
+
+def test_0021_upgrades_a_library_with_jobs(fresh_db):
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0020")
+    eng = create_engine(url)
+    with eng.connect() as conn:
+        s = _scope(conn)
+        job = _job(conn, s, _image(conn, s), status="failed")
+    command.upgrade(cfg, "0021")
+    with eng.connect() as conn:
+        got = conn.execute(text("SELECT id FROM processing_jobs")).scalars().all()
+        indexes = set(conn.execute(text("SELECT indexname FROM pg_indexes WHERE tablename = 'processing_jobs'"))
+                      .scalars())
+    eng.dispose()
+    assert got == [job]
+    assert "ix_processing_jobs_active" not in indexes and "ix_processing_jobs_needs_human" in indexes

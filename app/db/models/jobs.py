@@ -88,13 +88,16 @@ class ProcessingJob(Base):
             "uq_processing_jobs_one_active_per_image", "image_id", unique=True,
             postgresql_where=text("status IN ('queued', 'running')"),
         ),
-        Index("ix_processing_jobs_active", "updated_at", postgresql_where=text("status IN ('queued', 'running')")),
         Index("ix_processing_jobs_scope_page", "scope_id", "created_at", "id"),
         Index("ix_processing_jobs_batch", "batch_id", "status", postgresql_where=text("batch_id IS NOT NULL")),
+        # No index names updated_at (migration 0021): an update that leaves status alone (a stage
+        # linked: current_stage, metadata_hash, updated_at) is then HOT — no index entries written.
         Index(
-            "ix_processing_jobs_needs_human", "updated_at",
+            "ix_processing_jobs_needs_human", "scope_id",
             postgresql_where=text("status IN ('blocked', 'unknown_execution', 'failed')"),
         ),
+        # room on each page for those HOT updates (a job's row is rewritten ~5 times in its life)
+        {"postgresql_with": {"fillfactor": 80}},
     )
 
 class JobStage(Base):
@@ -120,6 +123,8 @@ class JobStage(Base):
         status_check("status", E.StageStatus),
         status_check("stage", E.Stage),
         Index("ix_job_stages_task", "task_id", postgresql_where=text("task_id IS NOT NULL")),
+        # room on each page for the HOT updates of a stage's claim and finish (migration 0021)
+        {"postgresql_with": {"fillfactor": 80}},
     )
 
 class BatchItem(Base):
