@@ -38,7 +38,7 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     limit = rt.settings.worker_local_hints
     if limit > 0 and _LOCAL_LANES:  # continue the chain here (run.LocalHints)
         run.handle_hint_locally(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher, _LOCAL_LANES, limit,
-                                busy=_deliveries_waiting)
+                                busy=_stop_continuing)
     else:
         run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
 
@@ -48,13 +48,17 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
 _LOCAL_LANES: frozenset[str] = frozenset()
 
 
-def _deliveries_waiting() -> bool:
-    """Has this worker received messages it has not started yet (a threads pool whose threads are
-    all busy)? Then a hint is handed back to the broker rather than continued here. A solo worker
-    with prefetch 1 never has one; a prefork child does not see its parent's state (its chain is
-    bounded by the limit alone)."""
+def _stop_continuing() -> bool:
+    """Should this worker stop continuing hints itself and publish its kept one? When it is shutting
+    down (a warm shutdown then waits for one batch, not a chain), or has received messages it has
+    not started yet (a threads pool whose threads are all busy). A solo worker with prefetch 1
+    never has one waiting; a prefork child does not see its parent's state (its chain is bounded
+    by the limit alone)."""
     from celery.worker import state
 
+    for flag in (state.should_stop, state.should_terminate):  # an exit code (0 too) once a shutdown began
+        if flag is not None and flag is not False:
+            return True
     return len(state.reserved_requests) > len(state.active_requests)
 
 
