@@ -21,7 +21,7 @@ def _published(call_log) -> list[str]:
     return sorted(lane for stage, lane in read_calls(call_log) if stage == "hint-published")
 
 
-@pytest.mark.parametrize(("pool", "local_hints"), [("solo", "8"), ("threads", "8"), ("solo", "0")])
+@pytest.mark.parametrize(("pool", "local_hints"), [("solo", "8"), ("threads", "8"), ("prefork", "8"), ("solo", "0")])
 def test_a_worker_of_every_lane_runs_its_own_completions_hints_itself(
     cluster, engine, publisher, call_log, pool, local_hints
 ):
