@@ -91,6 +91,10 @@ class Settings:
     # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
     worker_task_events: bool = False
+    # hints a worker handles itself, one after another, per delivered message, when a completion
+    # returns one for a lane it consumes (instead of publishing it and taking it back from the
+    # broker); 0 = publish every hint (docs/performance.md §23)
+    worker_local_hints: int = 8
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0
     # Retention (app/orchestrator/retention.py): each sweep deletes history older than these ages
@@ -223,6 +227,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
         if (self.agent_lane_limit or 0) < 0 or self.agent_resource_limit < 0 or self.agent_batch_size < 0:
             raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
+        if self.worker_local_hints < 0:
+            raise SettingsError("MEMEFLOW_WORKER_LOCAL_HINTS must be >= 0 (0 = publish every hint)")
         if self.local_threads < 0:
             raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 0 (0 = the libraries' defaults)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:

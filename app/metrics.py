@@ -25,6 +25,9 @@ SEARCH_SWITCHES = Counter("memeflow_search_switches_total",
                           "Switches of a scope's search serving model (cutover, early_cutover, rollback)",
                           ["kind", "action"])
 HINTS_PUBLISHED = Counter("memeflow_hints_published_total", "Hints published to the broker", ["lane"])
+HINTS_CONTINUED = Counter(
+    "memeflow_hints_continued_total", "Hints a worker handled itself instead of publishing them", ["lane"]
+)
 HINT_PUBLISH_FAILURES = Counter("memeflow_hint_publish_failures_total", "Hints the broker did not take", ["lane"])
 STAGE_DURATION = Histogram(
     "memeflow_stage_duration_seconds", "Time from claim to completion per stage", ["stage"],

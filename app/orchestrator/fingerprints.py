@@ -6,6 +6,7 @@ Equal inputs always give equal fingerprints: everything goes through one canonic
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import unicodedata
@@ -134,18 +135,44 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 
 def visual_fingerprint(image_sha256: str, visual_config: Mapping[str, Any]) -> str:
+    return _memoised(_visual_fingerprint, image_sha256, visual_config["model"], visual_config["preprocess_version"],
+                     int(visual_config["dims"]))
+
+
+def agent_fingerprint(image_sha256: str, agent_config_hash: str, reverse_image_policy: str) -> str:
+    return _memoised(_agent_fingerprint, image_sha256, agent_config_hash, reverse_image_policy)
+
+
+def text_fingerprint(image_sha256: str, metadata_hash_: str, text_config: Mapping[str, Any]) -> str:
+    return _memoised(_text_fingerprint, image_sha256, metadata_hash_, text_config["model"], int(text_config["dims"]),
+                     text_config.get("document_version", "1"))
+
+
+def _memoised(fn, *args: Any) -> str:
+    try:
+        return fn(*args)
+    except TypeError:  # an unhashable config value (a list): computed, not memoised
+        return fn.__wrapped__(*args)
+
+
+# The planner asks for every stage's fingerprint each time it advances a job (3–4 times per job,
+# mostly in one worker): pure functions of their arguments, so memoised. ``typed``: 1, 1.0 and True
+# encode differently, so they must not share an entry.
+@functools.lru_cache(maxsize=4096, typed=True)
+def _visual_fingerprint(image_sha256: str, model: Any, preprocess_version: Any, dims: int) -> str:
     return sha256_hex(
         {
             "stage": "visual",
             "image_sha256": image_sha256,
-            "model": visual_config["model"],
-            "preprocess_version": visual_config["preprocess_version"],
-            "dims": int(visual_config["dims"]),
+            "model": model,
+            "preprocess_version": preprocess_version,
+            "dims": dims,
         }
     )
 
 
-def agent_fingerprint(image_sha256: str, agent_config_hash: str, reverse_image_policy: str) -> str:
+@functools.lru_cache(maxsize=4096, typed=True)
+def _agent_fingerprint(image_sha256: str, agent_config_hash: str, reverse_image_policy: str) -> str:
     return sha256_hex(
         {
             "stage": "agent",
@@ -156,15 +183,16 @@ def agent_fingerprint(image_sha256: str, agent_config_hash: str, reverse_image_p
     )
 
 
-def text_fingerprint(image_sha256: str, metadata_hash_: str, text_config: Mapping[str, Any]) -> str:
+@functools.lru_cache(maxsize=4096, typed=True)
+def _text_fingerprint(image_sha256: str, metadata_hash_: Any, model: Any, dims: int, document_version: Any) -> str:
     return sha256_hex(
         {
             "stage": "text_embedding",
             "image_sha256": image_sha256,
             "metadata_hash": metadata_hash_,
-            "model": text_config["model"],
-            "dims": int(text_config["dims"]),
-            "document_version": text_config.get("document_version", "1"),
+            "model": model,
+            "dims": dims,
+            "document_version": document_version,
         }
     )
 

@@ -86,17 +86,24 @@ def cjk_terms(run: str, *, query: bool) -> list[str]:
     return grams if query else grams + list(run)
 
 
+#: ``_TOKEN`` with its branches as groups: (CJK run, "") or ("", word) per match.
+_DOC_TOKEN = re.compile(rf"([{_CJK_CLASS}]+)|([^\W_{_CJK_CLASS}]+)", re.UNICODE)
+#: A word's term, memoised: words repeat, and this is on every agent completion's path.
+_latin_term_cached = functools.lru_cache(maxsize=65536)(latin_term)
+
+
 def document_terms(texts: Iterable[str | None]) -> list[str]:
-    """The terms of a document made of several fields (duplicates kept: they are term counts)."""
+    """The terms of a document made of several fields (duplicates kept: they are term counts).
+    The same terms as ``tokens`` + ``latin_term``/``cjk_terms``, without a Token per word."""
     out: list[str] = []
     for text in texts:
         if not text:
             continue
-        for tok in tokens(text):
-            if tok.cjk:
-                out.extend(cjk_terms(tok.text, query=False))
+        for run, word in _DOC_TOKEN.findall(normalise(text)):
+            if run:
+                out.extend(cjk_terms(run, query=False))
             else:
-                term = latin_term(tok.text)
+                term = _latin_term_cached(word)
                 if term:
                     out.append(term)
     return out

@@ -7,10 +7,12 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from app import metrics
 from app.db.enums import Lane
-from app.orchestrator.hints import HintPublisher
+from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.stages import by_lane
@@ -207,7 +209,7 @@ def run_batch(
     returns how many were claimed. Every claim keeps its own outcome: one item's failure never
     fails, charges or annotates another."""
     batch = orch.claim_with_batch(first_task_id, lane, n, owner)
-    publisher.publish(batch.hints)  # group members the budget left out: claimable by another worker now
+    handoff(publisher, batch.hints)  # group members the budget left out: claimable by another worker now
     claims = batch.claims
     if not claims:
         return 0
@@ -236,3 +238,74 @@ def _compute_isolated(orch: Orchestrator, lane: str, claims: list[Claim], provid
         log.warning("a %s batch of %d failed as a whole; computing each claim alone", lane, len(claims),
                     extra={"lane": lane, "code": type(exc).__name__})
     return [_compute_isolated(orch, lane, [claim], providers)[0] for claim in claims]
+
+
+def handoff(publisher: HintPublisher, hints: list[Hint]) -> None:
+    """Publish ``hints`` to the broker even when ``publisher`` keeps hints to run locally: they name
+    work another worker should take now, alongside this one."""
+    if hints:
+        getattr(publisher, "handoff", publisher.publish)(hints)
+
+
+class LocalHints:
+    """The publisher of one delivered hint's handling when the worker continues hints locally.
+
+    Of the hints a handling returns, the first for a lane this worker consumes is kept, to be
+    handled here right after (``handle_hint_locally``) instead of published and delivered back to
+    some worker: a chain of at most ``limit`` kept hints per delivered message, one at a time.
+    Every other hint — another lane's, a second one of the same handling (another worker can take
+    it now, in parallel), one past the limit, one still kept when the chain stops — goes to
+    ``broker``. Keeping a hint changes nothing in PostgreSQL: its task is queued and hinted
+    (``last_hint_at``) exactly as if the message were in the broker, so a worker that dies before
+    claiming it leaves what a lost message leaves, and the sweep re-hints it after
+    ``rehint_grace_s``.
+    """
+
+    def __init__(self, broker: HintPublisher, lanes: Collection[str], limit: int) -> None:
+        self.broker, self.lanes, self.left = broker, frozenset(lanes), limit
+        self.kept: Hint | None = None
+
+    def publish(self, hints: Iterable[Hint]) -> None:
+        out = []
+        for hint in hints:
+            if self.kept is None and self.left > 0 and str(hint.lane) in self.lanes:
+                self.kept, self.left = hint, self.left - 1
+            else:
+                out.append(hint)
+        if out:
+            self.broker.publish(out)
+
+    def handoff(self, hints: Iterable[Hint]) -> None:
+        self.broker.publish(hints)
+
+    def take(self) -> Hint | None:
+        hint, self.kept = self.kept, None
+        return hint
+
+    def release(self) -> None:
+        """Publish the kept hint, if any, and keep no more."""
+        self.left = 0
+        hint = self.take()
+        if hint is not None:
+            self.broker.publish([hint])
+
+
+def handle_hint_locally(
+    orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
+    publisher: HintPublisher, lanes: Collection[str], limit: int, busy: Callable[[], bool] = lambda: False,
+) -> int:
+    """``handle_hint``, then — here and now, through the same claim, admission and completion as a
+    delivered hint — the hint its completion returned for one of ``lanes`` (the lanes this worker
+    consumes), and so on, at most ``limit`` times (``LocalHints``). Stops early, publishing the
+    kept hint, when ``busy()`` says other deliveries wait for this worker, or on any error. Returns
+    how many tasks were claimed in all."""
+    local = LocalHints(publisher, lanes, limit)
+    try:
+        claimed = handle_hint(orch, lane, task_id, owner, providers, local)
+        while local.kept is not None and not busy():
+            hint = local.take()
+            metrics.HINTS_CONTINUED.labels(lane=hint.lane).inc()
+            claimed += handle_hint(orch, hint.lane, hint.task_id, owner, providers, local)
+    finally:
+        local.release()
+    return claimed

@@ -35,7 +35,31 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
     from app.worker import run
 
     rt = get_runtime()
-    run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
+    limit = rt.settings.worker_local_hints
+    if limit > 0 and _LOCAL_LANES:  # continue the chain here (run.LocalHints)
+        run.handle_hint_locally(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher, _LOCAL_LANES, limit,
+                                busy=_stop_continuing)
+    else:
+        run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
+
+
+#: The stage lanes this worker consumes (its ``-Q``, set at start by ``_serve_maintenance``; a
+#: prefork child inherits it). Empty — not known — means every hint is published.
+_LOCAL_LANES: frozenset[str] = frozenset()
+
+
+def _stop_continuing() -> bool:
+    """Should this worker stop continuing hints itself and publish its kept one? When it is shutting
+    down (a warm shutdown then waits for one batch, not a chain), or has received messages it has
+    not started yet (a threads pool whose threads are all busy). A solo worker with prefetch 1
+    never has one waiting; a prefork child does not see its parent's state (its chain is bounded
+    by the limit alone)."""
+    from celery.worker import state
+
+    for flag in (state.should_stop, state.should_terminate):  # an exit code (0 too) once a shutdown began
+        if flag is not None and flag is not False:
+            return True
+    return len(state.reserved_requests) > len(state.active_requests)
 
 
 def _lane_task(lane: str):
@@ -114,9 +138,12 @@ def _serve_maintenance(sender=None, instance=None, **_: object) -> None:
     # deployment of lane workers + beat alone recovers everything: no process to forget. The
     # sweep's advisory lock makes concurrent sweeps on several workers safe; prefetch 1 with late
     # acks means a busy worker reserves no sweep message, so the first free worker runs it.
+    global _LOCAL_LANES
+    queues = instance.app.amqp.queues
+    # the lanes whose hints this worker may continue itself (run.LocalHints): its own -Q only
+    _LOCAL_LANES = frozenset(q for q in (queues.consume_from or queues) if q in celeryconfig.LANE_TASKS)
     if os.environ.get(MAINTENANCE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return
-    queues = instance.app.amqp.queues
     queues.select_add(queues[celeryconfig.MAINTENANCE])
 
 

@@ -163,3 +163,23 @@ def faulty_celery_publisher(celery_app) -> FaultyPublisher:
     from app.publisher import CeleryHintPublisher
 
     return FaultyPublisher(CeleryHintPublisher(celery_app))
+
+
+class RecordingPublisher:
+    """Wraps a publisher: records every hint it is handed (``hint-published <lane>``) in the call log."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def publish(self, hints) -> None:
+        hints = list(hints)
+        for hint in hints:
+            record_call("hint-published", str(hint.lane))
+        self.inner.publish(hints)
+
+
+def recording_celery_publisher(celery_app) -> RecordingPublisher:
+    """``MEMEFLOW_WORKER_PUBLISHER`` factory: a worker's published hints, by lane, in the call log."""
+    from app.publisher import CeleryHintPublisher
+
+    return RecordingPublisher(CeleryHintPublisher(celery_app))

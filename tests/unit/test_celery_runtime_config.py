@@ -89,3 +89,25 @@ def test_settings_env_round_trips_through_from_env(tmp_path):
 
     s = Settings(var_dir=tmp_path, lease_s=2.5, heartbeat_s=0.5, log_json=False, broker_url="redis://x:1/3")
     assert Settings.from_env(settings_env(s)) == s
+
+
+def test_a_worker_stops_continuing_hints_when_shutting_down_or_when_deliveries_wait(monkeypatch):
+    from celery.worker import state
+
+    from app.worker import tasks
+
+    class Req:  # WeakSet members
+        pass
+
+    monkeypatch.setattr(state, "should_stop", None)
+    monkeypatch.setattr(state, "should_terminate", None)
+    running = Req()
+    monkeypatch.setattr(state, "reserved_requests", {running})
+    monkeypatch.setattr(state, "active_requests", {running})
+    assert not tasks._stop_continuing()
+    monkeypatch.setattr(state, "should_stop", 0)  # a warm shutdown's exit code EX_OK is 0
+    assert tasks._stop_continuing()
+    monkeypatch.setattr(state, "should_stop", None)
+    waiting = Req()
+    monkeypatch.setattr(state, "reserved_requests", {running, waiting})
+    assert tasks._stop_continuing()

@@ -119,3 +119,28 @@ def test_queries_are_routed_by_script_and_scores_read_as_weighted_mean_cosines()
     assert abs(stored * cosine_scale(2, w) - (0.8 + 1.5 * 0.4) / 2.5) < 1e-12
     assert abs(0.6 / 2 ** 0.5 * cosine_scale(2, {"a": 1.0, "b": 0.0}) - 0.6) < 1e-12
     assert cosine_scale(2, None) == 1.0
+
+
+def test_document_terms_equal_the_token_by_token_terms():
+    """document_terms' fast path (one regex with groups, memoised word terms) makes exactly the
+    terms of ``tokens`` + ``latin_term`` / ``cjk_terms``."""
+    from app.search import lexical
+
+    def reference(texts):
+        out = []
+        for text in texts:
+            for tok in lexical.tokens(text or ""):
+                if tok.cjk:
+                    out.extend(lexical.cjk_terms(tok.text, query=False))
+                elif (term := lexical.latin_term(tok.text)) is not None:
+                    out.append(term)
+        return out
+
+    texts = [
+        "A square 16x16 image, mostly dark red (#8a1010) with bright green accents; the passes it's",
+        "当你 抢红包手速太慢了 when the meme is too REAL lol 2024", "倔強的貓 ＦＵＬＬ－ＷＩＤＴＨ ｔｅｘｔ ２０２４",
+        "snake_case words_with_underscores and o'clock ’quoted’ don't", "日本語のテキスト 한국어 텍스트 café naïve Straße",
+        "", None, "a", "的", "x" * 40, "emoji 😀 mixed 中文English混排 ok", "ﬁne ligature ①②",
+    ]
+    for i in range(len(texts)):
+        assert lexical.document_terms(texts[i:i + 3]) == reference(texts[i:i + 3]), texts[i:i + 3]

@@ -100,3 +100,25 @@ def test_retry_decisions():
     assert decide_retry(server, attempt=1, max_attempts=3, now=NOW, base_s=1, max_s=1, paid_call=True).unknown
     refused = RetryableError("refused", code="agent_unreachable", not_executed=True)
     assert decide_retry(refused, attempt=1, max_attempts=3, now=NOW, base_s=1, max_s=1, paid_call=True).retry
+
+
+def test_memoised_fingerprints_equal_the_canonical_hash_and_keep_value_types_apart():
+    from app.orchestrator import fingerprints as fp
+
+    sha = "ab" * 32
+    cfg = {"model": "m", "preprocess_version": "1", "dims": 64}
+    expected = fp.sha256_hex({"stage": "visual", "image_sha256": sha, "model": "m", "preprocess_version": "1",
+                              "dims": 64})
+    assert fp.visual_fingerprint(sha, cfg) == fp.visual_fingerprint(sha, dict(cfg)) == expected
+    as_int = fp.visual_fingerprint(sha, {**cfg, "preprocess_version": 1})  # 1 and "1" encode differently
+    as_bool = fp.visual_fingerprint(sha, {**cfg, "preprocess_version": True})  # 1 == True, but "true"
+    assert len({expected, as_int, as_bool}) == 3
+    assert as_bool == fp.sha256_hex({"stage": "visual", "image_sha256": sha, "model": "m",
+                                     "preprocess_version": True, "dims": 64})
+    text_cfg = {"model": "t", "dims": 8, "document_version": 4}
+    assert fp.text_fingerprint(sha, "mh", text_cfg) == fp.sha256_hex({
+        "stage": "text_embedding", "image_sha256": sha, "metadata_hash": "mh", "model": "t", "dims": 8,
+        "document_version": 4})
+    assert fp.text_fingerprint(sha, "mh", {**text_cfg, "model": ["odd"]})  # unhashable: still computed
+    assert fp.agent_fingerprint(sha, "h", "allow") == fp.sha256_hex({
+        "stage": "agent", "image_sha256": sha, "agent_config_hash": "h", "reverse_image_policy": "allow"})
