@@ -140,6 +140,20 @@ def tune(label: str, runner: Runner, base, grid: dict[str, Scorer]) -> None:
               + f"   even {objective(restrict(res, 'even'), even_base)}  odd {objective(restrict(res, 'odd'), restrict(base, 'odd'))}")
     print(f"chosen on the even half: {best}")
     row(f"{label} {best}", results[best], base)
+    # the other fold: chosen on the odd half, scored on the even half; the two held-out halves
+    # together are a 2-fold cross-validation of the whole tuning procedure
+    odd_base = restrict(base, "odd")
+    best_odd = max(results, key=lambda k: (objective(restrict(results[k], "odd"), odd_base), -list(grid).index(k)))
+    cv = []
+    for c in CELLS:
+        g = lo = 0
+        for chosen, held in ((best, "odd"), (best_odd, "even")):
+            r, b0 = restrict(results[chosen], held), restrict(base, held)
+            g += sum(x == 1 and y != 1 for (_, x), (_, y) in zip(r[c], b0[c], strict=True))
+            lo += sum(x != 1 and y == 1 for (_, x), (_, y) in zip(r[c], b0[c], strict=True))
+        cv.append(f"+{g} −{lo}")
+    print(f"| {label}: 2-fold CV (even→odd {best}, odd→even {best_odd}), r@1 gained/lost on held-out memes | "
+          + " | ".join(cv) + " |", flush=True)
 
 
 # --- the methods -------------------------------------------------------------------------------
