@@ -47,8 +47,16 @@ from bench.rerank_levers import CELLS, NEAR, Bench, summary, unit  # noqa: E402
 Scorer = Callable[[int, np.ndarray], np.ndarray]  # (query index, served cosines) -> new cosines
 
 
+SPLIT = "parity"  # --split: "parity" (even / odd meme numbers) or "range" (numbers ≤ half the language's count / above)
+_COUNT = {"en": 106, "zh": 64}
+
+
 def half(mid: str) -> str:
-    return "even" if int(mid.split("-")[1]) % 2 == 0 else "odd"
+    """The tuning half ("even") or the held-out half ("odd") of a meme, by the chosen split."""
+    lang, num = mid.split("-")[0], int(mid.split("-")[1])
+    if SPLIT == "range":
+        return "even" if num <= _COUNT.get(lang, 0) // 2 else "odd"
+    return "even" if num % 2 == 0 else "odd"
 
 
 class Runner:
@@ -569,8 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="maxsim,lines,norm,prf,sparse")
     ap.add_argument("--latency", action="store_true")
     ap.add_argument("--e5-tokens", help="a directory holding e5tok.py + libe5tok.so (bench-only e5 token states)")
+    ap.add_argument("--split", choices=("parity", "range"), default="parity",
+                    help="tuning half: even meme numbers (parity) or the lower numbers of each language (range)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
+    global SPLIT
+    SPLIT = args.split
 
     bench = Bench(args.json, args.docs)
     parts = bench.served_parts()
