@@ -398,6 +398,12 @@ class ServingInfoSchema(Schema):
                                                        "the configured one answered"})
 
 
+class QueryBankInfoSchema(Schema):
+    applied = fields.Boolean(required=True, metadata={
+        "description": "true: the top candidates were re-ordered by query-bank normalisation (a hub "
+                       "document lost a near tie; docs/search.md)"})
+
+
 class TextSearchResultSchema(Schema):
     items = fields.List(fields.Nested(TextSearchHitSchema), required=True)
     mode = fields.String(required=True)
@@ -405,6 +411,8 @@ class TextSearchResultSchema(Schema):
     models = fields.List(fields.Nested(SearchModelSchema), required=True)
     coverage = fields.Nested(CoverageSchema, required=True)
     lexical = fields.Nested(LexicalInfoSchema, allow_none=True)
+    query_bank = fields.Nested(QueryBankInfoSchema, allow_none=True, metadata={
+        "description": "null unless the text model has a query-bank part and the query was embedded"})
     serving = fields.Nested(ServingInfoSchema, metadata={"description": "the scope's search serving state"})
 
 

@@ -182,6 +182,23 @@ def _candidates_sql(
     return sql, params
 
 
+_TEXT_VECTORS = text(
+    "SELECT t.image_id, t.embedding::text AS embedding FROM text_embeddings t JOIN images i ON " + _CURRENT_TEXT +
+    " WHERE t.scope_id = :s AND t.image_id = ANY(CAST(:ids AS uuid[])) AND t.model = :m AND t.dims = :d"
+    " AND t.status = 'ready'"
+)
+
+
+def text_vectors(engine: Engine, scope_id: str, image_ids: Sequence[str], *, model: str, dims: int
+                 ) -> dict[str, list[float]]:
+    """The current stored text vectors of ``image_ids`` (a search's top candidates), by image id."""
+    if not image_ids:
+        return {}
+    with engine.connect() as conn:
+        rows = conn.execute(_TEXT_VECTORS, {"s": scope_id, "ids": list(image_ids), "m": model, "d": int(dims)})
+        return {str(r.image_id): Vector.from_text(r.embedding).to_list() for r in rows}
+
+
 def term_frequencies(engine: Engine, scope_id: str, terms: list[str]) -> tuple[dict[str, int], int]:
     """(documents of the scope containing each term, documents with any lexical text) — the
     inputs of BM25's idf; one GIN index scan per term."""

