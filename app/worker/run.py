@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -153,7 +154,38 @@ def handle_hint(
     n = lane_batch_size(orch.settings, lane)
     if lane == Lane.AGENT:
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
-    return run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    linger = batch_linger_s(orch.settings, lane) if n > 1 else 0.0
+    if linger > 0:
+        _linger(lane, linger)
+    try:
+        return run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    finally:
+        if linger > 0:
+            _BATCH_ENDED[lane] = time.monotonic()
+
+
+def batch_linger_s(settings, lane: str) -> float:
+    """``Settings.<lane>_batch_linger_ms`` in seconds (0: claim at once)."""
+    return float(getattr(settings, f"{lane}_batch_linger_ms", 0.0) or 0.0) / 1000.0
+
+
+#: When this process's last batch of each lane ended (time.monotonic()).
+_BATCH_ENDED: dict[str, float] = {}
+
+
+def _linger(lane: str, linger: float) -> None:
+    """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
+    ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
+    meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
+    fill takes them. A lane that was idle longer claims at once: no added latency when idle.
+    Nothing is claimed or held while waiting (the hint's message is not acked yet: a worker that
+    dies here leaves what a lost message leaves, which the sweep recovers)."""
+    ended = _BATCH_ENDED.get(lane)
+    if ended is None:
+        return
+    wait = ended + linger - time.monotonic()
+    if wait > 0:
+        time.sleep(min(wait, linger))
 
 
 def run_agent_batch(
