@@ -341,6 +341,9 @@ class Pipeline:
                 "SELECT t.lane, extract(epoch FROM t.started_at), extract(epoch FROM t.completed_at)"
                 " FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[])) AND t.status = 'succeeded'"),
                 {"ids": ids}).all()
+            lat = sorted(float(x) for (x,) in conn.execute(text(
+                "SELECT extract(epoch FROM completed_at - created_at) FROM processing_jobs"
+                " WHERE id = ANY(CAST(:ids AS uuid[])) AND completed_at IS NOT NULL"), {"ids": ids}).all())
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
@@ -393,7 +396,9 @@ class Pipeline:
         # tasks claimed together share their started_at (one claim transaction's clock)
         batches = {lane: len({a for ln, a, _b in rows if ln == lane and a is not None}) for lane in LANES}
         return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
-                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches}
+                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
+                "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
+                                  "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
 
 
 def main() -> None:
@@ -467,7 +472,9 @@ def main() -> None:
                       flush=True)
                 print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
                     f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
-                    "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()))
+                    "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
+                    "; job latency s (upload to done): " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None))
                 print("      CPU ms per image per process group: " + ", ".join(
                     f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
                     f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)

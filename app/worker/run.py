@@ -147,14 +147,17 @@ def run_task(
 
 def handle_hint(
     orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
-    publisher: HintPublisher,
+    publisher: HintPublisher, lingers: bool = False,
 ) -> int:
     """What a wake-up hint of ``lane`` does: claim the hinted task and its wake-up group (as a
-    batch), run them, complete them together. Returns how many tasks were claimed."""
+    batch), run them, complete them together. Returns how many tasks were claimed.
+
+    ``lingers``: this process serves ``lane`` alone (a dedicated lane worker), so it may wait
+    for the lane's batch to fill (``_linger``) without holding up another lane's work."""
     n = lane_batch_size(orch.settings, lane)
     if lane == Lane.AGENT:
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
-    linger = batch_linger_s(orch.settings, lane) if n > 1 else 0.0
+    linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
     if linger > 0:
         _linger(lane, linger)
     try:
@@ -325,6 +328,7 @@ class LocalHints:
 def handle_hint_locally(
     orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
     publisher: HintPublisher, lanes: Collection[str], limit: int, busy: Callable[[], bool] = lambda: False,
+    lingers: bool = False,
 ) -> int:
     """``handle_hint``, then — here and now, through the same claim, admission and completion as a
     delivered hint — the hint its completion returned for one of ``lanes`` (the lanes this worker
@@ -333,11 +337,11 @@ def handle_hint_locally(
     how many tasks were claimed in all."""
     local = LocalHints(publisher, lanes, limit)
     try:
-        claimed = handle_hint(orch, lane, task_id, owner, providers, local)
+        claimed = handle_hint(orch, lane, task_id, owner, providers, local, lingers)
         while local.kept is not None and not busy():
             hint = local.take()
             metrics.HINTS_CONTINUED.labels(lane=hint.lane).inc()
-            claimed += handle_hint(orch, hint.lane, hint.task_id, owner, providers, local)
+            claimed += handle_hint(orch, hint.lane, hint.task_id, owner, providers, local, lingers)
     finally:
         local.release()
     return claimed

@@ -23,7 +23,7 @@ def test_a_busy_lane_waits_and_claims_what_became_due_meanwhile_in_one_batch(eng
     providers, pub = Providers(settings), RecordingPublisher()
     monkeypatch.setattr(run, "_BATCH_ENDED", {})
     first = _ingest(orch, 40)
-    assert run.handle_hint(orch, "visual", first.task_id, "w1", providers, pub) == 1  # idle lane: no wait
+    assert run.handle_hint(orch, "visual", first.task_id, "w1", providers, pub, lingers=True) == 1  # idle lane: no wait
     second = _ingest(orch, 41)
     waited: list[float] = []
 
@@ -32,7 +32,7 @@ def test_a_busy_lane_waits_and_claims_what_became_due_meanwhile_in_one_batch(eng
         _ingest(orch, 42)
 
     monkeypatch.setattr(run.time, "sleep", sleep)
-    assert run.handle_hint(orch, "visual", second.task_id, "w1", providers, pub) == 2
+    assert run.handle_hint(orch, "visual", second.task_id, "w1", providers, pub, lingers=True) == 2
     assert len(waited) == 1 and 0 < waited[0] <= 0.5
 
 
@@ -43,10 +43,20 @@ def test_an_idle_lane_claims_at_once_and_no_linger_means_no_wait(engine, setting
     monkeypatch.setattr(run.time, "sleep", slept.append)
     # the previous batch ended longer ago than the linger: the lane was idle
     monkeypatch.setattr(run, "_BATCH_ENDED", {"visual": time.monotonic() - 0.6})
-    assert run.handle_hint(orch, "visual", _ingest(orch, 43).task_id, "w1", providers, pub) == 1
+    assert run.handle_hint(orch, "visual", _ingest(orch, 43).task_id, "w1", providers, pub, lingers=True) == 1
     assert slept == []
-    # no linger configured (the default for the visual lane): never waits, however recent the last batch
-    plain = Orchestrator(engine, settings)
-    assert settings.visual_batch_linger_ms == 0
-    assert run.handle_hint(plain, "visual", _ingest(orch, 44).task_id, "w1", providers, pub) == 1
+    # no linger configured: never waits, however recent the last batch
+    plain = Orchestrator(engine, dataclasses.replace(settings, visual_batch_linger_ms=0.0))
+    assert run.handle_hint(plain, "visual", _ingest(orch, 44).task_id, "w1", providers, pub, lingers=True) == 1
+    assert slept == []
+
+
+def test_a_worker_serving_other_lanes_too_never_lingers(engine, settings, monkeypatch):
+    # a worker of several lanes would hold up the others' work while it waits: only a dedicated one lingers
+    orch = Orchestrator(engine, dataclasses.replace(settings, visual_batch_linger_ms=500.0))
+    providers, pub = Providers(settings), RecordingPublisher()
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"visual": time.monotonic()})
+    assert run.handle_hint(orch, "visual", _ingest(orch, 45).task_id, "w1", providers, pub) == 1
     assert slept == []
