@@ -87,8 +87,8 @@ class Settings:
     # a batched lane's worker that finished a batch less than this long ago waits out the rest
     # before it claims the next one, so the tasks that become due meanwhile (the agent's
     # completions, uploads) join one batch: no wait when the lane was idle (docs/performance.md §27)
-    embedding_batch_linger_ms: float = 300.0
-    visual_batch_linger_ms: float = 100.0
+    embedding_batch_linger_ms: float = 500.0
+    visual_batch_linger_ms: float = 200.0
     # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
     # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
     agent_batch_size: int = 0
