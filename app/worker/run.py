@@ -112,24 +112,23 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     elif result is None:
         hints, outcome = orch.mark_unknown_execution(claim), "unknown"
     else:
-        hints = orch.complete_task(claim, result)
+        landed: list[Claim] = []
+        hints = orch.complete_tasks([(claim, result)], landed)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
         publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
-        _discard_records(orch, [claim])
+        _discard_records(orch, landed)
         return outcome
     publisher.publish(hints)
     return outcome
 
 
-def _discard_records(orch: Orchestrator, claims: list[Claim]) -> None:
+def _discard_records(orch: Orchestrator, landed: list[Claim]) -> None:
     """After completing agent claims: remove the local result records of the attempts whose
-    completion committed (a fenced-out one stays in flight, and its record with it)."""
-    claims = [c for c in claims if c.lane == Lane.AGENT and c.attempt_id]
-    if not claims:
-        return
-    still_open = orch.open_attempt_ids([c.attempt_id for c in claims])
-    for claim in claims:
-        if claim.attempt_id not in still_open:
+    completion committed — ``landed``, as the completion transaction reported them after its
+    commit (a fenced-out one stays in flight, and its record with it; a record left behind by a
+    completion whose commit was lost is pruned by ``memeflow maintenance``)."""
+    for claim in landed:
+        if claim.lane == Lane.AGENT and claim.attempt_id:
             records.discard(orch.settings.agent_results_path, records.namespace_of(claim.storage_key),
                             [claim.attempt_id])
 
@@ -209,14 +208,15 @@ def run_agent_batch(
             results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
-    hints = orch.complete_tasks(done) if done else []
+    landed: list[Claim] = []
+    hints = orch.complete_tasks(done, landed) if done else []
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
         elif result is None:
             hints += orch.mark_unknown_execution(claim)
     publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
-    _discard_records(orch, [c for c, _ in done])
+    _discard_records(orch, landed)
     return len(claims)
 
 
