@@ -159,11 +159,10 @@ def handle_hint(
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
     if linger > 0:
         _linger(lane, linger)
-    try:
-        return run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
-    finally:
-        if linger > 0:
-            _BATCH_ENDED[lane] = time.monotonic()
+    claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
+        _BATCH_ENDED[lane] = time.monotonic()
+    return claimed
 
 
 def batch_linger_s(settings, lane: str) -> float:
