@@ -250,7 +250,8 @@ class Pipeline:
             import app.embedded as embedded
 
             embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
-                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n")
+                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n"
+                                  "pg_stat_statements.track_planning = on\n")
         self.stack = Stack(self.settings, components=self.components, echo=lambda *a, **k: None, start_timeout_s=180,
                            worker_concurrency=self.worker_concurrency)
         try:
