@@ -126,7 +126,7 @@ def _discard_records(orch: Orchestrator, landed: list[Claim]) -> None:
     """After completing agent claims: remove the local result records of the attempts whose
     completion committed — ``landed``, as the completion transaction reported them after its
     commit (a fenced-out one stays in flight, and its record with it; a record left behind by a
-    completion whose commit was lost is pruned by ``memeflow maintenance``)."""
+    completion whose commit was lost is pruned by ``memeflow gc``)."""
     for claim in landed:
         if claim.lane == Lane.AGENT and claim.attempt_id:
             records.discard(orch.settings.agent_results_path, records.namespace_of(claim.storage_key),
