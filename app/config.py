@@ -84,6 +84,11 @@ class Settings:
     visual_batch_size: int = 32
     visual_batch_max_pixels: int = 64_000_000  # decoded pixels one visual batch may hold (≈ 192 MB as RGB)
     embedding_batch_max_chars: int = 400_000  # characters one text-embedding batch may render
+    # a batched lane's worker that finished a batch less than this long ago waits out the rest
+    # before it claims the next one, so the tasks that become due meanwhile (the agent's
+    # completions, uploads) join one batch: no wait when the lane was idle (docs/performance.md §27)
+    embedding_batch_linger_ms: float = 500.0
+    visual_batch_linger_ms: float = 200.0
     # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
     # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
     agent_batch_size: int = 0
@@ -227,6 +232,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
         if (self.agent_lane_limit or 0) < 0 or self.agent_resource_limit < 0 or self.agent_batch_size < 0:
             raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
+        if self.embedding_batch_linger_ms < 0 or self.visual_batch_linger_ms < 0:
+            raise SettingsError("MEMEFLOW_EMBEDDING_BATCH_LINGER_MS and MEMEFLOW_VISUAL_BATCH_LINGER_MS must be >= 0")
         if self.worker_local_hints < 0:
             raise SettingsError("MEMEFLOW_WORKER_LOCAL_HINTS must be >= 0 (0 = publish every hint)")
         if self.local_threads < 0:

@@ -227,6 +227,7 @@ class Pipeline:
         self.warm, self.env, self.timeout = warm, env, timeout
         self.pg_stats = pg_stats
         self.profile_oncpu = False
+        self.perf_pg: Path | None = None
         self.worker_concurrency = worker_concurrency
         self.uploaded = 0
 
@@ -249,7 +250,8 @@ class Pipeline:
             import app.embedded as embedded
 
             embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
-                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n")
+                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n"
+                                  "pg_stat_statements.track_planning = on\n")
         self.stack = Stack(self.settings, components=self.components, echo=lambda *a, **k: None, start_timeout_s=180,
                            worker_concurrency=self.worker_concurrency)
         try:
@@ -317,6 +319,13 @@ class Pipeline:
         if self.pg_stats:
             with self.engine.begin() as conn:
                 conn.execute(text("SELECT pg_stat_statements_reset()"))
+        if self.perf_pg is not None and shutil.which("perf"):  # the PostgreSQL processes, on-CPU
+            self.perf_pg.mkdir(parents=True, exist_ok=True)
+            pg = groups.get("postgres", [])
+            pg = [pg[0], *pg[0].children(recursive=True)] if pg else []
+            spies.append(subprocess.Popen(
+                ["perf", "record", "-F", "499", "-g", "-o", str(self.perf_pg / "postgres.perf.data"),
+                 "-p", ",".join(str(p.pid) for p in pg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         cpu0 = _cpu(groups)
         t0 = time.perf_counter()
         ids = self._upload_all(images)
@@ -333,18 +342,30 @@ class Pipeline:
                 "SELECT t.lane, extract(epoch FROM t.started_at), extract(epoch FROM t.completed_at)"
                 " FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[])) AND t.status = 'succeeded'"),
                 {"ids": ids}).all()
+            lat = sorted(float(x) for (x,) in conn.execute(text(
+                "SELECT extract(epoch FROM completed_at - created_at) FROM processing_jobs"
+                " WHERE id = ANY(CAST(:ids AS uuid[])) AND completed_at IS NOT NULL"), {"ids": ids}).all())
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
         if self.pg_stats:
             with self.engine.connect() as conn:
                 top = conn.execute(text(
-                    "SELECT calls, total_exec_time, total_plan_time, rows, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+                    "SELECT calls, total_exec_time, total_plan_time, plans, left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
                     " FROM pg_stat_statements ORDER BY total_exec_time + total_plan_time DESC LIMIT 40")).all()
+                utility = conn.execute(text(
+                    "SELECT left(query, 30), sum(calls) FROM pg_stat_statements WHERE query ~* '^(ROLLBACK|DEALLOCATE|"
+                    "COMMIT|BEGIN|SET|SHOW|SAVEPOINT|RELEASE|LISTEN|UNLISTEN|DISCARD)' GROUP BY 1 ORDER BY 2 DESC")).all()
+                every = conn.execute(text(
+                    "SELECT count(*), sum(calls), sum(plans), sum(total_exec_time), sum(total_plan_time)"
+                    " FROM pg_stat_statements")).one()
             total = sum(float(r[1]) + float(r[2]) for r in top)
             print(f"      pg_stat_statements (top 40: {total:.0f} ms exec+plan, {total / len(images):.1f} ms/image):")
-            for calls, ex, pl, _rows, q in top:
-                print(f"        {float(ex) + float(pl):8.1f} ms  {calls:6d} calls  {float(ex) / max(calls, 1):6.3f} ms/call  {q}")
+            for calls, ex, pl, plans, q in top:
+                print(f"        {float(ex) + float(pl):8.1f} ms  {calls:6d} calls {plans:6d} plans  "
+                      f"{float(ex) / max(calls, 1):6.3f} ms/call  {q}")
+            print(f"      every statement: {every[0]} kinds, {every[1]} calls, {every[2]} plans, exec {float(every[3]):.0f} ms,"
+                  f" plan {float(every[4]):.0f} ms; utility: " + ", ".join(f"{q.strip()} {int(c)}" for q, c in utility))
         busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
                 for lane in LANES}
         task_s = {lane: sum(float(b) - float(a) for ln, a, b in rows if ln == lane and a is not None)
@@ -373,8 +394,12 @@ class Pipeline:
             with self.engine.connect() as conn:
                 db = conn.execute(text("SELECT xact_commit, sessions FROM pg_stat_database WHERE datname = current_database()")).one()
             print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
+        # tasks claimed together share their started_at (one claim transaction's clock)
+        batches = {lane: len({a for ln, a, _b in rows if ln == lane and a is not None}) for lane in LANES}
         return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
-                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu}
+                "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
+                "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
+                                  "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
 
 
 def main() -> None:
@@ -396,6 +421,7 @@ def main() -> None:
                     help="first measure the warm stack's CPU per process group over this many idle seconds")
     ap.add_argument("--profile-oncpu", action="store_true", help="--profile records on-CPU samples only (no --idle)")
     ap.add_argument("--profile", type=Path, help="py-spy (on PATH) the workers and API into this dir, last round")
+    ap.add_argument("--perf-pg", type=Path, help="perf record (on PATH) PostgreSQL's processes into this dir, each round")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     procs = [int(x) for x in args.procs.split(",")] if args.procs else list(range(1, cores + 1))
@@ -423,6 +449,7 @@ def main() -> None:
             warm, env, args.timeout, args.worker_concurrency, args.pg_stats, components))
         if pipe is not None:
             pipe.profile_oncpu = args.profile_oncpu
+            pipe.perf_pg = args.perf_pg
         if pipe is not None and args.idle > 0:
             time.sleep(2.0)  # the warm-up's last completions settle
             idle = pipe.idle(args.idle)
@@ -445,7 +472,13 @@ def main() -> None:
                       f"uploads took {p['upload_s']:.1f}s, jobs {p['statuses']}, load {os.getloadavg()[0]:.1f})",
                       flush=True)
                 print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
-                    f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES))
+                    f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
+                    "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
+                    "; job latency s (upload to done): " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None))
+                print("      CPU ms per image per process group: " + ", ".join(
+                    f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
+                    f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)
                 print("      CPU s per process group: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
             if "bare" in out and "pipeline" in out:

@@ -108,6 +108,8 @@ def settings(db_url, services, tmp_path) -> Settings:
         rehint_grace_s=0.5,
         backoff_base_s=0.05,
         backoff_max_s=0.5,
+        visual_batch_linger_ms=0.0,  # tests/db/test_batch_linger.py sets its own
+        embedding_batch_linger_ms=0.0,
         visual_provider="deterministic",
         agent_provider="deterministic",
         text_provider="deterministic",

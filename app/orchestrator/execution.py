@@ -241,8 +241,9 @@ def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation:
 
 
 @retry_on_disconnect
-def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list[Hint]:
-    """Fenced completion of several claims of one lane in one transaction, set-based.
+def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_out: list[Claim] | None = None) -> list[Hint]:
+    """Fenced completion of several claims of one lane in one transaction, set-based. ``landed_out``
+    receives, once the transaction committed, the claims whose completion landed (not fenced out).
 
     Each claim is fenced on its own: a rejected one (lease lost, re-claimed) writes nothing but its
     rejection count, and the others still land. Images are locked in id order, once, before any
@@ -291,6 +292,8 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]]) -> list
         hints += lanes.next_fair_hints_txn(orch, conn, results[0][0], len(landed))
     for claim, _ in landed:
         metrics.COMPLETIONS.labels(claim.lane, "stale" if stale[claim.task_id] else "succeeded").inc()
+    if landed_out is not None:
+        landed_out.extend(c for c, _ in landed)
     return hints
 
 

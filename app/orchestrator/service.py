@@ -129,8 +129,9 @@ class Orchestrator:
     def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
         return self.complete_tasks([(claim, artifact)])
 
-    def complete_tasks(self, results: list[tuple[Claim, Any]]) -> list[Hint]:
-        """Complete several claims of one lane in one transaction (each fenced on its own)."""
+    def complete_tasks(self, results: list[tuple[Claim, Any]], landed: list[Claim] | None = None) -> list[Hint]:
+        """Complete several claims of one lane in one transaction (each fenced on its own);
+        ``landed`` receives the claims whose completion committed."""
         for claim, artifact in results:
             spec = by_lane(claim.lane)
             if spec is not None and spec.vector_index:
@@ -138,7 +139,7 @@ class Orchestrator:
                 self.ensure_vector_index(table, artifact.model, artifact.dims)
                 for extra in getattr(artifact, "extra", ()):
                     self.ensure_vector_index(table, extra.model, extra.dims)
-        hints = execution.complete_tasks(self, results)
+        hints = execution.complete_tasks(self, results, landed)
         spec = by_lane(results[0][0].lane) if results else None
         kind = spec.serving_kind if spec is not None else None
         if kind is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -111,24 +112,23 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     elif result is None:
         hints, outcome = orch.mark_unknown_execution(claim), "unknown"
     else:
-        hints = orch.complete_task(claim, result)
+        landed: list[Claim] = []
+        hints = orch.complete_tasks([(claim, result)], landed)
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
         publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
-        _discard_records(orch, [claim])
+        _discard_records(orch, landed)
         return outcome
     publisher.publish(hints)
     return outcome
 
 
-def _discard_records(orch: Orchestrator, claims: list[Claim]) -> None:
+def _discard_records(orch: Orchestrator, landed: list[Claim]) -> None:
     """After completing agent claims: remove the local result records of the attempts whose
-    completion committed (a fenced-out one stays in flight, and its record with it)."""
-    claims = [c for c in claims if c.lane == Lane.AGENT and c.attempt_id]
-    if not claims:
-        return
-    still_open = orch.open_attempt_ids([c.attempt_id for c in claims])
-    for claim in claims:
-        if claim.attempt_id not in still_open:
+    completion committed — ``landed``, as the completion transaction reported them after its
+    commit (a fenced-out one stays in flight, and its record with it; a record left behind by a
+    completion whose commit was lost is pruned by ``memeflow gc``)."""
+    for claim in landed:
+        if claim.lane == Lane.AGENT and claim.attempt_id:
             records.discard(orch.settings.agent_results_path, records.namespace_of(claim.storage_key),
                             [claim.attempt_id])
 
@@ -146,14 +146,47 @@ def run_task(
 
 def handle_hint(
     orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
-    publisher: HintPublisher,
+    publisher: HintPublisher, lingers: bool = False,
 ) -> int:
     """What a wake-up hint of ``lane`` does: claim the hinted task and its wake-up group (as a
-    batch), run them, complete them together. Returns how many tasks were claimed."""
+    batch), run them, complete them together. Returns how many tasks were claimed.
+
+    ``lingers``: this process serves ``lane`` alone (a dedicated lane worker), so it may wait
+    for the lane's batch to fill (``_linger``) without holding up another lane's work."""
     n = lane_batch_size(orch.settings, lane)
     if lane == Lane.AGENT:
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
-    return run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
+    if linger > 0:
+        _linger(lane, linger)
+    claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
+        _BATCH_ENDED[lane] = time.monotonic()
+    return claimed
+
+
+def batch_linger_s(settings, lane: str) -> float:
+    """``Settings.<lane>_batch_linger_ms`` in seconds (0: claim at once)."""
+    return float(getattr(settings, f"{lane}_batch_linger_ms", 0.0) or 0.0) / 1000.0
+
+
+#: When this process's last batch of each lane ended (time.monotonic()).
+_BATCH_ENDED: dict[str, float] = {}
+
+
+def _linger(lane: str, linger: float) -> None:
+    """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
+    ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
+    meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
+    fill takes them. A lane that was idle longer claims at once: no added latency when idle.
+    Nothing is claimed or held while waiting (the hint's message is not acked yet: a worker that
+    dies here leaves what a lost message leaves, which the sweep recovers)."""
+    ended = _BATCH_ENDED.get(lane)
+    if ended is None:
+        return
+    wait = ended + linger - time.monotonic()
+    if wait > 0:
+        time.sleep(min(wait, linger))
 
 
 def run_agent_batch(
@@ -174,14 +207,15 @@ def run_agent_batch(
             results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
-    hints = orch.complete_tasks(done) if done else []
+    landed: list[Claim] = []
+    hints = orch.complete_tasks(done, landed) if done else []
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
         elif result is None:
             hints += orch.mark_unknown_execution(claim)
     publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
-    _discard_records(orch, [c for c, _ in done])
+    _discard_records(orch, landed)
     return len(claims)
 
 
@@ -293,6 +327,7 @@ class LocalHints:
 def handle_hint_locally(
     orch: Orchestrator, lane: str, task_id: uuid.UUID | str, owner: str, providers: Providers,
     publisher: HintPublisher, lanes: Collection[str], limit: int, busy: Callable[[], bool] = lambda: False,
+    lingers: bool = False,
 ) -> int:
     """``handle_hint``, then — here and now, through the same claim, admission and completion as a
     delivered hint — the hint its completion returned for one of ``lanes`` (the lanes this worker
@@ -301,11 +336,11 @@ def handle_hint_locally(
     how many tasks were claimed in all."""
     local = LocalHints(publisher, lanes, limit)
     try:
-        claimed = handle_hint(orch, lane, task_id, owner, providers, local)
+        claimed = handle_hint(orch, lane, task_id, owner, providers, local, lingers)
         while local.kept is not None and not busy():
             hint = local.take()
             metrics.HINTS_CONTINUED.labels(lane=hint.lane).inc()
-            claimed += handle_hint(orch, hint.lane, hint.task_id, owner, providers, local)
+            claimed += handle_hint(orch, hint.lane, hint.task_id, owner, providers, local, lingers)
     finally:
         local.release()
     return claimed

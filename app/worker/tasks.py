@@ -36,11 +36,13 @@ def _run_leaf(lane: str, raw_task_id: object) -> None:
 
     rt = get_runtime()
     limit = rt.settings.worker_local_hints
+    # a worker of this lane alone may wait for its batch to fill (run._linger): it holds up no other lane
+    lingers = _LOCAL_LANES == {lane}
     if limit > 0 and _LOCAL_LANES:  # continue the chain here (run.LocalHints)
         run.handle_hint_locally(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher, _LOCAL_LANES, limit,
-                                busy=_stop_continuing)
+                                busy=_stop_continuing, lingers=lingers)
     else:
-        run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher)
+        run.handle_hint(rt.orch, lane, task_id, rt.owner, rt.providers, rt.publisher, lingers=lingers)
 
 
 #: The stage lanes this worker consumes (its ``-Q``, set at start by ``_serve_maintenance``; a

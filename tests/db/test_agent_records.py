@@ -125,3 +125,27 @@ def test_a_batch_whose_worker_died_after_its_grouped_records_is_adopted_whole(en
     assert rows(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == 4
     assert {r[0] for r in rows(engine, "SELECT state FROM task_attempts")} == {"completed"}
     assert _records(root) == []  # discarded once the adoptions committed
+
+
+def test_a_fenced_out_completion_keeps_its_record_and_a_landed_one_discards_it(engine, settings):
+    # the worker discards the records of the completions the transaction reported landed (no read
+    # of the open attempts afterwards): a completion fenced out must leave its record in place
+    from sqlalchemy import text
+
+    from app.worker.run import execute_claim
+
+    orch = Orchestrator(engine, settings)
+    root = settings.agent_results_path
+    agent = CountingAgent(results_dir=str(root))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    hint = _to_agent_hint(orch, providers, pub, "tenant-f", 720)
+    claim = orch.claim_task(hint.task_id, "w1")
+    with engine.begin() as conn:  # another claim took over meanwhile: this one's token is stale
+        conn.execute(text("UPDATE tasks SET claim_generation = claim_generation + 1 WHERE id = :id"),
+                     {"id": claim.task_id})
+    assert execute_claim(orch, claim, providers, pub) == "succeeded"  # ran; its completion was rejected
+    assert _records(root) == [Path(records.namespace_of(claim.storage_key)) / f"{claim.attempt_id}.json"]
+    assert orch.open_attempt_ids([claim.attempt_id]) == {claim.attempt_id}
+    hint2 = _to_agent_hint(orch, providers, pub, "tenant-f", 721)
+    assert handle_hint(orch, "agent", hint2.task_id, "w1", providers, pub) == 1
+    assert len(_records(root)) == 1  # the landed one's record is gone, the fenced-out one's stays
