@@ -10,13 +10,13 @@ are only used, and ``ON CONFLICT`` only infers them, when the predicate is spell
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.jsoncodec import dumps
 from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.stages import BATCH_COST_CASE
@@ -480,7 +480,7 @@ def insert_and_link_many_txn(
     if not rows:
         return Outcome(False)
     return Outcome.of(tuple(r) for r in conn.execute(INSERT_AND_LINK_MANY, {
-        "rows": json.dumps(rows, default=str), "now": now, "job_ids": [r["job_id"] for r in rows],
+        "rows": dumps(rows), "now": now, "job_ids": [r["job_id"] for r in rows],
         "grant_ids": [r["grant_id"] for r in rows if r.get("grant_id") is not None],
     }))
 
@@ -519,7 +519,7 @@ def finish_many_txn(
     """
     if not rows:
         return Outcome(False)
-    doc = json.dumps(rows, default=str)
+    doc = dumps(rows)
     return Outcome.of(
         (task_id, list(job_ids))
         for task_id, job_ids in conn.execute(FINISH_MANY, {"rows": doc, "ids": [r["id"] for r in rows], "now": now})
