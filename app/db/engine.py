@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import Connection
 
-from app.db import fastpath
+from app.db import fastpath, jsoncodec
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
@@ -34,6 +34,7 @@ def make_engine(
         pool_pre_ping=pre_ping,
         pool_recycle=1800,
         echo=echo,
+        json_deserializer=jsoncodec.loads,  # psycopg's loader of json/jsonb results (app.db.jsoncodec)
         connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
     )
     if fastpath.SUPPORTED:  # the store's statements skip SQLAlchemy's execution overhead

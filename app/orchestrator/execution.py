@@ -108,6 +108,7 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
     if lane == Lane.AGENT:
         raise ValueError("the agent lane is claimed one task at a time (attempt protocol, lane slots)")
     with orch.engine.begin() as conn:
+        tasks.generic_plans_txn(conn)
         rows = tasks.claim_batch_txn(conn, lane, n, owner, orch.now(), orch.settings.lease_s,
                                      budget=lane_batch_budget(orch.settings, lane)).rows  # none due: empty
     if rows:
@@ -151,6 +152,7 @@ LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE lock_not_available: lock_timeout expire
 def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str, budget: int) -> BatchClaim:
     """``claim_with_batch``'s one transaction (its docstring)."""
     with orch.engine.begin() as conn:
+        tasks.generic_plans_txn(conn)
         # not matched (the hinted task is running, finished or unknown): its queued members may
         # still be due — the group claim below decides
         tasks.lock_hinted_txn(conn, task_id, lane)
@@ -180,6 +182,7 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     now, lease_s = orch.now(), orch.settings.lease_s
     try:
         with orch.engine.begin() as conn:
+            tasks.generic_plans_txn(conn)
             claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT)
             # not matched: the hinted task was taken — one due member of its group instead, if any
             row = claimed.row if claimed.matched else (

@@ -13,7 +13,7 @@ WITH cand AS MATERIALIZED (
     SELECT w.scope_id, w.scope_id = ANY(CAST(:served AS text[])) AS served, coalesce(f.last_dispatch_seq, 0) AS seq
     FROM w LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = '*' AND f.scope_id = w.scope_id
     ORDER BY served, seq, w.scope_id LIMIT :n
-  ), h AS (
+  ), h AS MATERIALIZED (
     SELECT x.id, o.served, o.seq, x.rk FROM o CROSS JOIN LATERAL (
       SELECT id, row_number() OVER (ORDER BY b.priority DESC, b.available_at) AS rk FROM (
         SELECT id, priority, available_at FROM tasks t WHERE t.lane = :lane

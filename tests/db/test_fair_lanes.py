@@ -153,3 +153,27 @@ def test_back_pressure_and_seeding_are_per_scope(engine, settings):
     c_batch = orch.get_batch("tenant-c", c_batch["id"])
     assert sum(c_batch["counts"].values()) == 1  # one page, then C's own new backlog pauses it
     assert all(orch.get_batch("tenant-a", b["id"])["status"] == "seeding" for b in paused)
+
+
+def test_the_batched_claims_run_on_generic_plans_in_their_transaction_only(engine, settings):
+    """CLAIM_FAIR_BATCH and CLAIM_GROUP were planned on every call (custom plans, ≈ 1 ms each:
+    docs/performance.md §26): their transactions set plan_cache_mode for themselves, so once
+    psycopg prepares them PostgreSQL never builds a custom plan — and the setting ends with the
+    transaction."""
+    orch = Orchestrator(engine, _holding(settings, visual_batch_size=4))
+    hints = _backlog(engine, orch, "tenant-a", "visual", 120, 540)
+    _backlog(engine, orch, "tenant-b", "visual", 40, 541)
+    n = lane_batch_size(orch.settings, "visual")
+    for i, hint in enumerate(hints[:12], start=1):  # the group claim and its fair fill, on one pooled connection
+        assert orch.claim_with_batch(hint, "visual", n, f"w{i}").claims
+    for i in range(12):  # the fair claim alone
+        assert orch.claim_batch("visual", 2, f"b{i}")
+    with engine.connect() as conn:  # the pool's one connection: the claims' prepared statements
+        plans = dict(conn.execute(text(
+            "SELECT CASE WHEN statement LIKE '%WITH RECURSIVE w AS%' THEN 'fair' ELSE 'group' END,"
+            " array[generic_plans, custom_plans] FROM pg_prepared_statements"
+            " WHERE statement LIKE '%WITH cand AS MATERIALIZED%'")).all())
+        assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
+    assert set(plans) == {"fair", "group"}, plans
+    for name, (generic, custom) in plans.items():
+        assert generic >= 5 and custom == 0, (name, generic, custom)

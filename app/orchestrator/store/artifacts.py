@@ -3,10 +3,10 @@ exist is each stage's ``exists_sql``, read by store/facts.py)."""
 
 from __future__ import annotations
 
-import json
-
+import orjson
 from sqlalchemy.engine import Connection
 
+from app.db.jsoncodec import dumps
 from app.orchestrator.store._sql import sql
 
 
@@ -47,13 +47,12 @@ def insert_text_many_txn(conn: Connection, rows: list[dict]) -> None:
 
 
 def _doc(rows: list[dict]) -> str:
-    return json.dumps([{**{k: v for k, v in r.items() if k != "vector"}, "v": _vec(r["vector"])} for r in rows],
-                      default=str)
+    return dumps([{**{k: v for k, v in r.items() if k != "vector"}, "v": _vec(r["vector"])} for r in rows])
 
 
 def _vec(vector: list[float]) -> str:
-    """pgvector's text form; json.dumps renders a list of floats in C (repr of each, as pgvector reads them)."""
-    try:
-        return json.dumps(vector)
-    except TypeError:  # numpy scalars that are not float subclasses (float32)
-        return json.dumps([float(x) for x in vector])
+    """pgvector's text form: a JSON list of the floats, rendered in C by orjson (each float's shortest
+    round-trip form, as ``repr`` gives it, which pgvector reads the same)."""
+    if type(vector) is list and all(type(x) is float for x in vector):
+        return orjson.dumps(vector).decode()
+    return orjson.dumps([float(x) for x in vector]).decode()  # numpy scalars, ints, a tuple …

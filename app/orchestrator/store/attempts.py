@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import uuid
 from datetime import datetime
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.jsoncodec import dumps
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 
@@ -46,7 +46,7 @@ def start_attempts_txn(conn: Connection, rows: list[dict], now: datetime) -> lis
     """
     ids = [secrets.token_hex(16) for _ in rows]
     if rows:
-        conn.execute(START_ATTEMPTS, {"rows": json.dumps([
+        conn.execute(START_ATTEMPTS, {"rows": dumps([
             {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
              "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
         ]), "now": now})
@@ -87,7 +87,7 @@ def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> Outc
     if not rows:
         return Outcome(False)
     return Outcome.count(conn.execute(COMPLETE_ATTEMPTS, {
-        "rows": json.dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
+        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
                              "rid": r["request_id"]} for r in rows]),
         "ids": [r["attempt_id"] for r in rows], "now": now,
     }).rowcount)

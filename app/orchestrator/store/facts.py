@@ -10,11 +10,11 @@ other statements built from the registry are the batched claims (their cost CASE
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.jsoncodec import dumps
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.stages import EXISTS_STAGES, STAGES, StageSpec, exists_columns
 from app.orchestrator.store._sql import sql
@@ -65,7 +65,7 @@ def job_facts_many_txn(
     """
     if not items:
         return {}
-    doc = json.dumps([{"id": str(j), "sha": sha, "mh": mh} for j, sha, mh in items])
+    doc = dumps([{"id": str(j), "sha": sha, "mh": mh} for j, sha, mh in items])
     rows = conn.execute(JOB_FACTS_MANY, {"rows": doc, "ids": [j for j, _, _ in items]}).mappings().all()
     return {r["id"]: r for r in rows}
 

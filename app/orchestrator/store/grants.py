@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import GrantState
+from app.db.jsoncodec import dumps
 from app.orchestrator.store._sql import Outcome, sql, transition
 
 COUNTED = (GrantState.ACQUIRED, GrantState.COMMITTED, GrantState.UNKNOWN)  # grants that consume quota
@@ -147,7 +147,7 @@ def acquire_many_txn(conn: Connection, wanted: list[tuple[str, str, str]], now: 
     statement; ``rows``: the grant rows in ``wanted``'s order. Not matched: nothing wanted."""
     if not wanted:
         return Outcome(False)
-    doc = json.dumps([{"id": str(uuid.uuid4()), "s": s, "o": o, "k": k} for s, o, k in wanted])
+    doc = dumps([{"id": str(uuid.uuid4()), "s": s, "o": o, "k": k} for s, o, k in wanted])
     rows = conn.execute(ACQUIRE_GRANTS, {"rows": doc, "now": now}).mappings().all()
     by_key = {(r["scope_id"], r["operation"], r["idempotency_key"]): r for r in rows}
     return Outcome.of(by_key[w] for w in wanted)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -11,6 +10,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
 from app.db.enums import ContextStatus
+from app.db.jsoncodec import dumps
 from app.ids import new_id
 from app.orchestrator.errors import DuplicateImage
 from app.orchestrator.fingerprints import canonical_json
@@ -102,7 +102,7 @@ def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) 
     """
     if not rows:
         return Outcome(False)
-    doc = json.dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
+    doc = dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
                        "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"],
                        "terms": image_terms(r["display_name"], r["context"])} for r in rows])
     return Outcome.of(conn.execute(WRITE_AGENT_CONTEXTS, {"rows": doc, "ids": [r["id"] for r in rows],

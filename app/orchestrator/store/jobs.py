@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
@@ -11,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.enums import STAGE_ORDER
+from app.db.jsoncodec import dumps
 from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
@@ -253,5 +253,5 @@ def complete_jobs_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]]
     if not rows:
         return Outcome(False)
     return Outcome.of(conn.execute(COMPLETE_JOBS, {
-        "rows": json.dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows], "now": now,
+        "rows": dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows], "now": now,
     }).scalars().all())

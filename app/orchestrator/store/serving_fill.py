@@ -4,13 +4,13 @@ image, and the rows a replaced model leaves prunable. Read-only statements."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.jsoncodec import dumps
 from app.orchestrator.store._sql import sql
 
 #: Validity of the text stage (app/orchestrator/planner.py) during a model change: besides the job's own
@@ -113,7 +113,7 @@ def fill_page_txn(
 
 
 def _models_doc(models: list[dict[str, Any]]) -> str:
-    return json.dumps([{"model": m["model"], "dims": int(m["dims"]), "pv": m.get("preprocess_version")}
+    return dumps([{"model": m["model"], "dims": int(m["dims"]), "pv": m.get("preprocess_version")}
                        for m in models])
 
 

@@ -10,13 +10,13 @@ are only used, and ``ON CONFLICT`` only infers them, when the predicate is spell
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection, RowMapping
 
+from app.db.jsoncodec import dumps
 from app.ids import new_id
 from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.stages import BATCH_COST_CASE
@@ -156,6 +156,23 @@ def claim_group_txn(
     return Outcome.of(rows), (int(rows[0]["left_out"]) if rows else 0)
 
 
+GENERIC_PLANS = sql("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
+
+
+def generic_plans_txn(conn: Connection) -> None:
+    """The rest of this transaction runs its prepared statements on their generic plans.
+
+    For the batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH, CLAIM_GROUP_MEMBERS): PostgreSQL
+    estimates their generic plans (``LIMIT $n``, ``available_at <= $now`` unknown) dearer than a
+    custom plan and so planned them on every call, ≈ 0.5–1.5 ms each — ≈ 8 % of the server's CPU
+    in the no-op drain (docs/performance.md §26). Their generic plans are index nested loops on
+    ids (CLAIM_FAIR_BATCH's ``h`` is materialized for that: the few picked ids, then ``tasks``
+    by primary key), as fast as the custom ones at any table size. ``SET LOCAL``: it ends with
+    the transaction; the other statements of a claim's transaction are on generic plans already.
+    """
+    conn.execute(GENERIC_PLANS)
+
+
 # Batched lanes' fairness (CLAIM_FAIR_BATCH): the scopes with due queued tasks in a lane (a loose
 # index scan over ix_tasks_lane_scope_due, so its cost follows the number of waiting scopes, not
 # the backlog), the :n least recently served of them (lane_fairness at resource key '*'; scopes in
@@ -178,7 +195,7 @@ WITH cand AS MATERIALIZED (
     SELECT w.scope_id, w.scope_id = ANY(CAST(:served AS text[])) AS served, coalesce(f.last_dispatch_seq, 0) AS seq
     FROM w LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = '*' AND f.scope_id = w.scope_id
     ORDER BY served, seq, w.scope_id LIMIT :n
-  ), h AS (
+  ), h AS MATERIALIZED (
     SELECT x.id, o.served, o.seq, x.rk FROM o CROSS JOIN LATERAL (
       SELECT id, row_number() OVER (ORDER BY b.priority DESC, b.available_at) AS rk FROM (
         SELECT id, priority, available_at FROM tasks t WHERE t.lane = :lane
@@ -480,7 +497,7 @@ def insert_and_link_many_txn(
     if not rows:
         return Outcome(False)
     return Outcome.of(tuple(r) for r in conn.execute(INSERT_AND_LINK_MANY, {
-        "rows": json.dumps(rows, default=str), "now": now, "job_ids": [r["job_id"] for r in rows],
+        "rows": dumps(rows), "now": now, "job_ids": [r["job_id"] for r in rows],
         "grant_ids": [r["grant_id"] for r in rows if r.get("grant_id") is not None],
     }))
 
@@ -519,7 +536,7 @@ def finish_many_txn(
     """
     if not rows:
         return Outcome(False)
-    doc = json.dumps(rows, default=str)
+    doc = dumps(rows)
     return Outcome.of(
         (task_id, list(job_ids))
         for task_id, job_ids in conn.execute(FINISH_MANY, {"rows": doc, "ids": [r["id"] for r in rows], "now": now})
