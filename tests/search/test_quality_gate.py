@@ -30,14 +30,15 @@ pytestmark = pytest.mark.slow
 
 SCOPE = "quality-gate"
 # r@1 each cell must reach on the subset (12 queries per cell), set from the benchmark: the served
-# default (hybrid, multilingual-e5-small+all-MiniLM-L6-v2, local-ocr v2) measured 12, 12, 12 and
-# 10 of 12 (`bench/search_quality.py --subset`, docs/search.md); one query of slack per cell. The
-# vector-only MiniLM search with local-ocr v1 measured 11, 10, 9 and 1.
+# default (hybrid, multilingual-e5-small+all-MiniLM-L6-v2+multilingual-e5-small-querybank,
+# local-ocr v2) measured 12, 12, 12 and 11 of 12 (`bench/search_quality.py --subset`, docs/search.md;
+# 12, 12, 12 and 10 before the query bank); one query of slack per cell. The vector-only MiniLM
+# search with local-ocr v1 measured 11, 10, 9 and 1.
 MIN_R1: dict[str, float] = {
     "en/exact": 11 / 12,
     "en/paraphrase": 11 / 12,
     "zh/exact": 11 / 12,
-    "zh/paraphrase": 9 / 12,
+    "zh/paraphrase": 10 / 12,
 }
 MIN_TWINS_R1 = 1.0
 
