@@ -30,6 +30,11 @@ TOP_K = 20
 BETA = 5.0
 
 
+def top_ids(cosines: Mapping[str, float], top_k: int = TOP_K) -> list[str]:
+    """The ``top_k`` candidates by cosine (ties by id): the bank and the candidates re-ordered."""
+    return [i for i, _ in sorted(cosines.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]]
+
+
 def reorder(cosines: Mapping[str, float], bank: Mapping[str, Sequence[float]], passages: Mapping[str, Sequence[float]],
             *, top_k: int = TOP_K, beta: float = BETA) -> dict[str, float] | None:
     """New cosines for the top ``top_k`` candidates (by cosine, ties by id), or None when unchanged.
@@ -37,8 +42,7 @@ def reorder(cosines: Mapping[str, float], bank: Mapping[str, Sequence[float]], p
     ``cosines`` are the served (query, candidate) cosines; ``bank`` and ``passages`` the candidates'
     unit bank and passage vectors (a candidate missing either is left where it is).
     """
-    top = [i for i, _ in sorted(cosines.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]]
-    top = [i for i in top if i in bank and i in passages]
+    top = [i for i in top_ids(cosines, top_k) if i in bank and i in passages]
     if len(top) < 2:
         return None
     B = np.asarray([bank[i] for i in top], dtype=np.float64)

@@ -161,7 +161,7 @@ def _query_bank(engine: Engine, provider: Any, scope_id: str, cands: dict[str, f
         return False
     bank_part, part = pairs[0]
     cosines = {i: c.cosine for i, c in cands.items() if c.cosine is not None}
-    top = [i for i, _ in sorted(cosines.items(), key=lambda kv: (-kv[1], kv[0]))[:qbnorm.TOP_K]]
+    top = qbnorm.top_ids(cosines)
     vectors = Q.text_vectors(engine, scope_id, top, model=stored_model, dims=dims)
     slices, unscale = provider.slices(), math.sqrt(len(provider_parts(provider)))
     bank = {i: [x * unscale for x in v[slices[bank_part]]] for i, v in vectors.items()}
