@@ -62,7 +62,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.document_gap import CANDIDATES  # noqa: E402
-from bench.late_levers import half, hits, objective, restrict, row  # noqa: E402
+from bench.late_levers import hits, objective, restrict, row  # noqa: E402
 from bench.rerank_levers import CELLS, NEAR, Bench, Part, unit  # noqa: E402
 
 Thesaurus = dict[str, list[str]]  # word -> synonyms (no order implied)
@@ -280,7 +280,7 @@ class Runner:
         self.df = [{t: sum(t in bench.terms[i] for i in bench.ids) for t in qt} for qt in self.qterms]
         self.words = [lexical.query_words(q) for _, _, q in bench.queries]
         self.near = []
-        for j, (_, _, q) in enumerate(bench.queries):
+        for j in range(len(bench.queries)):
             rows = []
             for i in bench.ids:
                 unmatched = [t for t in self.qterms[j] if t not in bench.terms[i]]
@@ -425,10 +425,10 @@ def method_lex(runner: Runner, base, expanders: dict[str, Expander], docside: bo
                 qunits = [ex.units(q, m) for _, _, q in b.queries]
             for w in (0.25, 0.5, 0.75):
                 if docside:
-                    def syn(j, k, w=w):
+                    def syn(j, k, w=w, dsyn=dsyn):
                         return {t: w for t in runner.qterms[j] if t in dsyn[k]}
                 else:
-                    def syn(j, k, w=w):
+                    def syn(j, k, w=w, qunits=qunits):
                         i = b.ids[k]
                         out = {}
                         for u in qunits[j]:
@@ -623,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         got = {(mid, c[1]): r for c in CELLS for mid, r in base[c] if r != 1}
         same = {k: min(v, 11) for k, v in want.items()} == {k: min(v, 11) for k, v in got.items()}
         print(f"reproduction against the served misses in {args.json}: "
-              + ("identical (every miss at the same rank)" if same else f"DIFFERENT: served {sorted(want.items())} vs {sorted(got.items())}"))
+              + ("identical (every miss at the same rank)" if same
+                 else f"DIFFERENT: served {sorted(want.items())} vs {sorted(got.items())}"))
     print("\nexamples (top 3 synonyms by the model's word cosine):")
     examples(runner, expanders)
     groups = {"en": {k: v for k, v in expanders.items() if k in en}, "zh": {k: v for k, v in expanders.items() if k in zh}}
