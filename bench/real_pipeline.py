@@ -364,7 +364,7 @@ class Pipeline:
             print(f"      pg_stat_statements (top 40: {total:.0f} ms exec+plan, {total / len(images):.1f} ms/image):")
             for calls, ex, pl, plans, q in top:
                 print(f"        {float(ex) + float(pl):8.1f} ms  {calls:6d} calls {plans:6d} plans  "
-                      f"{float(ex) / max(calls, 1):6.3f} ms/call  {q}")
+                      f"{float(ex) / max(calls, 1):6.3f} ms/call (+{float(pl) / max(plans, 1):.3f} ms/plan)  {q}")
             print(f"      every statement: {every[0]} kinds, {every[1]} calls, {every[2]} plans, exec {float(every[3]):.0f} ms,"
                   f" plan {float(every[4]):.0f} ms; utility: " + ", ".join(f"{q.strip()} {int(c)}" for q, c in utility))
         busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
