@@ -14,5 +14,6 @@ SELECT j.*,
        AND NOT EXISTS (SELECT 1 FROM search_serving ss CROSS JOIN LATERAL (VALUES (ss.serving_model, ss.serving_dims), (ss.target_model, ss.target_dims)) AS w(model, dims) WHERE ss.scope_id = j.scope_id AND ss.kind = 'text' AND w.model IS NOT NULL AND NOT EXISTS (SELECT 1 FROM text_embeddings x2 WHERE x2.scope_id = j.scope_id AND x2.image_id = j.image_id AND x2.image_sha256 = r.sha AND x2.metadata_hash = r.mh AND x2.status = 'ready' AND x2.model = w.model AND x2.dims = w.dims)) AS text_embedding_exists
 FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, mh text)
 JOIN processing_jobs j ON j.id = r.id
+WHERE j.id = ANY(:ids)
 ORDER BY j.id
 FOR UPDATE OF j

@@ -33,6 +33,7 @@ SELECT j.*,
        {columns}
 FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, mh text)
 JOIN processing_jobs j ON j.id = r.id
+WHERE j.id = ANY(:ids)
 ORDER BY j.id
 FOR UPDATE OF j
 """
@@ -47,9 +48,6 @@ def image_artifacts_exist_sql(specs: tuple[StageSpec, ...]) -> str:
 
 #: Lock jobs (in id order) and read each one's stages (with their tasks' status) and, per stage,
 #: whether the artifact its frozen config needs exists for the given image version (r.sha, r.mh).
-#: The jobs are named once, by the recordset: a second ``j.id = ANY(:ids)`` filter made every
-#: generic plan look dearer than a custom one, so PostgreSQL planned it on each call (≈ 0.6–1.6 ms,
-#: 4× its execution; docs/performance.md §31) — the join alone is planned once per connection.
 JOB_FACTS_MANY = sql(job_facts_many_sql(STAGES))
 
 #: The same validity queries for one image version and one set of configs (a job being created).
@@ -68,7 +66,7 @@ def job_facts_many_txn(
     if not items:
         return {}
     doc = dumps([{"id": str(j), "sha": sha, "mh": mh} for j, sha, mh in items])
-    rows = conn.execute(JOB_FACTS_MANY, {"rows": doc}).mappings().all()
+    rows = conn.execute(JOB_FACTS_MANY, {"rows": doc, "ids": [j for j, _, _ in items]}).mappings().all()
     return {r["id"]: r for r in rows}
 
 
