@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -363,7 +364,7 @@ class Pipeline:
             print(f"      pg_stat_statements (top 40: {total:.0f} ms exec+plan, {total / len(images):.1f} ms/image):")
             for calls, ex, pl, plans, q in top:
                 print(f"        {float(ex) + float(pl):8.1f} ms  {calls:6d} calls {plans:6d} plans  "
-                      f"{float(ex) / max(calls, 1):6.3f} ms/call  {q}")
+                      f"{float(ex) / max(calls, 1):6.3f} ms/call (+{float(pl) / max(plans, 1):.3f} ms/plan)  {q}")
             print(f"      every statement: {every[0]} kinds, {every[1]} calls, {every[2]} plans, exec {float(every[3]):.0f} ms,"
                   f" plan {float(every[4]):.0f} ms; utility: " + ", ".join(f"{q.strip()} {int(c)}" for q, c in utility))
         busy = {lane: _busy([(float(a), float(b)) for ln, a, b in rows if ln == lane and a is not None])
@@ -396,8 +397,15 @@ class Pipeline:
             print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
         # tasks claimed together share their started_at (one claim transaction's clock)
         batches = {lane: len({a for ln, a, _b in rows if ln == lane and a is not None}) for lane in LANES}
+        # the run's end: how long after the upstream lane's last completion each lane's last one came
+        # (a lane that waits for a batch to fill adds its wait here, where nothing more can come)
+        last = {lane: max((float(b) for ln, _a, b in rows if ln == lane and b is not None), default=None)
+                for lane in LANES}
+        tail = {f"{up}->{down}": last[down] - last[up] for up, down in itertools.pairwise(LANES)
+                if last[up] is not None and last[down] is not None}
         return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
+                "tail_s": tail,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
                                   "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
 
@@ -475,7 +483,9 @@ def main() -> None:
                     f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
                     "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
                     "; job latency s (upload to done): " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None))
+                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
+                    "; tail s (last completion after the upstream lane's last): " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in p["tail_s"].items()))
                 print("      CPU ms per image per process group: " + ", ".join(
                     f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
                     f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)

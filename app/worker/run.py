@@ -3,6 +3,7 @@ heartbeat → complete or fail → publish the returned hints (after the orchest
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -12,11 +13,11 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from app import metrics
-from app.db.enums import Lane
+from app.db.enums import STAGE_ORDER, Lane
 from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
-from app.orchestrator.stages import by_lane
+from app.orchestrator.stages import by_lane, lane_of
 from app.orchestrator.types import Claim
 from app.stages.agent import records
 from app.stages.errors import StageError
@@ -158,7 +159,7 @@ def handle_hint(
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
     if linger > 0:
-        _linger(lane, linger)
+        _linger(lane, linger, functools.partial(orch.earlier_lanes_active, lane) if _has_earlier(lane) else None)
     claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
     if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
         _BATCH_ENDED[lane] = time.monotonic()
@@ -174,19 +175,39 @@ def batch_linger_s(settings, lane: str) -> float:
 _BATCH_ENDED: dict[str, float] = {}
 
 
-def _linger(lane: str, linger: float) -> None:
+#: How often a lingering worker asks whether the earlier lanes still have work (seconds).
+LINGER_RECHECK_S = 0.1
+
+
+def _has_earlier(lane: str) -> bool:
+    return lane != lane_of(STAGE_ORDER[0])
+
+
+def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None = None) -> None:
     """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
     ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
     meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
     fill takes them. A lane that was idle longer claims at once: no added latency when idle.
     Nothing is claimed or held while waiting (the hint's message is not acked yet: a worker that
-    dies here leaves what a lost message leaves, which the sweep recovers)."""
+    dies here leaves what a lost message leaves, which the sweep recovers).
+
+    ``earlier_active`` (a lane fed by earlier lanes' completions): asked before each slice of
+    the wait (every ``LINGER_RECHECK_S``); once no task of an earlier lane is queued or running
+    nothing more can arrive but a new upload's, so the worker stops waiting and claims — the
+    last documents of a burst are not held back for a batch that cannot fill."""
     ended = _BATCH_ENDED.get(lane)
     if ended is None:
         return
-    wait = ended + linger - time.monotonic()
-    if wait > 0:
-        time.sleep(min(wait, linger))
+    wait = min(ended + linger - time.monotonic(), linger)
+    if wait <= 0:
+        return
+    if earlier_active is None:
+        time.sleep(wait)
+        return
+    while wait > 0 and earlier_active():
+        step = min(wait, LINGER_RECHECK_S)
+        time.sleep(step)
+        wait -= step
 
 
 def run_agent_batch(

@@ -60,3 +60,72 @@ def test_a_worker_serving_other_lanes_too_never_lingers(engine, settings, monkey
     monkeypatch.setattr(run, "_BATCH_ENDED", {"visual": time.monotonic()})
     assert run.handle_hint(orch, "visual", _ingest(orch, 45).task_id, "w1", providers, pub) == 1
     assert slept == []
+
+
+def _to_embedding(orch, providers, pub, seeds) -> list:
+    """Run the images' visual and agent tasks (no linger); return the embedding lane's hints."""
+    pending = [_ingest(orch, s) for s in seeds]
+    text = []
+    while pending:
+        hint = pending.pop(0)
+        if hint.lane == "embedding":
+            text.append(hint)
+            continue
+        run.handle_hint(orch, hint.lane, hint.task_id, "w0", providers, pub)
+        pending.extend(pub.drain())
+    return text
+
+
+def test_a_lane_fed_by_earlier_lanes_stops_waiting_once_they_have_nothing_left(engine, settings, monkeypatch):
+    # the end of a burst: no visual or agent task is queued or running, so no more documents can
+    # come from them — the embedding worker claims what is due at once instead of waiting out its linger
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [50, 51])
+    assert text and not orch.earlier_lanes_active("embedding")
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})  # a batch just ended
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 2
+    assert slept == []
+
+
+def test_a_lane_fed_by_earlier_lanes_waits_while_they_have_work_and_takes_what_they_hand_on(
+    engine, settings, monkeypatch,
+):
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [52])
+    later = _ingest(orch, 53)  # its visual task is queued: an earlier lane has work
+    assert orch.earlier_lanes_active("embedding")
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # meanwhile the earlier lanes finish the other image
+        slept.append(seconds)
+        if len(slept) == 1:
+            pending = [later]
+            while pending:
+                hint = pending.pop(0)
+                if hint.lane != "embedding":
+                    run.handle_hint(orch, hint.lane, hint.task_id, "w0", providers, pub)
+                    pending.extend(pub.drain())
+
+    monkeypatch.setattr(run.time, "sleep", sleep)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 2
+    # one slice of the wait, then the earlier lanes were idle: no second slice
+    assert slept == [run.LINGER_RECHECK_S]
+
+
+def test_the_first_lane_waits_its_whole_linger_in_one_sleep(engine, settings, monkeypatch):
+    # the visual lane is fed by uploads, which no lane's state announces: it waits as configured
+    orch = Orchestrator(engine, dataclasses.replace(settings, visual_batch_linger_ms=500.0))
+    providers, pub = Providers(settings), RecordingPublisher()
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    hint = _ingest(orch, 54)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"visual": time.monotonic()})
+    assert run.handle_hint(orch, "visual", hint.task_id, "w1", providers, pub, lingers=True) == 1
+    assert len(slept) == 1 and 0 < slept[0] <= 0.5

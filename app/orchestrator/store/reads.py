@@ -167,3 +167,13 @@ def text_inputs_many_txn(conn: Connection, image_ids: list[uuid.UUID]) -> dict[u
         {"ids": list(image_ids)},
     ).mappings()
     return {r["id"]: r for r in rows}
+
+
+def lanes_active_txn(conn: Connection, lanes: list[str]) -> bool:
+    """Whether a task of one of ``lanes`` is queued or running (each arm on its partial index:
+    queued tasks by lane, running ones by lease — few)."""
+    return bool(conn.execute(
+        sql("SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND lane = ANY(:lanes))"
+            " OR EXISTS (SELECT 1 FROM tasks WHERE status = 'running' AND lane = ANY(:lanes))"),
+        {"lanes": list(lanes)},
+    ).scalar())
