@@ -17,7 +17,6 @@ from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 from app.search.lexical import image_terms
 
-
 INSERT_SCOPE = sql("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns) ON CONFLICT (id) DO NOTHING")
 
 # The scope's storage namespace and its limit overrides (store/limits.py's SCOPE_LIMITS columns;
