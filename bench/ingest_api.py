@@ -8,7 +8,10 @@ figures are the API's alone. Each client uploads distinct generated images (``--
 request's latency; per concurrency level prints uploads/s and p50/p99 latency, and the CPU
 seconds the API processes and PostgreSQL used per upload.
 
-    PYTHONPATH=. python bench/ingest_api.py [--n 200] [--clients 1,4] [--kind meme|photo] [--rounds 1]
+    PYTHONPATH=. python bench/ingest_api.py [--n 200] [--clients 1,4] [--kind meme|photo] [--rounds 1] [--pg-stats]
+
+``--pg-stats``: pg_stat_statements in the embedded cluster (nested statements — FK checks,
+triggers — included); per measurement, the statements per upload and the commits per upload.
 """
 
 from __future__ import annotations
@@ -85,12 +88,43 @@ def run(base: str, images: list[bytes], clients: int, media: str) -> dict:
             "n_errors": len(errors)}
 
 
+def _reset_stats(engine) -> int:
+    """Reset pg_stat_statements; the database's commits so far."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_stat_statements_reset()"))
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        return conn.execute(text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar()
+
+
+def _print_stats(engine, n: int, commits0: int) -> float:
+    """Print the statements per upload since ``_reset_stats``, most frequent first; their sum."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT calls, total_exec_time, left(regexp_replace(query, '\\s+', ' ', 'g'), 100) FROM pg_stat_statements"
+            " WHERE query !~* 'pg_stat_statements|pg_stat_database|pg_stat_clear_snapshot' ORDER BY calls DESC, query")).all()
+        commits = conn.execute(text(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")).scalar() - commits0
+    total = sum(r[0] for r in rows)
+    print(f"      {total / n:.1f} statements per upload (nested ones included), {commits / n:.2f} commits per upload:")
+    for calls, ex, q in rows:
+        if calls >= n / 10:
+            print(f"        {calls / n:5.2f}  {ex / calls:6.3f} ms  {q}")
+    return total / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="uploads per measurement")
     ap.add_argument("--clients", default="1,4")
     ap.add_argument("--kind", choices=["meme", "photo"], default="meme")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--pg-stats", action="store_true", help="statements per upload (pg_stat_statements)")
+    ap.add_argument("--json", type=Path, help="write the measurements here")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
@@ -111,10 +145,25 @@ def main() -> None:
                       MEMEFLOW_LOG_LEVEL="WARNING")
     reset_settings()
     settings = Settings.from_env()
+    if args.pg_stats:  # a fresh cluster (the var dir is new) with pg_stat_statements loaded
+        import app.embedded as embedded
+
+        embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
+                              "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n")
     stack = Stack(settings, components=("api",), echo=lambda *a, **k: None, start_timeout_s=120)
+    engine = None
+    results = []
     try:
         stack.start()
         base = f"http://127.0.0.1:{settings.api_port}"
+        if args.pg_stats:
+            from sqlalchemy import text
+
+            from app.db.engine import make_engine
+
+            engine = make_engine(stack.database_url, pre_ping=False)
+            with engine.begin() as conn:
+                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
         run(base, images[:5], 1, media)  # warm: connections, first requests
         cursor = 5
         groups = _process_groups(stack)
@@ -122,6 +171,8 @@ def main() -> None:
             for clients in levels:
                 chunk = images[cursor:cursor + args.n]
                 cursor += args.n
+                if engine is not None:
+                    commits0 = _reset_stats(engine)
                 cpu0 = _cpu(groups)
                 out = run(base, chunk, clients, media)
                 cpu1 = _cpu(groups, cpu0)
@@ -132,7 +183,17 @@ def main() -> None:
                           f"{k} {1000 * v / len(chunk):.1f}" for k, v in sorted(cpu.items()))
                       + (f"  errors {out['n_errors']}: {out['errors']}" if out["n_errors"] else "")
                       + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+                results.append({**out, "round": r + 1, "load": os.getloadavg()[0],
+                                "cpu_ms_per_upload": {k: 1000 * v / len(chunk) for k, v in cpu.items()}})
+                if engine is not None:
+                    results[-1]["statements"] = _print_stats(engine, len(chunk), commits0)
+        if args.json:
+            import json
+
+            args.json.write_text(json.dumps(results, indent=1))
     finally:
+        if engine is not None:
+            engine.dispose()
         stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 

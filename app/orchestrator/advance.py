@@ -139,6 +139,24 @@ def advance_jobs_txn(
     return _flush_txn(orch, conn, pending)
 
 
+def _first_advance_txn(orch: Orchestrator, conn: Connection, job: RowMapping, image: RowMapping) -> list[Hint]:
+    """``advance_job_txn`` of a job this transaction inserted for an image it inserted, without
+    reading its facts: ``job_facts_many_txn`` would find the row as inserted (locked: no other
+    transaction can see it), every stage pending without a task, and no artifact of the image —
+    every stage's validity query (``StageSpec.exists_sql``) looks for a row of this image id,
+    which no other transaction can know before this one commits (tests/unit/test_first_advance.py
+    checks each declared query for it)."""
+    found = {
+        **job,
+        "stage_rows": [{"stage": st.value, "status": StageStatus.PENDING.value, "task_id": None, "task_status": None}
+                       for st in STAGE_ORDER],
+        **{s.exists_column: False for s in EXISTS_STAGES},
+    }
+    pending = _Pending()
+    _advance_txn(orch, conn, found, image, pending)
+    return _flush_txn(orch, conn, pending)
+
+
 def _advance_txn(
     orch: Orchestrator, conn: Connection, job: RowMapping | None, image: RowMapping | None, pending: _Pending
 ) -> None:
@@ -346,12 +364,24 @@ def target_matches(job: RowMapping, image: RowMapping, config_hash: str, policy:
 
 def create_or_reuse_job_txn(
     orch: Orchestrator, conn: Connection, image: RowMapping, *, mode: str, policy: str,
-    force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None,
+    force_stages: Iterable[str] = (), batch_id: uuid.UUID | None = None, new_image: bool = False,
 ) -> tuple[RowMapping | None, bool, list[Hint]]:
-    """SPEC §4.2. The caller holds the image row lock; the active-job index is the referee."""
+    """SPEC §4.2. The caller holds the image row lock; the active-job index is the referee.
+
+    ``new_image``: the caller inserted the image row in this transaction, so it has no job and
+    no artifact yet — nothing to reuse and nothing to read: the job is inserted and advanced from
+    what is known (``_first_advance_txn``), and returned as inserted (its first advance may have
+    moved it on since: read it for its current state)."""
     configs = orch.stage_configs
     chash = configs.hash
     force = sorted(set(force_stages))
+    if new_image:
+        job = jobs.insert_job_txn(
+            conn, scope_id=image["scope_id"], image_id=image["id"], revision=1, image_sha256=image["sha256"],
+            config=configs.as_dict(), config_hash=chash, reverse_image_policy=policy, mode=mode, force_stages=force,
+            batch_id=batch_id, now=orch.now(),
+        ).row
+        return job, True, _first_advance_txn(orch, conn, job, image)
     active = jobs.active_job_txn(conn, image["id"])
     if active is not None:
         if active["reverse_image_policy"] == policy and active["config_hash"] == chash:

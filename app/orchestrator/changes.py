@@ -70,21 +70,26 @@ def ingest_image(
     stored = storage_key  # the key released if the transaction fails (None: not resolved yet)
     try:
         with orch.engine.begin() as conn:
-            namespace = images.ensure_scope_txn(conn, scope_id)
+            scope = images.scope_facts_txn(conn, scope_id)
             if storage_key is None:
-                storage_key = stored = values["storage_key"] = content_key(namespace, sha256, extension)
+                storage_key = stored = values["storage_key"] = content_key(scope["storage_namespace"], sha256,
+                                                                           extension)
             store_file_txn(conn, files, storage_key, data)
-            image, created = _insert_or_lock_image_txn(orch, conn, scope_id, sha256, values)
+            scope_limits = limits.effective_limits(orch, scope if scope["has_limits"] else None)
+            image, created = _insert_or_lock_image_txn(orch, conn, scope_id, sha256, values, scope_limits)
             job, hints = None, []
             if process:
                 job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO,
-                                                        policy=reverse_image_policy)
+                                                        policy=reverse_image_policy, new_image=created)
             elif not created:
                 job = jobs.latest_job_txn(conn, image["id"])
             # read in the transaction: a delete committing right after this one cannot turn the
             # upload's answer into a 404
-            image_doc = reads.get_image_txn(conn, scope_id, image["id"])
             job_doc = reads.get_job_txn(conn, scope_id, job["id"]) if job else None
+            if created:  # the row as inserted (nothing since changed it); its only job, if any, is job_doc
+                image_doc = reads.image_doc(image, job_doc)
+            else:
+                image_doc = reads.get_image_txn(conn, scope_id, image["id"])
     except BaseException:
         if stored is not None:
             release_file(orch, files, stored)
@@ -92,13 +97,14 @@ def ingest_image(
     return IngestResult(image=image_doc, job=job_doc, created=created, hints=hints)
 
 
-def _insert_or_lock_image_txn(orch: Orchestrator, conn, scope_id: str, sha256: str, values: dict):
+def _insert_or_lock_image_txn(orch: Orchestrator, conn, scope_id: str, sha256: str, values: dict,
+                              scope_limits: limits.Limits):
     """The new image row, or the scope's existing one with these bytes, locked: (row, created).
     An existing row deleted between the two statements is simply inserted on the next round."""
     while True:
         inserted = images.insert_image_txn(conn, scope_id, values, orch.now())
         if inserted.matched:
-            limits.check_quota_txn(orch, conn, scope_id)  # over: the caller's transaction rolls back
+            limits.check_quota_txn(orch, conn, scope_id, scope_limits)  # over: the caller's transaction rolls back
             return inserted.row, True
         # not matched: the scope has these bytes already — that row, locked
         existing = images.image_by_sha_txn(conn, scope_id, sha256)

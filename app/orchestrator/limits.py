@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
@@ -43,17 +43,24 @@ def global_limits(settings) -> Limits:
 
 def limits_txn(orch: Orchestrator, conn: Connection, scope_id: str) -> Limits:
     """The scope's effective limits: its overrides, else the global settings."""
+    return effective_limits(orch, store.scope_limits_txn(conn, scope_id))
+
+
+def effective_limits(orch: Orchestrator, row: Any) -> Limits:
+    """The effective limits from the scope's override row (None: it has none), else the global settings."""
     base = global_limits(orch.settings)
-    row = store.scope_limits_txn(conn, scope_id)
     if row is None:
         return base
     return Limits(**{k: (row[k] if row[k] is not None else getattr(base, k)) for k in store.LIMIT_COLUMNS})
 
 
-def check_quota_txn(orch: Orchestrator, conn: Connection, scope_id: str) -> None:
+def check_quota_txn(orch: Orchestrator, conn: Connection, scope_id: str, limits: Limits | None = None) -> None:
     """After this transaction wrote an image (insert or new bytes): raise QuotaExceeded — the
-    caller's transaction then rolls back, leaving no row — when the scope is over a quota."""
-    limits = limits_txn(orch, conn, scope_id)
+    caller's transaction then rolls back, leaving no row — when the scope is over a quota.
+    ``limits``: the scope's effective limits, when this transaction read them already (an
+    upload reads them with the scope's namespace, ``images.scope_facts_txn``)."""
+    if limits is None:
+        limits = limits_txn(orch, conn, scope_id)
     if not (limits.max_images or limits.max_bytes):
         return
     usage = store.usage_txn(conn, scope_id)

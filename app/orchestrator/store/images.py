@@ -17,13 +17,31 @@ from app.orchestrator.fingerprints import canonical_json
 from app.orchestrator.store._sql import Outcome, sql, transition
 from app.search.lexical import image_terms
 
+INSERT_SCOPE = sql("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns) ON CONFLICT (id) DO NOTHING")
+
+# The scope's storage namespace and its limit overrides (store/limits.py's SCOPE_LIMITS columns;
+# ``has_limits``: an override row exists), in the statement an upload needs anyway.
+SCOPE_FACTS = sql("""
+SELECT s.storage_namespace, l.scope_id IS NOT NULL AS has_limits,
+       l.max_bytes, l.max_images, l.uploads_per_minute, l.processing_per_minute
+FROM scopes s LEFT JOIN scope_limits l ON l.scope_id = s.id WHERE s.id = :id
+""")
+
+
+def scope_facts_txn(conn: Connection, scope_id: str) -> RowMapping:
+    """Create the scope if it has no row yet, and read its storage namespace and limit overrides
+    (``has_limits`` false: none). An existing scope (the usual case) costs the one read; a new
+    one is inserted (a concurrent creator's row wins the conflict) and read again."""
+    row = conn.execute(SCOPE_FACTS, {"id": scope_id}).mappings().first()
+    if row is None:
+        conn.execute(INSERT_SCOPE, {"id": scope_id, "ns": uuid.uuid4()})
+        row = conn.execute(SCOPE_FACTS, {"id": scope_id}).mappings().one()
+    return row
+
 
 def ensure_scope_txn(conn: Connection, scope_id: str) -> uuid.UUID:
-    conn.execute(
-        sql("INSERT INTO scopes (id, storage_namespace) VALUES (:id, :ns) ON CONFLICT (id) DO NOTHING"),
-        {"id": scope_id, "ns": uuid.uuid4()},
-    )
-    return conn.execute(sql("SELECT storage_namespace FROM scopes WHERE id = :id"), {"id": scope_id}).scalar_one()
+    """Create the scope if it has no row yet; its storage namespace."""
+    return scope_facts_txn(conn, scope_id)["storage_namespace"]
 
 
 INSERT_IMAGE = sql("""

@@ -33,16 +33,19 @@ def latest_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
     return conn.execute(LATEST_JOB_OF_IMAGE, {"i": image_id}).mappings().first()
 
 
+# The job and its pending stages (one per pipeline stage, in order) in one statement.
 INSERT_JOB = sql("""
-INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
-                             reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)
-VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b, :now, :now)
-RETURNING *
-""")
-
-INSERT_PENDING_STAGE = sql("""
-INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)
-VALUES (:j, :stage, :s, :pos, 'pending', :now, :now)
+WITH j AS (
+  INSERT INTO processing_jobs (id, scope_id, image_id, revision, image_sha256, config, config_hash,
+                               reverse_image_policy, mode, force_stages, status, batch_id, created_at, updated_at)
+  VALUES (:id, :s, :i, :rev, :sha, CAST(:cfg AS jsonb), :ch, :rip, :mode, :force, 'queued', :b, :now, :now)
+  RETURNING *
+), st AS (
+  INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)
+  SELECT j.id, s.stage, j.scope_id, s.n - 1, 'pending', :now, :now
+  FROM j, unnest(CAST(:stages AS text[])) WITH ORDINALITY AS s(stage, n)
+)
+SELECT * FROM j
 """)
 
 
@@ -52,15 +55,14 @@ def insert_job_txn(
     config: dict[str, Any], config_hash: str, reverse_image_policy: str, mode: str, force_stages: Iterable[str],
     batch_id: uuid.UUID | None, now: datetime,
 ) -> Outcome[RowMapping]:
-    """— → queued, a job and its three pending stages (the active-job index is the referee: a second raises)."""
+    """— → queued, a job and its three pending stages (the active-job index is the referee: a second raises).
+
+    One statement; ``row``: the job as inserted."""
     job = conn.execute(INSERT_JOB, {
         "id": new_id(), "s": scope_id, "i": image_id, "rev": revision, "sha": image_sha256,
         "cfg": canonical_json(config), "ch": config_hash, "rip": reverse_image_policy, "mode": mode,
-        "force": list(force_stages), "b": batch_id, "now": now,
+        "force": list(force_stages), "b": batch_id, "now": now, "stages": [st.value for st in STAGE_ORDER],
     }).mappings().one()
-    conn.execute(INSERT_PENDING_STAGE, [
-        {"j": job["id"], "stage": st.value, "s": scope_id, "pos": n, "now": now} for n, st in enumerate(STAGE_ORDER)
-    ])
     return Outcome(True, (job,))
 
 

@@ -30,17 +30,20 @@ def image_doc(row: RowMapping, latest: RowMapping | None) -> dict[str, Any]:
     }
 
 
+# The image with its latest job's id and status, in one statement.
+IMAGE = sql("""
+SELECT i.*, lj.id AS lj_id, lj.status AS lj_status FROM images i
+LEFT JOIN LATERAL (SELECT id, status FROM processing_jobs WHERE image_id = i.id ORDER BY revision DESC LIMIT 1) lj
+  ON true
+WHERE i.scope_id = :s AND i.id = :id
+""")
+
+
 def get_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> dict[str, Any] | None:
-    row = conn.execute(
-        sql("SELECT * FROM images WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": image_id}
-    ).mappings().first()
+    row = conn.execute(IMAGE, {"s": scope_id, "id": image_id}).mappings().first()
     if row is None:
         return None
-    latest = conn.execute(
-        sql("SELECT id, status FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1"),
-        {"i": image_id},
-    ).mappings().first()
-    return image_doc(row, latest)
+    return image_doc(row, {"id": row["lj_id"], "status": row["lj_status"]} if row["lj_id"] else None)
 
 
 def list_images_txn(
@@ -81,14 +84,24 @@ def job_doc(row: RowMapping, stages: list[RowMapping]) -> dict[str, Any]:
     }
 
 
+# The job (the columns of its document) with its stages, one row per stage, in one statement.
+JOB = sql("""
+SELECT j.id, j.image_id, j.revision, j.status, j.mode, j.reverse_image_policy, j.image_sha256, j.current_stage,
+       j.error, j.retry_at, j.batch_id, j.created_at, j.updated_at, j.completed_at,
+       s.stage AS st_stage, s.status AS st_status, s.task_id AS st_task_id, s.attempt_count AS st_attempt_count,
+       s.error AS st_error, s.retry_at AS st_retry_at, s.updated_at AS st_updated_at
+FROM processing_jobs j LEFT JOIN job_stages s ON s.job_id = j.id
+WHERE j.scope_id = :s AND j.id = :id
+""")
+_STAGE_COLUMNS = ("stage", "status", "task_id", "attempt_count", "error", "retry_at", "updated_at")
+
+
 def get_job_txn(conn: Connection, scope_id: str, job_id: uuid.UUID) -> dict[str, Any] | None:
-    row = conn.execute(
-        sql("SELECT * FROM processing_jobs WHERE scope_id = :s AND id = :id"), {"s": scope_id, "id": job_id}
-    ).mappings().first()
-    if row is None:
+    rows = conn.execute(JOB, {"s": scope_id, "id": job_id}).mappings().all()
+    if not rows:
         return None
-    stages = conn.execute(sql("SELECT * FROM job_stages WHERE job_id = :j"), {"j": job_id}).mappings().all()
-    return job_doc(row, list(stages))
+    stages = [{c: r[f"st_{c}"] for c in _STAGE_COLUMNS} for r in rows if r["st_stage"] is not None]
+    return job_doc(rows[0], stages)
 
 
 def list_jobs_txn(
