@@ -412,6 +412,8 @@ def main() -> None:
     ap.add_argument("--skip-bare", action="store_true")
     ap.add_argument("--worker-concurrency", type=int,
                     help="-c of every lane worker (a solo worker ignores it: the threads of the local agent's, A/B)")
+    ap.add_argument("--agent-pool", choices=("threads", "prefork"),
+                    help="the local agent worker's pool (A/B; default: app.cli.processes.lane_pool's), with -c its cores")
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
@@ -429,6 +431,16 @@ def main() -> None:
     # gets), and with one thread per call (which wastes no CPU on spinning intra-op pools)
     configs = sorted({(n, 0) for n in procs} | {(n, 1) for n in procs})
     env = dict(kv.split("=", 1) for kv in args.env)
+    if args.agent_pool:  # the Stack picks each lane worker's pool with lane_pool: the agent's replaced
+        import app.cli.stack as stack_mod
+
+        default_pool = stack_mod.lane_pool
+
+        def lane_pool(settings, lanes):
+            pool, n = default_pool(settings, lanes)
+            return (args.agent_pool, n) if "agent" in lanes and pool == "threads" else (pool, n)
+
+        stack_mod.lane_pool = lane_pool
     components = None
     if args.without:
         from app.cli.stack import Stack
@@ -441,7 +453,8 @@ def main() -> None:
     warm = all_images[:args.warmup]
     sets = [all_images[args.warmup + r * args.n: args.warmup + (r + 1) * args.n] for r in range(args.rounds)]
     print(f"# {args.n} generated memes per round (+{args.warmup} warm-up), "
-          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}",
+          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}"
+          f"{', agent pool ' + args.agent_pool if args.agent_pool else ''}",
           flush=True)
     rounds = []
     with contextlib.ExitStack() as stack:
