@@ -206,6 +206,34 @@ def _wait_terminal(engine, job_ids: list[str], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _agent_threads() -> int:
+    """The local agent worker's concurrent calls (``lane_pool``: one per core)."""
+    from app.stages.cpu import available_cores
+
+    return available_cores()
+
+
+def _idle_with_work(tasks: list[tuple[float, float, float]], threads: int) -> float:
+    """Agent thread-seconds idle while an agent task waited: the integral over time of
+    min(threads - running, queued) where positive — ``tasks`` (created, started, completed). A task
+    counts as queued from its creation to its claim, running from its claim to its completion."""
+    events = []
+    for created, started, completed in tasks:
+        events += [(created, 0, 1), (started, 0, -1), (started, 1, 1), (completed, 1, -1)]
+    events.sort()
+    queued = running = 0
+    idle, last = 0.0, None
+    for t, kind, delta in events:
+        if last is not None:
+            idle += max(0, min(threads - running, queued)) * (t - last)
+        last = t
+        if kind == 0:
+            queued += delta
+        else:
+            running += delta
+    return idle
+
+
 def _busy(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -348,6 +376,12 @@ class Pipeline:
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
+        with self.engine.connect() as conn:
+            agent_rows = conn.execute(text(
+                "SELECT extract(epoch FROM t.created_at), extract(epoch FROM t.started_at),"
+                " extract(epoch FROM t.completed_at) FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[]))"
+                " AND t.lane = 'agent' AND t.status = 'succeeded'"), {"ids": ids}).all()
+        idle_waiting = _idle_with_work([(float(a), float(b), float(c)) for a, b, c in agent_rows], _agent_threads())
         if self.pg_stats:
             with self.engine.connect() as conn:
                 top = conn.execute(text(
@@ -396,7 +430,7 @@ class Pipeline:
             print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
         # tasks claimed together share their started_at (one claim transaction's clock)
         batches = {lane: len({a for ln, a, _b in rows if ln == lane and a is not None}) for lane in LANES}
-        return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+        return {"agent_idle_with_work_s": idle_waiting, "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
                                   "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
@@ -488,7 +522,10 @@ def main() -> None:
                     f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
                     "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
                     "; job latency s (upload to done): " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None))
+                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
+                    f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
+                    f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
+                    f" {_agent_threads()} x wall)")
                 print("      CPU ms per image per process group: " + ", ".join(
                     f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
                     f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)
