@@ -430,7 +430,8 @@ class Pipeline:
             print(f"      database totals since start: {db[0]} commits, {db[1]} sessions")
         # tasks claimed together share their started_at (one claim transaction's clock)
         batches = {lane: len({a for ln, a, _b in rows if ln == lane and a is not None}) for lane in LANES}
-        return {"agent_idle_with_work_s": idle_waiting, "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+        return {"agent_idle_with_work_s": idle_waiting,
+                "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
                                   "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}

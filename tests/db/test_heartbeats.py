@@ -84,3 +84,4 @@ def test_a_block_ended_mid_beat_waits_for_that_beat(engine, settings):
     release.set()
     exiting.join(10)
     assert order == ["beat", "exit"]
+
