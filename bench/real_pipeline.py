@@ -207,6 +207,34 @@ def _wait_terminal(engine, job_ids: list[str], timeout: float) -> None:
         time.sleep(0.1)
 
 
+def _agent_threads() -> int:
+    """The local agent worker's concurrent calls (``lane_pool``: one per core)."""
+    from app.stages.cpu import available_cores
+
+    return available_cores()
+
+
+def _idle_with_work(tasks: list[tuple[float, float, float]], threads: int) -> float:
+    """Agent thread-seconds idle while an agent task waited: the integral over time of
+    min(threads - running, queued) where positive — ``tasks`` (created, started, completed). A task
+    counts as queued from its creation to its claim, running from its claim to its completion."""
+    events = []
+    for created, started, completed in tasks:
+        events += [(created, 0, 1), (started, 0, -1), (started, 1, 1), (completed, 1, -1)]
+    events.sort()
+    queued = running = 0
+    idle, last = 0.0, None
+    for t, kind, delta in events:
+        if last is not None:
+            idle += max(0, min(threads - running, queued)) * (t - last)
+        last = t
+        if kind == 0:
+            queued += delta
+        else:
+            running += delta
+    return idle
+
+
 def _busy(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
@@ -349,6 +377,12 @@ class Pipeline:
             statuses = dict(conn.execute(text(
                 "SELECT status, count(*) FROM processing_jobs WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"),
                 {"ids": ids}).all())
+        with self.engine.connect() as conn:
+            agent_rows = conn.execute(text(
+                "SELECT extract(epoch FROM t.created_at), extract(epoch FROM t.started_at),"
+                " extract(epoch FROM t.completed_at) FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[]))"
+                " AND t.lane = 'agent' AND t.status = 'succeeded'"), {"ids": ids}).all()
+        idle_waiting = _idle_with_work([(float(a), float(b), float(c)) for a, b, c in agent_rows], _agent_threads())
         if self.pg_stats:
             with self.engine.connect() as conn:
                 top = conn.execute(text(
@@ -403,7 +437,8 @@ class Pipeline:
                 for lane in LANES}
         tail = {f"{up}->{down}": last[down] - last[up] for up, down in itertools.pairwise(LANES)
                 if last[up] is not None and last[down] is not None}
-        return {"n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
+        return {"agent_idle_with_work_s": idle_waiting,
+                "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
                 "tail_s": tail,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
@@ -420,6 +455,8 @@ def main() -> None:
     ap.add_argument("--skip-bare", action="store_true")
     ap.add_argument("--worker-concurrency", type=int,
                     help="-c of every lane worker (a solo worker ignores it: the threads of the local agent's, A/B)")
+    ap.add_argument("--agent-pool", choices=("threads", "prefork"),
+                    help="the local agent worker's pool (A/B; default: app.cli.processes.lane_pool's), with -c its cores")
     ap.add_argument("--skip-pipeline", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--json", type=Path)
@@ -437,6 +474,16 @@ def main() -> None:
     # gets), and with one thread per call (which wastes no CPU on spinning intra-op pools)
     configs = sorted({(n, 0) for n in procs} | {(n, 1) for n in procs})
     env = dict(kv.split("=", 1) for kv in args.env)
+    if args.agent_pool:  # the Stack picks each lane worker's pool with lane_pool: the agent's replaced
+        import app.cli.stack as stack_mod
+
+        default_pool = stack_mod.lane_pool
+
+        def lane_pool(settings, lanes):
+            pool, n = default_pool(settings, lanes)
+            return (args.agent_pool, n) if "agent" in lanes and pool == "threads" else (pool, n)
+
+        stack_mod.lane_pool = lane_pool
     components = None
     if args.without:
         from app.cli.stack import Stack
@@ -449,7 +496,8 @@ def main() -> None:
     warm = all_images[:args.warmup]
     sets = [all_images[args.warmup + r * args.n: args.warmup + (r + 1) * args.n] for r in range(args.rounds)]
     print(f"# {args.n} generated memes per round (+{args.warmup} warm-up), "
-          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}",
+          f"{sum(map(len, sets[0])) / len(sets[0]) / 1024:.0f} KiB PNG on average; pipeline env {env or 'defaults'}"
+          f"{', agent pool ' + args.agent_pool if args.agent_pool else ''}",
           flush=True)
     rounds = []
     with contextlib.ExitStack() as stack:
@@ -485,7 +533,10 @@ def main() -> None:
                     "; job latency s (upload to done): " + ", ".join(
                         f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
                     "; tail s (last completion after the upstream lane's last): " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in p["tail_s"].items()))
+                        f"{k} {v:.2f}" for k, v in p["tail_s"].items()) +
+                    f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
+                    f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
+                    f" {_agent_threads()} x wall)")
                 print("      CPU ms per image per process group: " + ", ".join(
                     f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
                     f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)

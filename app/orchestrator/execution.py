@@ -182,9 +182,13 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     now, lease_s = orch.now(), orch.settings.lease_s
     try:
         with orch.engine.begin() as conn:
-            tasks.generic_plans_txn(conn)
+            # the group claims' generic plans (tasks.generic_plans_txn) only where one runs: a hint
+            # whose task is claimable (a local agent's batch of 1) pays no SET for them
             claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT)
             # not matched: the hinted task was taken — one due member of its group instead, if any
+            generic = not claimed.matched
+            if generic:
+                tasks.generic_plans_txn(conn)
             row = claimed.row if claimed.matched else (
                 tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s).row
             )
@@ -193,6 +197,8 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
                 return []
             _admit_txn(orch, conn, row)
             group = task_id if row["id"] == task_id else row["hint_group"]
+            if n > 1 and not generic:
+                tasks.generic_plans_txn(conn)
             rows = [row] + (lanes.claim_group_txn(orch, conn, group, row, n - 1, owner) if n > 1 else [])
             claims = _agent_attempts_txn(orch, conn, rows, owner)
     except _Refused as refused:
@@ -285,10 +291,9 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
             else:
                 landed.append((claim, artifact))
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
-        locked.update(_write_agent_results_txn(orch, conn, [
-            (c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]
-        ], locked))
-        lanes.release_slots_txn(orch, conn, [c for c, _ in landed])
+        paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]]
+        locked.update(_write_agent_results_txn(orch, conn, paid, locked))
+        _close_paid_txn(orch, conn, paid, [c for c, _ in landed])
         hints = advance_jobs_txn(orch, conn, [
             (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
         ])
@@ -339,14 +344,28 @@ def _write_agent_results_txn(
         })
     # an image missing from the written rows changed its bytes under the lock: impossible, since
     # the caller locked them FOR UPDATE and checked the sha (stale claims are not passed here)
-    written = {r["id"]: r for r in images.write_agent_contexts_txn(conn, contexts, now).rows}
+    return {r["id"]: r for r in images.write_agent_contexts_txn(conn, contexts, now).rows}
+
+
+def _close_paid_txn(orch: Orchestrator, conn: Connection, results: list[tuple[Claim, AgentArtifact]],
+                    landed: list[Claim]) -> None:
+    """Close the attempts of ``results`` (the agents' fresh artifacts), commit their grants and free
+    the slots of every ``landed`` claim: one statement with the built-in policies
+    (``attempts.close_paid_many_txn``), a custom policy's own ``commit`` per grant otherwise."""
+    if not results:
+        lanes.release_slots_txn(orch, conn, landed)
+        return
+    now = orch.now()
     # not matched cannot be: each attempt is external_started until this fenced completion closes it
-    attempts.complete_many_txn(conn, [
-        {"attempt_id": a.attempt_id, "task_id": c.task_id, "result": {"context": a.context, "model": a.model},
-         "request_id": a.request_id} for c, a in results
-    ], now)
-    grants.commit_grants_txn(orch, conn, [c for c, _ in results])
-    return written
+    closing = [{"attempt_id": a.attempt_id, "task_id": c.task_id, "result": {"context": a.context, "model": a.model},
+                "request_id": a.request_id} for c, a in results]
+    if not grants.builtin_commit(orch):
+        attempts.complete_many_txn(conn, closing, now)
+        grants.commit_grants_txn(orch, conn, [c for c, _ in results])
+        lanes.release_slots_txn(orch, conn, landed)
+        return
+    attempts.close_paid_many_txn(conn, closing, grants.grant_ids_txn(conn, [c for c, _ in results]),
+                                 lanes.slot_holders(landed), now)
 
 
 @retry_on_disconnect

@@ -66,12 +66,22 @@ def commit_grants_txn(orch: Orchestrator, conn: Connection, claims: list[Claim])
     """In the fenced completion transaction: each paid operation happened exactly once. One
     statement with the built-in policies (their commit is a conditional state change); a custom
     policy's own ``commit`` per grant otherwise."""
-    ids = [g for g in (c.grant_id or store.task_grant_txn(conn, c.task_id) for c in claims) if g is not None]
-    if type(orch.policy).commit is AllowAllPolicy.commit:
+    ids = grant_ids_txn(conn, claims)
+    if builtin_commit(orch):
         store.commit_grants_txn(conn, ids, orch.now())  # not matched: no grant (or all committed): nothing to do
     else:
         for grant_id in ids:
             orch.policy.commit(conn, grant_id, orch.now())
+
+
+def grant_ids_txn(conn: Connection, claims: list[Claim]) -> list[uuid.UUID]:
+    """The grants the claims' tasks hold (read for a claim that does not carry its own)."""
+    return [g for g in (c.grant_id or store.task_grant_txn(conn, c.task_id) for c in claims) if g is not None]
+
+
+def builtin_commit(orch: Orchestrator) -> bool:
+    """Is the policy's ``commit`` the built-in one (a conditional state change, set-based)?"""
+    return type(orch.policy).commit is AllowAllPolicy.commit
 
 
 def mark_grant_unknown_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:

@@ -53,9 +53,14 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
     if not pools:
         return True  # unlimited: nothing to share, so nothing to be fair about
     now = orch.now()
+    expires = now + timedelta(seconds=orch.settings.lease_s)
+    if row["attempt_count"] == 1:  # a first claim holds no slot to take over: one statement admits it
+        for key, limit in pools:
+            _ensure_slots_txn(orch, conn, lane, key, limit, now)
+        return slots.admit_first_txn(conn, lane, row["resource_key"], row["scope_id"], pools, row["id"],
+                                     row["claim_generation"], expires, now).matched
     if slots.fairer_scope_waiting_txn(conn, lane, row["resource_key"], row["scope_id"], now):
         return False
-    expires = now + timedelta(seconds=orch.settings.lease_s)
     for key, limit in pools:
         # only a re-claim (an earlier execution's lease expired) can still hold a slot; not matched:
         # it holds none (or this is a first claim) — take a free one
@@ -63,15 +68,20 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
             conn, lane, key, row["id"], row["claim_generation"], expires, now
         ).matched:
             continue
-        marker = (str(orch.engine.url), lane, key, limit)
-        # slot rows are never deleted: once seen committed (ensure not matched: nothing to create),
-        # skip the check in this process; rows created now are not committed yet
-        if marker not in _SLOTS_READY and not slots.ensure_slots_txn(conn, lane, key, limit, now).matched:
-            _SLOTS_READY.add(marker)
+        _ensure_slots_txn(orch, conn, lane, key, limit, now)
         if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now).matched:
             return False  # no free slot: refuse the claim
     slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])
     return True
+
+
+def _ensure_slots_txn(orch: Orchestrator, conn: Connection, lane: str, key: str, limit: int, now) -> None:
+    """The pool's slot rows exist (created in this transaction if missing)."""
+    marker = (str(orch.engine.url), lane, key, limit)
+    # slot rows are never deleted: once seen committed (ensure not matched: nothing to create),
+    # skip the check in this process; rows created now are not committed yet
+    if marker not in _SLOTS_READY and not slots.ensure_slots_txn(conn, lane, key, limit, now).matched:
+        _SLOTS_READY.add(marker)
 
 
 def lane_batch_size(settings, lane: str) -> int:
@@ -163,9 +173,12 @@ def release_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None
 
 def release_slots_txn(orch: Orchestrator, conn: Connection, claims: list[Claim]) -> None:
     """``release_slot_txn`` for several claims, one statement (not matched: none held a slot)."""
-    slots.release_many_txn(
-        conn, [(c.task_id, c.generation) for c in claims if c.lane in LIMITED_LANES], orch.now()
-    )
+    slots.release_many_txn(conn, slot_holders(claims), orch.now())
+
+
+def slot_holders(claims: list[Claim]) -> list[tuple[uuid.UUID, int]]:
+    """(task id, generation) of the claims that may hold slots (their lane is limited)."""
+    return [(c.task_id, c.generation) for c in claims if c.lane in LIMITED_LANES]
 
 
 def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim, freed: int = 1) -> list[Hint]:

@@ -28,31 +28,85 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Extends the claims' leases every heartbeat_s in a thread; ``stop_requested`` on rejection/cancel."""
+    """Extends the claims' leases every heartbeat_s while the block runs; ``stop_requested`` on
+    rejection/cancel. One beater thread per process serves every open Heartbeat (``_Beater``):
+    a task no longer starts and joins a thread of its own (most end long before their first beat)."""
 
     def __init__(self, orch: Orchestrator, claims: list[Claim]):
         self.orch = orch
         self.claims = claims
         self.stop_requested = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.due = 0.0  # time.monotonic() of the next beat (the beater's, under its lock)
+        self._beating = threading.Lock()  # held while a beat of these claims runs
+        self._ended = False
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _beater.add(self, time.monotonic() + self.orch.settings.heartbeat_s)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
+        _beater.remove(self)
+        # a beat of these claims in flight ends first (at most 5 s, as the join of a beat thread
+        # did): the caller's terminal write comes after it
+        got = self._beating.acquire(timeout=5)
+        self._ended = True
+        if got:
+            self._beating.release()
 
-    def _run(self) -> None:
-        while not self._done.wait(self.orch.settings.heartbeat_s):
+    def beat(self) -> None:
+        """One beat of every claim (in the beater thread); nothing once the block ended."""
+        with self._beating:
+            if self._ended:
+                return
             for claim in self.claims:
                 try:
                     if not self.orch.heartbeat(claim):
                         self.stop_requested.set()
                 except Exception:  # a DB hiccup: the lease may lapse, the fencing keeps us safe
                     log.exception("heartbeat failed", extra={"task_id": claim.task_id})
+
+
+class _Beater:
+    """The process's heartbeat thread: beats each open Heartbeat when it is due, one after the
+    other, and sleeps until the next is due (started on first use; a forked child starts its own)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open: set[Heartbeat] = set()
+        self._wake_at = float("inf")  # when the thread's current wait ends
+        self._thread: threading.Thread | None = None
+
+    def add(self, hb: Heartbeat, due: float) -> None:
+        with self._cond:
+            hb.due = due
+            self._open.add(hb)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+                self._thread.start()
+            elif due < self._wake_at:  # due before the thread wakes: wake it (not the usual case)
+                self._cond.notify()
+
+    def remove(self, hb: Heartbeat) -> None:
+        with self._cond:
+            self._open.discard(hb)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [hb for hb in self._open if hb.due <= now]
+                for hb in due:
+                    hb.due = now + hb.orch.settings.heartbeat_s
+                if not due:
+                    self._wake_at = min((hb.due for hb in self._open), default=float("inf"))
+                    self._cond.wait(None if self._wake_at == float("inf") else self._wake_at - now)
+                    self._wake_at = float("-inf")  # awake: an add needs no notify
+                    continue
+            for hb in due:
+                hb.beat()
+
+
+_beater = _Beater()
 
 
 _CALL_THREADS = 64  # a bound, not a pool size: threads start only as concurrent calls need them
@@ -71,8 +125,9 @@ def _calls() -> ThreadPoolExecutor:
 
 
 def _forget_call_pool() -> None:  # a forked child has none of its parent's threads
-    global _call_pool, _call_pool_lock
+    global _call_pool, _call_pool_lock, _beater
     _call_pool, _call_pool_lock = None, threading.Lock()
+    _beater = _Beater()
 
 
 os.register_at_fork(after_in_child=_forget_call_pool)

@@ -185,9 +185,10 @@ def _deregister_worker(**_: object) -> None:
 
 @signals.worker_process_init.connect
 def _fresh_runtime_in_child(**_: object) -> None:
-    # A prefork child must not use the parent's pooled connections.
+    # A prefork child must not use the parent's pooled connections. It runs one task at a time:
+    # a local agent's child warms one OCR engine, not one per core.
     reset_runtime()
-    _preload_from_env()
+    _preload_from_env(1)
 
 
 @signals.worker_init.connect

@@ -323,3 +323,35 @@ def test_reverse_image_policy_is_frozen_into_the_job_and_the_context(engine, set
     payloads = [r[0]["reverse_image_policy"] for r in rows(
         engine, "SELECT payload FROM tasks WHERE stage = 'agent' ORDER BY created_at")]
     assert payloads == ["forbid", "auto"]
+
+
+def test_a_first_claim_takes_a_slot_in_every_pool_or_none(engine, settings):
+    """The one-statement admission (slots.admit_first_txn) with two pools: the global lane limit
+    and a per-resource-key limit of one. A claim refused for the full resource pool writes nothing
+    — its global slot stays free — and the claim after the completion gets both."""
+    from app.stages.providers import Providers
+    from app.worker import executor, run
+    from tests.support.agents import step
+
+    settings = dataclasses.replace(settings, agent_lane_limit=4, agent_resource_limit=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    for i in range(2):
+        pub.publish(store_and_ingest(orch, "local", png_bytes(7400 + i)).hints)
+    hints = [step(orch, providers, pub, stop_lane="agent") for _ in range(2)]
+    first = orch.claim_agent_batch(hints[0].task_id, 1, "w1")
+    assert len(first) == 1
+    held = "SELECT resource_key, count(*) FROM lane_slots WHERE task_id IS NOT NULL GROUP BY 1 ORDER BY 1"
+    assert [n for _, n in rows(engine, held)] == [1, 1]  # one global ('*') slot and one of the key
+    assert orch.claim_agent_batch(hints[1].task_id, 1, "w2") == []  # the key's pool is full: refused
+    assert [n for _, n in rows(engine, held)] == [1, 1]  # nothing taken for the refused claim
+    assert rows(engine, "SELECT status FROM tasks WHERE id = :t", t=hints[1].task_id) == [("queued",)]
+    claim = first[0]
+    with run.Heartbeat(orch, [claim]):
+        artifact = executor.execute_agent(settings, providers, claim)
+    freed = orch.complete_tasks([(claim, artifact)])
+    assert rows(engine, held) == []  # the completion freed both
+    assert rows(engine, "SELECT state FROM task_attempts WHERE task_id = :t", t=claim.task_id) == [("completed",)]
+    assert [h.task_id for h in freed if h.lane == "agent"] == [hints[1].task_id]  # the refused task, hinted
+    assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w2")) == 1
+    assert [n for _, n in rows(engine, held)] == [1, 1]

@@ -103,3 +103,45 @@ def open_attempt_ids_txn(conn: Connection, attempt_ids: list[str]) -> set[str]:
             {"ids": list(attempt_ids)},
         ).scalars()
     )
+
+
+# A batch's paid outcomes closed in one statement (issue 21): complete_many_txn's attempts,
+# grants.commit_grants_txn's grants and slots.release_many_txn's slots, each UPDATE with its own
+# condition, on the statement's one snapshot (three tables, no row written twice).
+CLOSE_PAID = sql("""
+WITH done AS (
+  UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),
+         provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now
+  FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)
+  WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t AND a.state = 'external_started'
+  RETURNING 1
+), paid AS (
+  UPDATE operation_grants SET state = 'committed', updated_at = :now
+  WHERE id = ANY(CAST(:grants AS uuid[])) AND state = 'acquired'
+  RETURNING 1
+), freed AS (
+  UPDATE lane_slots s SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL, updated_at = :now
+  FROM unnest(CAST(:tasks AS uuid[]), CAST(:gens AS bigint[])) AS h(t, gen)
+  WHERE s.task_id = h.t AND s.task_id = ANY(CAST(:tasks AS uuid[])) AND s.claim_generation = h.gen
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM paid) AS committed,
+       (SELECT count(*) FROM freed) AS released
+""")
+
+
+@transition
+def close_paid_many_txn(
+    conn: Connection, rows: list[dict], grant_ids: list[uuid.UUID], holders: list[tuple[uuid.UUID, int]],
+    now: datetime,
+) -> Outcome[RowMapping]:
+    """external_started → completed (``rows`` as complete_many_txn), acquired → committed (the
+    built-in policies' grants) and held → free (the slots of ``holders``: task id, generation), one
+    statement. ``row``: how many of each changed; matched when an attempt was completed."""
+    row = conn.execute(CLOSE_PAID, {
+        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
+                        "rid": r["request_id"]} for r in rows]),
+        "ids": [r["attempt_id"] for r in rows], "grants": list(grant_ids),
+        "tasks": [t for t, _ in holders], "gens": [g for _, g in holders], "now": now,
+    }).mappings().one()
+    return Outcome(row["completed"] > 0, (row,), int(row["completed"]))

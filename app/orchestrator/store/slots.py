@@ -273,3 +273,70 @@ def assign_txn(
         "lane": lane, "rk": resource_key, "slots": slot_nos, "tasks": [r["id"] for r in holders],
         "gens": [r["claim_generation"] for r in holders], "exp": expires, "now": now,
     }).rowcount)
+
+
+# A first claim's admission in one statement (lanes.acquire_slot_txn's common case, issue 21): the
+# fairness check (FAIRER_SCOPE_WAITING's two CTEs, spelled out), then — only when no fairer scope
+# waits (a one-time filter: nothing is locked otherwise) — one free slot per pool locked SKIP
+# LOCKED, taken only if every pool had one, and the scope's dispatch recorded with the slots. Every
+# data-modifying CTE runs on the statement's one snapshot, as the three statements it replaces ran
+# on theirs: the slot rows' own columns decide "free" (see TAKE_FREE), and a refused claim (fairer
+# scope, or a pool without a free slot) changes nothing here — its transaction is rolled back.
+ADMIT_FIRST = sql("""
+WITH RECURSIVE w AS (
+  (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'
+   ORDER BY resource_key, scope_id LIMIT 1)
+  UNION ALL
+  SELECT n.resource_key, n.scope_id FROM w, LATERAL (SELECT resource_key, scope_id FROM tasks
+    WHERE lane = :lane AND status = 'queued' AND (resource_key, scope_id) > (w.resource_key, w.scope_id)
+    ORDER BY resource_key, scope_id LIMIT 1) n
+), h AS (
+  SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,
+         coalesce(f.last_dispatch_seq, 0) AS seq FROM w
+  LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id
+  CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane
+    AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id
+    AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
+    ORDER BY t.priority DESC, t.created_at LIMIT 1) c
+), fair AS MATERIALIZED (
+  SELECT EXISTS (SELECT 1 FROM h WHERE h.resource_key = :rk AND h.scope_id <> :s
+                 AND h.seq < coalesce((SELECT last_dispatch_seq FROM lane_fairness WHERE lane = :lane
+                                       AND resource_key = :rk AND scope_id = :s), 0)) AS fairer
+), pick AS MATERIALIZED (
+  SELECT p.rk, x.slot_no FROM unnest(CAST(:keys AS text[]), CAST(:limits AS int[])) AS p(rk, lim)
+  CROSS JOIN LATERAL (SELECT slot_no FROM lane_slots ls WHERE ls.lane = :lane AND ls.resource_key = p.rk
+    AND ls.slot_no < p.lim AND (ls.task_id IS NULL OR ls.lease_expires_at < :now)
+    ORDER BY ls.slot_no LIMIT 1 FOR UPDATE SKIP LOCKED) x
+  WHERE NOT (SELECT fairer FROM fair)
+), ok AS MATERIALIZED (
+  SELECT count(*) = cardinality(CAST(:keys AS text[])) AS admitted FROM pick
+), take AS (
+  UPDATE lane_slots s SET task_id = :t, claim_generation = :gen, lease_expires_at = :exp, updated_at = :now
+  FROM pick WHERE (SELECT admitted FROM ok) AND s.lane = :lane AND s.resource_key = pick.rk
+    AND s.slot_no = pick.slot_no
+  RETURNING s.slot_no
+), dispatch AS (
+  INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)
+  SELECT :lane, :rk, :s, nextval('lane_dispatch_seq') WHERE (SELECT admitted FROM ok)
+  ON CONFLICT (lane, resource_key, scope_id) DO UPDATE SET last_dispatch_seq = EXCLUDED.last_dispatch_seq
+)
+SELECT (SELECT fairer FROM fair) AS fairer, (SELECT admitted FROM ok) AS admitted,
+       (SELECT count(*) FROM take) AS taken
+""")
+
+
+@transition
+def admit_first_txn(
+    conn: Connection, lane: str, resource_key: str, scope_id: str, pools: list[tuple[str, int]],
+    task_id: uuid.UUID, gen: int, expires: datetime, now: datetime,
+) -> Outcome[RowMapping]:
+    """free → held, one slot per pool, and the scope to the back of the round: a first claim's
+    admission (fairer_scope_waiting_txn, take_free_txn per pool, record_dispatch_txn) in one
+    statement. Matched: admitted (``row``: fairer, admitted, taken). Not matched: refused — a fairer
+    scope waits (``row.fairer``) or a pool had no free slot — and nothing was written. ``pools``:
+    (resource key, limit) of each pool, their slot rows known to exist (``ensure_slots_txn``)."""
+    row = conn.execute(ADMIT_FIRST, {
+        "lane": lane, "rk": resource_key, "s": scope_id, "keys": [k for k, _ in pools],
+        "limits": [n for _, n in pools], "t": task_id, "gen": gen, "exp": expires, "now": now,
+    }).mappings().one()
+    return Outcome(bool(row["admitted"]), (row,), int(row["taken"]))

@@ -99,7 +99,7 @@ class LocalOcrAgent:
             "tags": salient_words(lines, self.max_tags),
             "facts": visual_facts(image),
         }
-        result = AgentResult(context=context, model=self.config()["model"], request_id=attempt_id)
+        result = AgentResult(context=context, model=self.ocr.name, request_id=attempt_id)  # config()["model"]
         self.records.write(attempt_id, result)
         return result
 
