@@ -42,14 +42,17 @@ def celery_cmd(*args: str) -> list[str]:
 
 def worker_cmd(
     lanes: list[str] | tuple[str, ...], *, pool: str = "solo", concurrency: int = 1, node: str | None = None,
-    loglevel: str = "INFO", heartbeat: bool = True,
+    loglevel: str = "INFO", heartbeat: bool = True, prefetch: int = 1,
 ) -> list[str]:
-    """``celery worker`` consuming ``lanes``' queues (node name ``<lanes>@<host>`` unless given)."""
+    """``celery worker`` consuming ``lanes``' queues (node name ``<lanes>@<host>`` unless given);
+    ``prefetch``: its prefetch multiplier (celeryconfig's is 1, see :func:`lane_prefetch`)."""
     node = node or f"{'+'.join(lanes)}-{os.getpid()}@{socket.gethostname()}"
     cmd = celery_cmd(
         "worker", "-Q", ",".join(lanes), "-P", pool, "-c", str(concurrency), "-n", node, "-l", loglevel,
         "--without-gossip", "--without-mingle",
     )
+    if prefetch != 1:
+        cmd += ["--prefetch-multiplier", str(prefetch)]
     if not heartbeat:
         cmd.append("--without-heartbeat")
     return cmd
@@ -71,6 +74,24 @@ def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
 
         return "threads", available_cores()
     return "solo", 1
+
+
+#: The prefetch multiplier of a local agent's threads worker (see :func:`lane_prefetch`).
+LOCAL_AGENT_PREFETCH = 2
+
+
+def lane_prefetch(settings: Settings, lanes, pool: str) -> int:
+    """The prefetch multiplier a worker of ``lanes`` on ``pool`` runs with.
+
+    1 (celeryconfig's) for every worker but a local agent's threads pool, which reserves the next
+    hint of each thread while the thread still runs its call (``LOCAL_AGENT_PREFETCH``): with 1,
+    a thread that finished waited for its ack, the next fetch and the dispatch (10–20 ms of an
+    idle core per ≈ 130 ms OCR call, docs/performance.md §31). A reserved hint is only a wake-up:
+    the claim in PostgreSQL still decides which task runs, and a worker that dies leaves its
+    reserved messages to redelivery (late acks) or the sweep's re-hint."""
+    if pool == "threads" and "agent" in lanes and settings.agent_is_local:
+        return LOCAL_AGENT_PREFETCH
+    return 1
 
 
 def beat_cmd(schedule_file: Path, *, loglevel: str = "INFO") -> list[str]:
@@ -199,7 +220,8 @@ def worker(
     env["MEMEFLOW_WORKER_MAINTENANCE"] = "1" if serve_maintenance else "0"
     default_pool, default_concurrency = lane_pool(s, lanes)
     pool, concurrency = pool or default_pool, concurrency or default_concurrency
-    _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel), env)
+    _exec(worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=node, loglevel=loglevel,
+                     prefetch=lane_prefetch(s, lanes, pool)), env)
 
 
 @click.command()

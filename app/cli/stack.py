@@ -29,6 +29,7 @@ from app.cli.processes import (
     flower_cmd,
     flower_env,
     lane_pool,
+    lane_prefetch,
     settings_env,
     worker_cmd,
 )
@@ -185,8 +186,9 @@ class Stack:
                 plan.append(Child(name, api_cmd(s.api_host, s.api_port), self.child_env(), log_path, port=s.api_port))
             elif name in WORKER_QUEUES:
                 pool, concurrency = lane_pool(s, [name])
-                cmd = worker_cmd([name], pool=self.worker_pool or pool,
-                                 concurrency=self.worker_concurrency or concurrency, node=f"{name}@{host}")
+                pool = self.worker_pool or pool
+                cmd = worker_cmd([name], pool=pool, concurrency=self.worker_concurrency or concurrency,
+                                 node=f"{name}@{host}", prefetch=lane_prefetch(s, [name], pool))
                 plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path))
             elif name == "beat":
                 self.run_dir.mkdir(parents=True, exist_ok=True)

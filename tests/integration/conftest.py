@@ -105,13 +105,13 @@ class CeleryCluster:
         return proc
 
     def worker(self, *lanes: str, name: str | None = None, wait: bool = True, pool: str = "solo",
-               concurrency: int = 1, **env: str) -> Proc:
+               concurrency: int = 1, prefetch: int = 1, **env: str) -> Proc:
         """A worker (solo pool unless ``pool``) consuming ``lanes``; returns once it logs ``ready``."""
         from app.cli.processes import worker_cmd
 
         name = name or f"{'-'.join(lanes)}-{uuid.uuid4().hex[:6]}"
         cmd = worker_cmd(list(lanes), pool=pool, concurrency=concurrency, node=f"{name}@{socket.gethostname()}",
-                         heartbeat=False)
+                         heartbeat=False, prefetch=prefetch)
         proc = self._spawn(name, cmd, self.env(MEMEFLOW_WORKER_LANES=",".join(lanes), **env))
         if wait:
             self.wait_ready(proc)
@@ -313,11 +313,12 @@ def live_stack(services, template_db, tmp_path_factory):
     cluster = CeleryCluster(settings, broker, tmp)
     engine = make_engine(settings.database_url)
     try:
-        from app.cli.processes import lane_pool
+        from app.cli.processes import lane_pool, lane_prefetch
 
         for lane in ("visual", "agent", "embedding"):  # as `memeflow up` runs them (local-ocr: threads)
             pool, concurrency = lane_pool(settings, [lane])
-            cluster.worker(lane, name=f"live-{lane}", wait=False, pool=pool, concurrency=concurrency)
+            cluster.worker(lane, name=f"live-{lane}", wait=False, pool=pool, concurrency=concurrency,
+                           prefetch=lane_prefetch(settings, [lane], pool))
         for proc in cluster.procs:
             cluster.wait_ready(proc)
         yield LiveStack(settings, cluster, engine)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from app.cli.processes import lane_pool
+from app.cli.processes import LOCAL_AGENT_PREFETCH, lane_pool, lane_prefetch
 from app.cli.stack import Stack
 from app.config import LOCAL_AGENT_LANE_LIMIT, REMOTE_AGENT_LANE_LIMIT, Settings, SettingsError
 from app.orchestrator.lanes import lane_batch_size
@@ -54,6 +54,26 @@ def test_the_stack_runs_a_local_agent_in_threads_and_takes_explicit_pools(tmp_pa
     assert pools(Stack(settings)) == {"visual": ("solo", "1"), "agent": ("threads", str(available_cores())),
                                       "embedding": ("solo", "1")}
     assert set(pools(Stack(settings, worker_pool="prefork", worker_concurrency=3)).values()) == {("prefork", "3")}
+
+
+def test_only_a_local_agents_threads_worker_prefetches_the_next_hint_of_each_thread(tmp_path):
+    local, remote = Settings(agent_provider="local-ocr"), Settings(agent_provider="openai-compatible")
+    assert lane_prefetch(local, ["agent"], "threads") == LOCAL_AGENT_PREFETCH == 2
+    assert lane_prefetch(local, ["agent"], "prefork") == 1  # an explicit pool: celeryconfig's 1
+    assert lane_prefetch(remote, ["agent"], "threads") == 1  # a paid agent reserves nothing ahead
+    assert lane_prefetch(local, ["visual"], "solo") == lane_prefetch(local, ["embedding"], "solo") == 1
+
+    def prefetch(stack):
+        out = {}
+        for child in stack._plan():
+            if child.name in ("visual", "agent", "embedding"):
+                cmd = child.cmd
+                out[child.name] = cmd[cmd.index("--prefetch-multiplier") + 1] if "--prefetch-multiplier" in cmd else "1"
+        return out
+
+    settings = Settings(var_dir=tmp_path, agent_provider="local-ocr")
+    assert prefetch(Stack(settings)) == {"visual": "1", "agent": "2", "embedding": "1"}
+    assert set(prefetch(Stack(settings, worker_pool="prefork", worker_concurrency=3)).values()) == {"1"}
 
 
 def test_thread_settings_reach_the_local_providers():
