@@ -20,22 +20,17 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.config import Settings
 from app.db.engine import read_connection
-from app.db.enums import STAGE_ORDER
 from app.ids import parse_uuid
 from app.orchestrator import batches, changes, events, execution, lanes, limits, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
 from app.orchestrator.policy import OperationPolicy, policy_from_settings
-from app.orchestrator.stages import by_lane, lane_of
+from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.store import reads
 from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
 
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
-#: each lane's earlier lanes in the stage order (the lanes whose completions feed it)
-_EARLIER_LANES: dict[str, tuple[str, ...]] = {
-    lane_of(s): tuple(lane_of(e) for e in STAGE_ORDER[:n]) for n, s in enumerate(STAGE_ORDER)
-}
 
 
 def utcnow() -> datetime:
@@ -131,7 +126,7 @@ class Orchestrator:
     def earlier_lanes_active(self, lane: str) -> bool:
         """Whether a task of a lane before ``lane`` in the stage order is queued or running, i.e.
         whether a completion may still feed ``lane`` more work (its batch linger's question)."""
-        earlier = _EARLIER_LANES.get(lane, ())
+        earlier = earlier_lanes(lane)
         if not earlier:
             return False
         with read_connection(self.engine) as conn:

@@ -245,6 +245,12 @@ def lane_of(stage: str) -> str:
     return SPECS[str(stage)].lane.value
 
 
+def earlier_lanes(lane: str) -> tuple[str, ...]:
+    """The lanes of the stages before ``lane``'s in the pipeline order (those whose completions feed it)."""
+    order = [s.lane.value for s in STAGES]
+    return tuple(order[:order.index(str(lane))]) if str(lane) in order else ()
+
+
 def write_artifacts_txn(conn: Connection, results: list[tuple[Claim, Any]]) -> None:
     """The stored artifacts of landed, non-stale claims that have a writer: one statement per stage."""
     known = tuple(s.artifact for s in STAGES)

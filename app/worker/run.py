@@ -13,11 +13,11 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from app import metrics
-from app.db.enums import STAGE_ORDER, Lane
+from app.db.enums import Lane
 from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
-from app.orchestrator.stages import by_lane, lane_of
+from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.types import Claim
 from app.stages.agent import records
 from app.stages.errors import StageError
@@ -214,7 +214,7 @@ def handle_hint(
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
     if linger > 0:
-        _linger(lane, linger, functools.partial(orch.earlier_lanes_active, lane) if _has_earlier(lane) else None)
+        _linger(lane, linger, functools.partial(orch.earlier_lanes_active, lane) if earlier_lanes(lane) else None)
     claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
     if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
         _BATCH_ENDED[lane] = time.monotonic()
@@ -232,10 +232,6 @@ _BATCH_ENDED: dict[str, float] = {}
 
 #: How often a lingering worker asks whether the earlier lanes still have work (seconds).
 LINGER_RECHECK_S = 0.1
-
-
-def _has_earlier(lane: str) -> bool:
-    return lane != lane_of(STAGE_ORDER[0])
 
 
 def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None = None) -> None:
