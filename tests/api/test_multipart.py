@@ -12,7 +12,6 @@ from werkzeug.sansio import multipart as wz
 
 from app.api import multipart as mp
 
-LB = rb"(?:\r\n|\n|\r)"
 ALPHABET = [b"-", b"\r", b"\n", b" ", b"\t", b"\x0b", b"\x0c", b"a", b"b", b"\x00", b"\xff"]
 
 
@@ -47,7 +46,7 @@ def test_search_matches_werkzeugs_patterns(boundary):
         for kind in (bytes, bytearray):
             data = kind(buf)
             for pos in {0, 1, 2, rng.randrange(0, len(buf) + 2)}:
-                for theirs, mine in zip((preamble_re, boundary_re), ours):
+                for theirs, mine in zip((preamble_re, boundary_re), ours, strict=True):
                     want, got = theirs.search(data, pos), mine.search(data, pos)
                     if want is None:
                         assert got is None, (buf, pos)
