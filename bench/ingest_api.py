@@ -117,6 +117,33 @@ def _print_stats(engine, n: int, commits0: int) -> float:
     return total / n
 
 
+def _start_profile(directory: Path, procs: list) -> list:
+    """py-spy record (on-CPU, every thread) of each API process into ``directory``."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy")
+    if not spy:
+        print("# --profile: py-spy is not on PATH", flush=True)
+        return []
+    directory.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([spy, "record", "--nonblocking", "--threads", "-r", "100", "-f", "raw", "-o",
+                              str(directory / f"api-{p.pid}.txt"), "-p", str(p.pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in procs]
+
+
+def _stop_profile(spies: list) -> None:
+    import signal
+
+    for sp in spies:
+        sp.send_signal(signal.SIGINT)
+    for sp in spies:
+        try:
+            sp.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - a profiler that hangs must not keep the stack up
+            sp.kill()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="uploads per measurement")
@@ -125,6 +152,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--pg-stats", action="store_true", help="statements per upload (pg_stat_statements)")
     ap.add_argument("--json", type=Path, help="write the measurements here")
+    ap.add_argument("--profile", type=Path,
+                    help="py-spy (on PATH) the API processes into this dir, on-CPU samples only (raw collapsed stacks)")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
@@ -167,6 +196,7 @@ def main() -> None:
         run(base, images[:5], 1, media)  # warm: connections, first requests
         cursor = 5
         groups = _process_groups(stack)
+        spies = _start_profile(args.profile, groups.get("api", [])) if args.profile else []
         for r in range(args.rounds):
             for clients in levels:
                 chunk = images[cursor:cursor + args.n]
@@ -187,6 +217,7 @@ def main() -> None:
                                 "cpu_ms_per_upload": {k: 1000 * v / len(chunk) for k, v in cpu.items()}})
                 if engine is not None:
                     results[-1]["statements"] = _print_stats(engine, len(chunk), commits0)
+        _stop_profile(spies)
         if args.json:
             import json
 

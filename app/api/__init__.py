@@ -73,6 +73,9 @@ def create_app(
 
         store = FileStore(settings.storage_path)
 
+    from app.api import multipart
+
+    multipart.install()  # werkzeug's multipart decoder without per-request regex compiles
     app = Flask("memeflow.api")
     app.request_class = UploadRequest
     install_request_guards(app, settings, scope_resolver)  # first: Host allow-list, local-only none mode

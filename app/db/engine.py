@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+import select
+import time
+import types
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection
 
 from app.db import fastpath, jsoncodec
@@ -23,9 +27,12 @@ def make_engine(
     Its connections run the store's parsed statements on the psycopg cursor directly
     (``app.db.fastpath``); everything else goes through SQLAlchemy as usual.
 
-    ``pre_ping=False`` (workers) saves a round trip per checkout; a connection broken by a
-    database restart is then detected on use, the pool is invalidated and the orchestrator
-    retries that operation once (``execution.retry_on_disconnect``).
+    ``pre_ping=True`` (the API, the CLI): a connection checked out of the pool is known alive
+    before its first statement, without a round trip when it can be told locally
+    (:func:`install_local_ping`); a dead one is replaced transparently.
+    ``pre_ping=False`` (workers) saves even that; a connection broken by a database restart is
+    then detected on use, the pool is invalidated and the orchestrator retries that operation
+    once (``execution.retry_on_disconnect``).
     """
     engine = create_engine(
         driver_url(url),
@@ -39,7 +46,72 @@ def make_engine(
     )
     if fastpath.SUPPORTED:  # the store's statements skip SQLAlchemy's execution overhead
         engine._connection_cls = fastpath.FastConnection
+    if pre_ping:
+        install_local_ping(engine)
     return engine
+
+
+#: A connection idle in the pool for longer than this gets the real round-trip ping.
+PING_AFTER_IDLE_S = 10.0
+_IDLE_SINCE = "_memeflow_idle_since"
+_POLL_EVENTS = select.POLLIN | select.POLLPRI
+
+
+def install_local_ping(engine: Engine, *, after_idle_s: float | None = None) -> None:
+    """Make the pool's pre-ping free for a connection that proves itself alive locally.
+
+    SQLAlchemy's pre-ping sends an empty query on every checkout — a round trip, and API and
+    PostgreSQL CPU, per transaction (docs/performance.md §33). A PostgreSQL restart (or a
+    terminated backend, an idle-session timeout, a crash) never leaves a connection silently
+    dead: the server's side of the socket closes (and usually says why, a FATAL first), so the
+    idle connection's socket turns readable — end of file, or the message. So a connection passes
+    without a round trip when libpq has not seen it fail, it is idle outside a transaction, it went
+    back to the pool at most ``after_idle_s`` ago (default :data:`PING_AFTER_IDLE_S`), and a
+    zero-timeout poll finds nothing to read on its socket: nothing can have arrived on a healthy
+    idle connection. Anything else — something to read, a long idle (a host or network that
+    vanished without closing the socket cannot be seen locally), a non-psycopg connection —
+    gets SQLAlchemy's ordinary round-trip ping, and a failed ping reconnects as before.
+    """
+    limit = PING_AFTER_IDLE_S if after_idle_s is None else after_idle_s
+    dialect = engine.dialect
+    round_trip = dialect.do_ping
+
+    @event.listens_for(engine.pool, "checkin")
+    def _idle_since(dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection is not None:
+            try:
+                setattr(dbapi_connection, _IDLE_SINCE, time.monotonic())
+            except AttributeError:  # a DBAPI connection without a __dict__: always the round trip
+                pass
+
+    def do_ping(self: Any, dbapi_connection: Any) -> bool:
+        if alive_locally(dbapi_connection, limit):
+            return True
+        return round_trip(dbapi_connection)
+
+    dialect.do_ping = types.MethodType(do_ping, dialect)
+
+
+def alive_locally(dbapi_connection: Any, after_idle_s: float = PING_AFTER_IDLE_S) -> bool:
+    """True when the psycopg connection is certainly usable without asking the server (see
+    :func:`install_local_ping`); False means "not known": ping it."""
+    idle_since = getattr(dbapi_connection, _IDLE_SINCE, None)
+    if idle_since is None or time.monotonic() - idle_since > after_idle_s:
+        return False
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    if pgconn is None or getattr(dbapi_connection, "closed", True) or getattr(dbapi_connection, "broken", True):
+        return False
+    try:
+        from psycopg.pq import ConnStatus, TransactionStatus
+
+        if pgconn.status != ConnStatus.OK or pgconn.transaction_status != TransactionStatus.IDLE:
+            return False
+        fd = pgconn.socket
+        poller = select.poll()
+        poller.register(fd, _POLL_EVENTS)
+        return not poller.poll(0)  # POLLHUP / POLLERR are reported whatever was asked for
+    except Exception:  # noqa: BLE001 - any doubt: the round trip decides
+        return False
 
 
 def read_connection(engine: Engine) -> Connection:
