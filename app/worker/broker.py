@@ -75,6 +75,10 @@ class RedisChannel(kombu_redis.Channel):
             client = self._sync_client = super()._create_client()
         return client
 
+    def _disconnect_pools(self):
+        self._sync_client = None  # its pool is going: the next command builds one on the new pool
+        super()._disconnect_pools()
+
 
 class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport on :class:`RedisChannel`."""
