@@ -269,7 +269,8 @@ def test_dominant_colors_of_a_decoded_image_make_no_full_size_copy(monkeypatch):
         pal = q.getpalette()
         seen = []
         for _, i in sorted(q.getcolors(), key=lambda c: (-c[0], c[1])):
-            hx = "#%02x%02x%02x" % tuple(pal[i * 3:i * 3 + 3])
+            r, g, b = pal[i * 3:i * 3 + 3]
+            hx = f"#{r:02x}{g:02x}{b:02x}"
             if hx not in seen:
                 seen.append(hx)
         expected.append(seen[:3])
