@@ -18,7 +18,7 @@ from kombu import Exchange, Queue
 
 from app.config import get_settings
 from app.db.enums import Lane
-from app.worker.broker import broker_url_for
+from app.worker.broker import broker_transport_for, broker_url_for
 
 _settings = get_settings()
 
@@ -41,6 +41,9 @@ SEED_BATCH_TASK = "memeflow.seed_batch"
 SEARCH_INDEXES_TASK = "memeflow.search_indexes"
 
 broker_url = broker_url_for(_settings)
+# kombu's Redis transport with one client object per pool for its publishes, acks and QoS updates
+# (app/worker/broker.py: kombu built one per command); the same commands on the wire
+broker_transport = broker_transport_for(broker_url)
 broker_connection_retry_on_startup = True
 broker_connection_retry = True
 broker_connection_max_retries = None  # a worker waits for its broker forever
@@ -77,6 +80,9 @@ worker_redirect_stdouts = False
 # work; without Flower workers do not pay for them. MEMEFLOW_WORKER_TASK_EVENTS=true forces them.
 worker_send_task_events = _settings.worker_task_events
 task_send_sent_event = False
+# Celery's consumer, whose buffered task events go out once per EVENTS_FLUSH_S (0.5 s) in one
+# message instead of one message per event (app/worker/consumer.py)
+worker_consumer = "app.worker.consumer:Consumer"
 worker_cancel_long_running_tasks_on_connection_loss = False
 
 task_default_queue = MAINTENANCE

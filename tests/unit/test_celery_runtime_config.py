@@ -111,3 +111,83 @@ def test_a_worker_stops_continuing_hints_when_shutting_down_or_when_deliveries_w
     waiting = Req()
     monkeypatch.setattr(state, "reserved_requests", {running, waiting})
     assert tasks._stop_continuing()
+
+
+class _Hub:
+    def __init__(self):
+        self.soon, self.later = [], []
+
+    def call_soon(self, callback):
+        self.soon.append(callback)
+
+    def call_later(self, delay, callback):
+        self.later.append((delay, callback))
+
+
+class _Dispatcher:
+    def __init__(self):
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def _consumer():
+    from vine import promise
+
+    from app.worker.consumer import Consumer
+
+    c = Consumer.__new__(Consumer)  # the event-buffer logic only (a real one needs a worker)
+    c.hub, c.event_dispatcher = _Hub(), _Dispatcher()
+    c._schedule_flush_promise = promise(c._schedule_events_flush)
+    return c
+
+
+def test_workers_use_the_consumer_that_batches_task_events():
+    import celeryconfig as c
+
+    assert c.worker_consumer == "app.worker.consumer:Consumer"
+
+
+def test_buffered_task_events_are_flushed_once_per_window(monkeypatch):
+    from app.worker import consumer as mod
+
+    now = [100.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+    c = _consumer()
+    for _ in range(6):  # a burst of events (three per task): one flush scheduled, not one per event
+        c.on_send_event_buffered()
+    assert len(c.hub.soon) == 1 and c.event_dispatcher.flushes == 0
+    c.hub.soon.pop()()  # the loop thread schedules the flush on its timer
+    (delay, flush), = c.hub.later
+    assert delay == mod.EVENTS_FLUSH_S
+    now[0] += 0.3
+    c.on_send_event_buffered()  # within the window: goes with the scheduled flush
+    assert c.hub.soon == []
+    now[0] += 0.2
+    flush()
+    assert c.event_dispatcher.flushes == 1
+    c.on_send_event_buffered()  # the next event after a flush schedules the next one
+    assert len(c.hub.soon) == 1
+
+
+def test_a_lost_flush_timer_does_not_stop_the_events(monkeypatch):
+    from app.worker import consumer as mod
+
+    now = [100.0]
+    monkeypatch.setattr(mod.time, "monotonic", lambda: now[0])
+    c = _consumer()
+    c.on_send_event_buffered()
+    c.hub.soon.clear()  # its timer never fires (e.g. the loop restarted with the connection)
+    now[0] += 2 * mod.EVENTS_FLUSH_S + 0.01
+    c.on_send_event_buffered()
+    assert len(c.hub.soon) == 1
+
+
+def test_shutdown_flushes_the_buffered_events(monkeypatch):
+    from celery.worker.consumer import Consumer as CeleryConsumer
+
+    c = _consumer()
+    monkeypatch.setattr(CeleryConsumer, "shutdown", lambda self: None)
+    c.shutdown()
+    assert c.event_dispatcher.flushes == 1

@@ -13,7 +13,8 @@ _THUMB_SIDE = 64
 
 def dominant_colors(image: Image.Image, count: int = 3) -> list[str]:
     """Return up to ``count`` dominant colours as ``#rrggbb``, most frequent first."""
-    thumb = image.convert("RGB").resize((_THUMB_SIDE, _THUMB_SIDE), Image.Resampling.BOX)
+    rgb = image if image.mode == "RGB" else image.convert("RGB")  # a decoded image is RGB: no full-size copy
+    thumb = rgb.resize((_THUMB_SIDE, _THUMB_SIDE), Image.Resampling.BOX)
     quantised = thumb.quantize(colors=max(count, 1) * 2, method=Image.Quantize.MEDIANCUT)
     palette = quantised.getpalette() or []
     counts = sorted(quantised.getcolors() or [], key=lambda c: (-c[0], c[1]))

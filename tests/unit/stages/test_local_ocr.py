@@ -251,3 +251,35 @@ def test_warm_loads_one_engine_per_concurrent_call(tmp_path):
     agent = LocalOcrAgent(results_dir=str(tmp_path), det_box_thresh=0.55)  # settings no other test uses
     agent.warm(concurrency=2)
     assert len(ocr_engine._IDLE[agent.ocr]) == 2
+
+
+def test_dominant_colors_of_a_decoded_image_make_no_full_size_copy(monkeypatch):
+    """A decoded image is RGB already: the thumbnail is taken from it directly, with the colours
+    the converted copy gave (bench/ocr_memes.py styles, several seeds)."""
+    from PIL import Image
+
+    from app.stages.agent import facts
+    from bench.ocr_memes import styled
+
+    images = [m.image.convert("RGB") for seed in (1, 2) for m in styled(seed=seed)]
+    expected = []
+    for im in images:  # the former path: convert("RGB") (a copy), then the same thumbnail and quantize
+        thumb = im.convert("RGB").resize((facts._THUMB_SIDE, facts._THUMB_SIDE), Image.Resampling.BOX)
+        q = thumb.quantize(colors=6, method=Image.Quantize.MEDIANCUT)
+        pal = q.getpalette()
+        seen = []
+        for _, i in sorted(q.getcolors(), key=lambda c: (-c[0], c[1])):
+            r, g, b = pal[i * 3:i * 3 + 3]
+            hx = f"#{r:02x}{g:02x}{b:02x}"
+            if hx not in seen:
+                seen.append(hx)
+        expected.append(seen[:3])
+    convert = Image.Image.convert
+
+    def no_rgb_copy(self, mode=None, *a, **k):
+        assert not (self.mode == "RGB" and mode == "RGB"), "a full-size copy of an RGB image"
+        return convert(self, mode, *a, **k)
+
+    monkeypatch.setattr(Image.Image, "convert", no_rgb_copy)
+    assert [facts.dominant_colors(im) for im in images] == expected
+    assert facts.dominant_colors(images[0].convert("RGBA")) == expected[0]  # other modes still convert
