@@ -589,10 +589,19 @@ class Pipeline:
                 for lane in LANES}
         tail = {f"{up}->{down}": last[down] - last[up] for up, down in itertools.pairwise(LANES)
                 if last[up] is not None and last[down] is not None}
+        # the last embedding batch (its tasks share one claim time): how long after the last agent
+        # completion it was claimed, how many it held, how long it ran until its last completion
+        emb = [(float(a), float(b)) for ln, a, b in rows if ln == "embedding" and a is not None and b is not None]
+        last_batch = None
+        if emb and last["agent"] is not None:
+            claimed = max(a for a, _ in emb)
+            members = [b for a, b in emb if a == claimed]
+            last_batch = {"claimed_after_agent_s": claimed - last["agent"], "n": len(members),
+                          "ran_s": max(members) - claimed}
         return {"agent_idle_with_work_s": idle_waiting, "cores": cores,
                 "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
-                "tail_s": tail,
+                "tail_s": tail, "last_batch": last_batch,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
                                   "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
 
@@ -687,6 +696,10 @@ def main() -> None:
                         f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
                     "; tail s (last completion after the upstream lane's last): " + ", ".join(
                         f"{k} {v:.2f}" for k, v in p["tail_s"].items()) +
+                    ("" if not p["last_batch"] else
+                     f" (the last embedding batch: claimed {1000 * p['last_batch']['claimed_after_agent_s']:.0f} ms after"
+                     f" the last agent completion, {p['last_batch']['n']} task(s), ran"
+                     f" {1000 * p['last_batch']['ran_s']:.0f} ms)") +
                     f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
                     f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
                     f" {_agent_threads()} x wall)")
