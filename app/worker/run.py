@@ -214,9 +214,9 @@ def handle_hint(
     if lane == Lane.AGENT:
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
-    earlier_active = functools.partial(orch.earlier_lanes_active, lane) if earlier_lanes(lane) else None
-    active = _linger(lane, linger, earlier_active) if linger > 0 else None
-    with cpu.burst(burst_cores(orch.settings, earlier_active, active)):
+    earlier = functools.partial(orch.earlier_lanes_pending, lane) if earlier_lanes(lane) else None
+    state = _linger(lane, linger, earlier) if linger > 0 else None
+    with cpu.burst(burst_cores(orch.settings, earlier, state)):
         claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
     if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
         _BATCH_ENDED[lane] = time.monotonic()
@@ -236,21 +236,25 @@ _BATCH_ENDED: dict[str, float] = {}
 LINGER_RECHECK_S = 0.1
 
 
-def burst_cores(settings, earlier_active: Callable[[], bool] | None, active: bool | None = None) -> int:
+def burst_cores(settings, earlier: Callable[[], tuple[bool, bool]] | None,
+                state: tuple[bool, bool] | None = None) -> int:
     """The cores a batch of a lane may keep busy at once (:func:`app.stages.cpu.burst`): every core
     the worker may use (``Settings.local_burst_cores``, 0 = :func:`~app.stages.cpu.available_cores`)
-    when the lane is fed by earlier lanes (``earlier_active`` given) and none of them has a task
-    queued or running — the end of a burst, when their cores are idle — else 1. ``active``: the
-    linger's last answer to that question, if it asked (so the question is asked once)."""
+    when the lane is fed by earlier lanes (``earlier``: their (queued, running) question) and none
+    of them has a task queued or running — the end of a burst, when their cores are idle — else 1.
+    ``state``: the linger's last answer, if it asked (so the question is asked once)."""
     cores = settings.local_burst_cores or cpu.available_cores()
-    if cores <= 1 or earlier_active is None:
+    if cores <= 1 or earlier is None:
         return 1
-    if active is None:
-        active = earlier_active()
-    return 1 if active else cores
+    if state is None:
+        state = earlier()
+    return 1 if any(state) else cores
 
 
-def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None = None) -> bool | None:
+Pending = Callable[[], tuple[bool, bool]]
+
+
+def _linger(lane: str, linger: float, earlier: Pending | None = None) -> tuple[bool, bool] | None:
     """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
     ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
     meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
@@ -258,27 +262,32 @@ def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None 
     Nothing is claimed or held while waiting (the hint's message is not acked yet: a worker that
     dies here leaves what a lost message leaves, which the sweep recovers).
 
-    ``earlier_active`` (a lane fed by earlier lanes' completions): asked before each slice of
-    the wait (every ``LINGER_RECHECK_S``); once no task of an earlier lane is queued or running
-    nothing more can arrive but a new upload's, so the worker stops waiting and claims — the
-    last documents of a burst are not held back for a batch that cannot fill.
+    ``earlier`` (a lane fed by earlier lanes' completions): whether a task of an earlier lane is
+    (queued, running), asked before each slice of the wait (every ``LINGER_RECHECK_S``). The
+    worker waits only while one is queued: once none is, the burst is ending — what runs
+    upstream is all that can still come, but a new upload's — so it claims what is due now, on
+    the cores the earlier lanes' last tasks leave idle, and the last documents of the burst are
+    not held back for a batch that cannot fill (docs/performance.md §31, §35).
 
-    Returns ``earlier_active``'s last answer (None: not asked)."""
+    Returns ``earlier``'s last answer (None: not asked)."""
     ended = _BATCH_ENDED.get(lane)
     if ended is None:
         return None
     wait = min(ended + linger - time.monotonic(), linger)
     if wait <= 0:
         return None
-    if earlier_active is None:
+    if earlier is None:
         time.sleep(wait)
         return None
-    active = None
-    while wait > 0 and (active := earlier_active()):
+    state = None
+    while wait > 0:
+        state = earlier()
+        if not state[0]:
+            break
         step = min(wait, LINGER_RECHECK_S)
         time.sleep(step)
         wait -= step
-    return active
+    return state
 
 
 def run_agent_batch(

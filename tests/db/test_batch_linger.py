@@ -171,3 +171,23 @@ def test_while_earlier_lanes_have_work_the_embedding_batch_keeps_one_core(engine
     assert seen == [1]
     # the first lane never bursts (uploads feed it; nothing announces them)
     assert run.handle_hint(orch, "visual", later.task_id, "w1", providers, pub, lingers=True) == 1
+
+
+def test_a_lane_fed_by_earlier_lanes_stops_waiting_once_only_their_last_tasks_run(engine, settings, monkeypatch):
+    # nothing queued upstream, one agent task still running (the burst's last OCR): the documents
+    # due now are claimed at once, on the core that task leaves idle; the last one comes after
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0, local_burst_cores=2)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [60])
+    agent = _ingest(orch, 61)
+    run.handle_hint(orch, agent.lane, agent.task_id, "w0", providers, pub)  # its visual task
+    (agent,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert orch.claim_agent_batch(agent.task_id, 1, "w0")  # running, not completed
+    assert orch.earlier_lanes_pending("embedding") == (False, True)
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})  # a batch just ended
+    seen = _burst_spy(providers, monkeypatch)
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
+    assert slept == [] and seen == [1]  # no wait, and one core: the agent's task still has the other

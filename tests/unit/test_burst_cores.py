@@ -58,22 +58,24 @@ def test_run_concurrently_keeps_order_context_and_the_first_error():
 
 
 class _Asked:
-    def __init__(self, answer: bool) -> None:
-        self.answer, self.calls = answer, 0
+    def __init__(self, queued: bool, running: bool) -> None:
+        self.answer, self.calls = (queued, running), 0
 
-    def __call__(self) -> bool:
+    def __call__(self) -> tuple[bool, bool]:
         self.calls += 1
         return self.answer
 
 
 def test_a_lane_fed_by_earlier_lanes_gets_every_core_only_while_they_are_idle(monkeypatch):
     settings = Settings(local_burst_cores=2)
-    idle, busy = _Asked(False), _Asked(True)
+    idle = _Asked(False, False)
     assert run.burst_cores(settings, idle) == 2 and idle.calls == 1  # the end of a burst
-    assert run.burst_cores(settings, busy) == 1 and busy.calls == 1  # a visual or agent task queued/running
+    for queued, running in ((True, False), (False, True), (True, True)):  # a visual or agent task queued/running
+        busy = _Asked(queued, running)
+        assert run.burst_cores(settings, busy) == 1 and busy.calls == 1
     # the linger's last answer is used as is: no second question
-    assert run.burst_cores(settings, idle, active=False) == 2 and idle.calls == 1
-    assert run.burst_cores(settings, idle, active=True) == 1 and idle.calls == 1
+    assert run.burst_cores(settings, idle, state=(False, False)) == 2 and idle.calls == 1
+    assert run.burst_cores(settings, idle, state=(False, True)) == 1 and idle.calls == 1
     # the first lane (nothing feeds it but uploads), and a burst switched off: one core, nothing asked
     assert run.burst_cores(settings, None) == 1
     assert run.burst_cores(Settings(local_burst_cores=1), idle) == 1 and idle.calls == 1
