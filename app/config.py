@@ -95,11 +95,13 @@ class Settings:
     # intra-op threads of each local model call (OCR, torch); concurrency comes from running
     # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
-    # cores a batch of a lane fed by earlier lanes (embedding) may keep busy at once while no
-    # earlier lane's task is queued or running (the end of a burst: their cores are idle); a
-    # concatenated text provider then computes its parts at once, one thread each (same vectors,
-    # docs/performance.md §35); 0 = the cores the worker may use, 1 = never more than one
-    local_burst_cores: int = 0
+    # the end of a burst (docs/performance.md §35), default off until measured on a quiet box: a
+    # batch of a lane fed by earlier lanes (embedding) may keep this many cores busy while no
+    # earlier lane's task is queued or running (a concatenated text provider then computes its
+    # parts at once, one thread each: same vectors), and its linger waits only while an earlier
+    # lane's task is queued; 0 = the cores the worker may use, 1 = off (one core; the linger
+    # waits while an earlier lane's task is queued or running)
+    local_burst_cores: int = 1
     worker_task_events: bool = False
     # hints a worker handles itself, one after another, per delivered message, when a completion
     # returns one for a lane it consumes (instead of publishing it and taking it back from the

@@ -215,7 +215,7 @@ def handle_hint(
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
     earlier = functools.partial(orch.earlier_lanes_pending, lane) if earlier_lanes(lane) else None
-    state = _linger(lane, linger, earlier) if linger > 0 else None
+    state = _linger(lane, linger, earlier, until_queued=orch.settings.local_burst_cores != 1) if linger > 0 else None
     with cpu.burst(burst_cores(orch.settings, earlier, state)):
         claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
     if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
@@ -254,7 +254,8 @@ def burst_cores(settings, earlier: Callable[[], tuple[bool, bool]] | None,
 Pending = Callable[[], tuple[bool, bool]]
 
 
-def _linger(lane: str, linger: float, earlier: Pending | None = None) -> tuple[bool, bool] | None:
+def _linger(lane: str, linger: float, earlier: Pending | None = None,
+            until_queued: bool = False) -> tuple[bool, bool] | None:
     """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
     ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
     meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
@@ -264,10 +265,11 @@ def _linger(lane: str, linger: float, earlier: Pending | None = None) -> tuple[b
 
     ``earlier`` (a lane fed by earlier lanes' completions): whether a task of an earlier lane is
     (queued, running), asked before each slice of the wait (every ``LINGER_RECHECK_S``). The
-    worker waits only while one is queued: once none is, the burst is ending — what runs
-    upstream is all that can still come, but a new upload's — so it claims what is due now, on
-    the cores the earlier lanes' last tasks leave idle, and the last documents of the burst are
-    not held back for a batch that cannot fill (docs/performance.md §31, §35).
+    worker waits while one is queued or running: once none is, nothing more can arrive but a new
+    upload's, and the last documents of the burst are not held back for a batch that cannot fill
+    (docs/performance.md §31). ``until_queued`` (``Settings.local_burst_cores`` != 1): it waits
+    only while one is queued — once none is, the burst is ending, and it claims what is due now
+    on the cores the earlier lanes' last tasks leave idle (§35).
 
     Returns ``earlier``'s last answer (None: not asked)."""
     ended = _BATCH_ENDED.get(lane)
@@ -282,7 +284,7 @@ def _linger(lane: str, linger: float, earlier: Pending | None = None) -> tuple[b
     state = None
     while wait > 0:
         state = earlier()
-        if not state[0]:
+        if not (state[0] if until_queued else any(state)):
             break
         step = min(wait, LINGER_RECHECK_S)
         time.sleep(step)

@@ -191,3 +191,22 @@ def test_a_lane_fed_by_earlier_lanes_stops_waiting_once_only_their_last_tasks_ru
     seen = _burst_spy(providers, monkeypatch)
     assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
     assert slept == [] and seen == [1]  # no wait, and one core: the agent's task still has the other
+
+
+def test_with_bursts_off_the_linger_waits_while_the_last_agent_task_runs(engine, settings, monkeypatch):
+    # the default (MEMEFLOW_LOCAL_BURST_CORES=1): §31's linger, waiting while a task runs upstream
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0, local_burst_cores=1)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [62])
+    agent = _ingest(orch, 63)
+    run.handle_hint(orch, agent.lane, agent.task_id, "w0", providers, pub)
+    (agent,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert orch.claim_agent_batch(agent.task_id, 1, "w0")
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})
+    seen = _burst_spy(providers, monkeypatch)
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
+    # the rest of its linger in 100 ms slices (however long the setup took), one core
+    assert len(slept) >= 2 and sum(slept) <= 0.5 + 1e-9 and seen == [1]

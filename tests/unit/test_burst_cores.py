@@ -79,12 +79,12 @@ def test_a_lane_fed_by_earlier_lanes_gets_every_core_only_while_they_are_idle(mo
     # the first lane (nothing feeds it but uploads), and a burst switched off: one core, nothing asked
     assert run.burst_cores(settings, None) == 1
     assert run.burst_cores(Settings(local_burst_cores=1), idle) == 1 and idle.calls == 1
-    # 0 (the default): the cores the worker may use
+    # off by default (1); 0: the cores the worker may use
+    assert Settings().local_burst_cores == 1 and run.burst_cores(Settings(), idle) == 1
     monkeypatch.setattr(cpu, "available_cores", lambda: 4)
-    assert Settings().local_burst_cores == 0
-    assert run.burst_cores(Settings(), idle) == 4
+    assert run.burst_cores(Settings(local_burst_cores=0), idle) == 4
     monkeypatch.setattr(cpu, "available_cores", lambda: 1)
-    assert run.burst_cores(Settings(), idle) == 1
+    assert run.burst_cores(Settings(local_burst_cores=0), idle) == 1
 
 
 def test_burst_cores_setting_is_validated():
