@@ -10,8 +10,9 @@ inferences at once as the process has cores (the local agent's worker runs one h
 threads, see :func:`app.cli.processes.lane_pool`) and from the other lanes' workers.
 
 **Bursts.** At the end of a burst of uploads the embedding worker's last batch runs while no
-visual or agent task is queued or running: the other lanes' cores are idle. The worker then runs
-that batch inside :func:`burst` with the cores it may use, and a provider made of several models
+visual or agent task is queued or running: the other lanes' cores are idle. With
+``MEMEFLOW_LOCAL_BURST_CORES`` on (off by default: no gain shown on a shared 2-core box) the worker
+then runs that batch inside :func:`burst` with the cores it may use, and a provider made of several models
 (the concatenated text provider) computes its parts at once, each still single-threaded
 (:func:`run_concurrently`): the same computation, so the same vectors, in about half the time on
 two cores. Raising a call's own intra-op threads instead (OpenMP, torch) was measured and not
