@@ -95,6 +95,13 @@ class Settings:
     # intra-op threads of each local model call (OCR, torch); concurrency comes from running
     # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
+    # the end of a burst (docs/performance.md §35), default off until measured on a quiet box: a
+    # batch of a lane fed by earlier lanes (embedding) may keep this many cores busy while no
+    # earlier lane's task is queued or running (a concatenated text provider then computes its
+    # parts at once, one thread each: same vectors), and its linger waits only while an earlier
+    # lane's task is queued; 0 = the cores the worker may use, 1 = off (one core; the linger
+    # waits while an earlier lane's task is queued or running)
+    local_burst_cores: int = 1
     worker_task_events: bool = False
     # hints a worker handles itself, one after another, per delivered message, when a completion
     # returns one for a lane it consumes (instead of publishing it and taking it back from the
@@ -238,6 +245,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_WORKER_LOCAL_HINTS must be >= 0 (0 = publish every hint)")
         if self.local_threads < 0:
             raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 0 (0 = the libraries' defaults)")
+        if self.local_burst_cores < 0:
+            raise SettingsError("MEMEFLOW_LOCAL_BURST_CORES must be >= 0 (0 = the cores the worker may use)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.cursor_secret is not None and len(self.cursor_secret) < 16:

@@ -63,6 +63,138 @@ def memes(count: int, seed: int) -> list[bytes]:
     return out
 
 
+# ---------------------------------------------------------------------------- busy cores
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BAR = " .:-=+*#%@"  # a bucket's busy share of the cores, 0 .. 100 %
+
+
+def _box_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every core since boot (/proc/stat; idle and iowait are idle)."""
+    with open("/proc/stat", "rb") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])  # guest time is already inside user
+    return total - fields[3] - fields[4], total
+
+
+def _proc_ticks(pid: int) -> int | None:
+    """utime + stime clock ticks of one process (every thread), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            rest = f.read().rsplit(b")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class CoreSampler:
+    """Busy cores of the box (``/proc/stat``) and of the measured processes (``pids()``, re-listed
+    every ``relist_s``; their utime + stime), sampled every ``period_s`` in a thread. ``summary``
+    then reports a window: the mean busy cores, the idle core-seconds (cores x time - busy) in
+    total and per phase, the dips (runs of samples with at least half a core idle, >= 100 ms) and
+    a coarse timeline. The box's figures include every other process on it; the measured
+    processes' figures are the cores they left idle, whoever used them."""
+
+    def __init__(self, pids, period_s: float = 0.05, relist_s: float = 0.5) -> None:
+        import threading
+
+        self.pids, self.period_s, self.relist_s = pids, period_s, relist_s
+        self.cores = os.cpu_count() or 1
+        self.samples: list[tuple[float, float, float]] = []  # (end time.time(), box busy cores, own busy cores)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="core-sampler", daemon=True)
+
+    def __enter__(self) -> CoreSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        pids, listed = list(self.pids()), time.monotonic()
+        box0, t0 = _box_ticks(), time.time()
+        own0 = {pid: _proc_ticks(pid) for pid in pids}
+        while not self._stop.wait(self.period_s):
+            if time.monotonic() - listed > self.relist_s:
+                with contextlib.suppress(Exception):
+                    pids = list(self.pids())
+                listed = time.monotonic()
+            box1, t1 = _box_ticks(), time.time()
+            own1 = {pid: _proc_ticks(pid) for pid in pids}
+            dt = t1 - t0
+            if dt <= 0 or box1[1] <= box0[1]:
+                continue
+            box = self.cores * (box1[0] - box0[0]) / (box1[1] - box0[1])
+            own = sum(max(0, v - own0[pid]) for pid, v in own1.items()
+                      if v is not None and own0.get(pid) is not None) / _TICK / dt
+            self.samples.append((t1, box, min(own, float(self.cores))))
+            box0, t0, own0 = box1, t1, own1
+
+    def summary(self, start: float, end: float, phases: list[tuple[str, float, float]],
+                bucket_s: float = 0.5) -> dict:
+        """The window ``start .. end`` (time.time()); ``phases`` (name, start, end) within it."""
+        rows, prev = [], None  # (a, b, box, own): each sample's interval clipped to the window
+        for t, box, own in self.samples:
+            a = prev if prev is not None else t - self.period_s
+            prev = t
+            a, b = max(a, start), min(t, end)
+            if b > a:
+                rows.append((a, b, box, own))
+
+        def stats(lo: float, hi: float) -> dict:
+            cut = [(max(a, lo), min(b, hi), box, own) for a, b, box, own in rows if min(b, hi) > max(a, lo)]
+            span = sum(b - a for a, b, _, _ in cut)
+            if span <= 0:
+                return {"s": 0.0, "box_busy": None, "own_busy": None, "box_idle_core_s": 0.0, "own_idle_core_s": 0.0}
+            box_busy = sum((b - a) * box for a, b, box, _ in cut)
+            own_busy = sum((b - a) * own for a, b, _, own in cut)
+            return {"s": span, "box_busy": box_busy / span, "own_busy": own_busy / span,
+                    "box_idle_core_s": self.cores * span - box_busy, "own_idle_core_s": self.cores * span - own_busy}
+
+        def dips(col: int) -> tuple[int, float]:
+            count, total, run = 0, 0.0, 0.0
+            for row in [*rows, (end, end, float(self.cores), float(self.cores))]:
+                if row[col] <= self.cores - 0.5:
+                    run += row[1] - row[0]
+                    continue
+                if run >= 0.1:
+                    count, total = count + 1, total + run
+                run = 0.0
+            return count, total
+
+        def timeline(col: int) -> str:
+            out = []
+            for i in range(max(1, int((end - start) / bucket_s + 0.999))):
+                lo, hi = start + i * bucket_s, min(end, start + (i + 1) * bucket_s)
+                cut = [(min(b, hi) - max(a, lo), r[col]) for r in rows for a, b in [r[:2]] if min(b, hi) > max(a, lo)]
+                span = sum(w for w, _ in cut)
+                share = sum(w * v for w, v in cut) / span / self.cores if span > 0 else 0.0
+                out.append(_BAR[min(len(_BAR) - 1, int(share * (len(_BAR) - 1) + 0.5))])
+            return "".join(out)
+
+        return {"cores": self.cores, "all": stats(start, end),
+                "phases": {name: stats(lo, hi) for name, lo, hi in phases},
+                "box_dips": dips(2), "own_dips": dips(3), "bucket_s": bucket_s,
+                "box_timeline": timeline(2), "own_timeline": timeline(3)}
+
+
+def print_cores(label: str, s: dict) -> None:
+    """Two or three compact lines of :meth:`CoreSampler.summary`."""
+    a = s["all"]
+    if a["box_busy"] is None:
+        print(f"      {label} busy cores: no samples", flush=True)
+        return
+    ph = "; ".join(f"{name} {p['s']:.2f}s: {p['own_idle_core_s']:.2f} ({p['box_idle_core_s']:.2f})"
+                   for name, p in s["phases"].items())
+    print(f"      {label} busy cores of {s['cores']} over {a['s']:.2f}s: measured processes {a['own_busy']:.2f},"
+          f" box {a['box_busy']:.2f}; idle core-s {a['own_idle_core_s']:.2f} (box {a['box_idle_core_s']:.2f});"
+          f" by phase, idle core-s (box): {ph}; dips >= 0.5 core idle, >= 100 ms: {s['own_dips'][0]} of"
+          f" {s['own_dips'][1]:.2f}s (box {s['box_dips'][0]} of {s['box_dips'][1]:.2f}s)", flush=True)
+    print(f"      {label} timeline, busy share per {s['bucket_s']}s '{_BAR}': measured |{s['own_timeline']}|", flush=True)
+    print(f"      {label} timeline, busy share per {s['bucket_s']}s '{_BAR}': box      |{s['box_timeline']}|", flush=True)
+
+
 # ---------------------------------------------------------------------------- bare loop
 def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go, out) -> None:
     from app.config import Settings
@@ -104,7 +236,7 @@ def _bare_worker(images: list[bytes], results_dir: str, threads: int, ready, go,
         one(data)
     cpu1 = psutil.Process().cpu_times()
     out.put((time.perf_counter() - t0, (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
-             {k: v / len(images) for k, v in steps.items()}))
+             {k: v / len(images) for k, v in steps.items()}, time.time()))
 
 
 def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
@@ -119,15 +251,18 @@ def bare_loop(images: list[bytes], procs: int, threads: int) -> dict:
             w.start()
         for _ in workers:
             ready.get(timeout=300)
-        t0 = time.perf_counter()
-        go.set()
-        results = [out.get(timeout=1800) for _ in workers]
-        wall = time.perf_counter() - t0
+        with CoreSampler(lambda: [w.pid for w in workers]) as sampler:
+            t0, start = time.perf_counter(), time.time()
+            go.set()
+            results = [out.get(timeout=1800) for _ in workers]
+            wall = time.perf_counter() - t0
         for w in workers:
             w.join()
+    ends = sorted(r[3] for r in results)
+    cores = sampler.summary(start, ends[-1], [("all running", start, ends[0]), ("tail", ends[0], ends[-1])])
     steps = {k: 1000 * sum(r[2].get(k, 0.0) for r in results) / len(results) for k in results[0][2]}
     return {"procs": procs, "threads": threads, "wall_s": wall, "images_per_s": len(images) / wall,
-            "cpu_s": [round(cpu, 2) for _, cpu, _ in results], "step_cpu_ms": steps}
+            "cpu_s": [round(r[1], 2) for r in results], "step_cpu_ms": steps, "cores": cores}
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -175,6 +310,12 @@ def _cpu(groups: dict[str, list], previous: dict[str, dict[int, float]] | None =
                 if previous and p.pid in previous.get(name, {}):
                     out[name][p.pid] = previous[name][p.pid]
     return out
+
+
+def _stack_pids(stack) -> list[int]:
+    """Every process of the stack (its children and their descendants, PostgreSQL's postmaster
+    and backends, Redis), listed now."""
+    return [p.pid for procs in _process_groups(stack).values() for p in procs]
 
 
 def _upload(session, base: str, data: bytes, i: int) -> str:
@@ -356,11 +497,13 @@ class Pipeline:
                 ["perf", "record", "-F", "499", "-g", "-o", str(self.perf_pg / "postgres.perf.data"),
                  "-p", ",".join(str(p.pid) for p in pg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         cpu0 = _cpu(groups)
-        t0 = time.perf_counter()
+        sampler = CoreSampler(lambda: _stack_pids(self.stack)).__enter__()
+        t0, start = time.perf_counter(), time.time()
         ids = self._upload_all(images)
         upload_s = time.perf_counter() - t0
         _wait_terminal(self.engine, ids, self.timeout)
         wall = time.perf_counter() - t0
+        sampler.__exit__()
         cpu1 = _cpu(groups, cpu0)
         for sp in spies:
             sp.send_signal(__import__("signal").SIGINT)
@@ -382,6 +525,15 @@ class Pipeline:
                 "SELECT extract(epoch FROM t.created_at), extract(epoch FROM t.started_at),"
                 " extract(epoch FROM t.completed_at) FROM tasks t WHERE t.job_id = ANY(CAST(:ids AS uuid[]))"
                 " AND t.lane = 'agent' AND t.status = 'succeeded'"), {"ids": ids}).all()
+        # the window's busy cores: from the first upload to the last job's completion, in phases
+        # around the agent lane (before its first task started, while it ran, after its last)
+        end = max((float(c) for _a, _b, c in agent_rows), default=start)
+        end = max([end, *(float(b) for _ln, _a, b in rows if b is not None)])
+        agent_first = min((float(b) for _a, b, _c in agent_rows), default=start)
+        agent_last = max((float(c) for _a, _b, c in agent_rows), default=end)
+        cores = sampler.summary(start, end, [("before the first agent task", start, agent_first),
+                                             ("agent running", agent_first, agent_last),
+                                             ("after the last agent task", agent_last, end)])
         idle_waiting = _idle_with_work([(float(a), float(b), float(c)) for a, b, c in agent_rows], _agent_threads())
         if self.pg_stats:
             with self.engine.connect() as conn:
@@ -437,10 +589,19 @@ class Pipeline:
                 for lane in LANES}
         tail = {f"{up}->{down}": last[down] - last[up] for up, down in itertools.pairwise(LANES)
                 if last[up] is not None and last[down] is not None}
-        return {"agent_idle_with_work_s": idle_waiting,
+        # the last embedding batch (its tasks share one claim time): how long after the last agent
+        # completion it was claimed, how many it held, how long it ran until its last completion
+        emb = [(float(a), float(b)) for ln, a, b in rows if ln == "embedding" and a is not None and b is not None]
+        last_batch = None
+        if emb and last["agent"] is not None:
+            claimed = max(a for a, _ in emb)
+            members = [b for a, b in emb if a == claimed]
+            last_batch = {"claimed_after_agent_s": claimed - last["agent"], "n": len(members),
+                          "ran_s": max(members) - claimed}
+        return {"agent_idle_with_work_s": idle_waiting, "cores": cores,
                 "n": len(images), "wall_s": wall, "upload_s": upload_s, "images_per_s": len(images) / wall,
                 "statuses": statuses, "busy_s": busy, "task_s": task_s, "cpu_s": cpu, "batches": batches,
-                "tail_s": tail,
+                "tail_s": tail, "last_batch": last_batch,
                 "job_latency_s": {"p50": lat[len(lat) // 2] if lat else None,
                                   "p90": lat[int(len(lat) * 0.9)] if lat else None, "max": lat[-1] if lat else None}}
 
@@ -522,6 +683,7 @@ def main() -> None:
                     if b["threads"] == 1:
                         print("      calling thread's CPU ms per image by step: " + ", ".join(
                             f"{k} {v:.1f}" for k, v in b["step_cpu_ms"].items()), flush=True)
+                    print_cores("bare", b["cores"])
             if pipe is not None:
                 p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
                 print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "
@@ -534,6 +696,10 @@ def main() -> None:
                         f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
                     "; tail s (last completion after the upstream lane's last): " + ", ".join(
                         f"{k} {v:.2f}" for k, v in p["tail_s"].items()) +
+                    ("" if not p["last_batch"] else
+                     f" (the last embedding batch: claimed {1000 * p['last_batch']['claimed_after_agent_s']:.0f} ms after"
+                     f" the last agent completion, {p['last_batch']['n']} task(s), ran"
+                     f" {1000 * p['last_batch']['ran_s']:.0f} ms)") +
                     f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
                     f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
                     f" {_agent_threads()} x wall)")
@@ -542,6 +708,7 @@ def main() -> None:
                     f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)
                 print("      CPU s per process group: " + ", ".join(
                     f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
+                print_cores("pipeline", p["cores"])
             if "bare" in out and "pipeline" in out:
                 best = max(out["bare"], key=lambda b: b["images_per_s"])
                 out["ratio"] = out["pipeline"]["images_per_s"] / best["images_per_s"]

@@ -132,6 +132,15 @@ class Orchestrator:
         with read_connection(self.engine) as conn:
             return reads.lanes_active_txn(conn, list(earlier))
 
+    def earlier_lanes_pending(self, lane: str) -> tuple[bool, bool]:
+        """(whether a task of a lane before ``lane`` is queued, whether one is running): the
+        linger's question, split (a burst's last tasks run while nothing is queued)."""
+        earlier = earlier_lanes(lane)
+        if not earlier:
+            return False, False
+        with read_connection(self.engine) as conn:
+            return reads.lanes_pending_txn(conn, list(earlier))
+
     def heartbeat(self, claim: Claim) -> bool:
         return execution.heartbeat(self, claim)
 

@@ -19,6 +19,7 @@ from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.types import Claim
+from app.stages import cpu
 from app.stages.agent import records
 from app.stages.errors import StageError
 from app.stages.providers import Providers
@@ -213,9 +214,10 @@ def handle_hint(
     if lane == Lane.AGENT:
         return run_agent_batch(orch, task_id, owner, providers, publisher, n)
     linger = batch_linger_s(orch.settings, lane) if n > 1 and lingers else 0.0
-    if linger > 0:
-        _linger(lane, linger, functools.partial(orch.earlier_lanes_active, lane) if earlier_lanes(lane) else None)
-    claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
+    earlier = functools.partial(orch.earlier_lanes_pending, lane) if earlier_lanes(lane) else None
+    state = _linger(lane, linger, earlier, until_queued=orch.settings.local_burst_cores != 1) if linger > 0 else None
+    with cpu.burst(burst_cores(orch.settings, earlier, state)):
+        claimed = run_batch(orch, lane, owner, providers, publisher, n, first_task_id=task_id)
     if linger > 0 and claimed:  # a hint that claimed nothing ran no batch: it does not make the lane busy
         _BATCH_ENDED[lane] = time.monotonic()
     return claimed
@@ -234,7 +236,26 @@ _BATCH_ENDED: dict[str, float] = {}
 LINGER_RECHECK_S = 0.1
 
 
-def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None = None) -> None:
+def burst_cores(settings, earlier: Callable[[], tuple[bool, bool]] | None,
+                state: tuple[bool, bool] | None = None) -> int:
+    """The cores a batch of a lane may keep busy at once (:func:`app.stages.cpu.burst`): every core
+    the worker may use (``Settings.local_burst_cores``, 0 = :func:`~app.stages.cpu.available_cores`)
+    when the lane is fed by earlier lanes (``earlier``: their (queued, running) question) and none
+    of them has a task queued or running — the end of a burst, when their cores are idle — else 1.
+    ``state``: the linger's last answer, if it asked (so the question is asked once)."""
+    cores = settings.local_burst_cores or cpu.available_cores()
+    if cores <= 1 or earlier is None:
+        return 1
+    if state is None:
+        state = earlier()
+    return 1 if any(state) else cores
+
+
+Pending = Callable[[], tuple[bool, bool]]
+
+
+def _linger(lane: str, linger: float, earlier: Pending | None = None,
+            until_queued: bool = False) -> tuple[bool, bool] | None:
     """Before claiming a batch: if this process's previous batch of ``lane`` ended less than
     ``linger`` seconds ago (the lane is busy), wait out the rest, so the tasks that become due
     meanwhile are claimed together — they join the hinted task's wake-up group, or the claim's
@@ -242,23 +263,33 @@ def _linger(lane: str, linger: float, earlier_active: Callable[[], bool] | None 
     Nothing is claimed or held while waiting (the hint's message is not acked yet: a worker that
     dies here leaves what a lost message leaves, which the sweep recovers).
 
-    ``earlier_active`` (a lane fed by earlier lanes' completions): asked before each slice of
-    the wait (every ``LINGER_RECHECK_S``); once no task of an earlier lane is queued or running
-    nothing more can arrive but a new upload's, so the worker stops waiting and claims — the
-    last documents of a burst are not held back for a batch that cannot fill."""
+    ``earlier`` (a lane fed by earlier lanes' completions): whether a task of an earlier lane is
+    (queued, running), asked before each slice of the wait (every ``LINGER_RECHECK_S``). The
+    worker waits while one is queued or running: once none is, nothing more can arrive but a new
+    upload's, and the last documents of the burst are not held back for a batch that cannot fill
+    (docs/performance.md §31). ``until_queued`` (``Settings.local_burst_cores`` != 1): it waits
+    only while one is queued — once none is, the burst is ending, and it claims what is due now
+    on the cores the earlier lanes' last tasks leave idle (§35).
+
+    Returns ``earlier``'s last answer (None: not asked)."""
     ended = _BATCH_ENDED.get(lane)
     if ended is None:
-        return
+        return None
     wait = min(ended + linger - time.monotonic(), linger)
     if wait <= 0:
-        return
-    if earlier_active is None:
+        return None
+    if earlier is None:
         time.sleep(wait)
-        return
-    while wait > 0 and earlier_active():
+        return None
+    state = None
+    while wait > 0:
+        state = earlier()
+        if not (state[0] if until_queued else any(state)):
+            break
         step = min(wait, LINGER_RECHECK_S)
         time.sleep(step)
         wait -= step
+    return state
 
 
 def run_agent_batch(

@@ -129,3 +129,84 @@ def test_the_first_lane_waits_its_whole_linger_in_one_sleep(engine, settings, mo
     monkeypatch.setattr(run, "_BATCH_ENDED", {"visual": time.monotonic()})
     assert run.handle_hint(orch, "visual", hint.task_id, "w1", providers, pub, lingers=True) == 1
     assert len(slept) == 1 and 0 < slept[0] <= 0.5
+
+
+def _burst_spy(providers, monkeypatch) -> list[int]:
+    """The burst cores each text-embedding call of ``providers`` ran with."""
+    from app.stages import cpu
+
+    seen: list[int] = []
+    text = providers.text
+    embed = text.embed
+    monkeypatch.setattr(text, "embed", lambda docs: (seen.append(cpu.burst_cores()), embed(docs))[1])
+    return seen
+
+
+def test_the_end_of_a_burst_gives_the_embedding_batch_every_core(engine, settings, monkeypatch):
+    # no visual or agent task queued or running: their cores are idle, so the last batch may use them
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0, local_burst_cores=2)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [55, 56])
+    seen = _burst_spy(providers, monkeypatch)
+    monkeypatch.setattr(run.time, "sleep", lambda s: None)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})  # the linger asks
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 2
+    assert seen == [2]
+    # a worker that does not linger asks once itself
+    more = _to_embedding(orch, providers, pub, [57])
+    assert run.handle_hint(orch, "embedding", more[0].task_id, "w1", providers, pub) == 1
+    assert seen == [2, 2]
+
+
+def test_while_earlier_lanes_have_work_the_embedding_batch_keeps_one_core(engine, settings, monkeypatch):
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=0.0, local_burst_cores=2)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [58])
+    later = _ingest(orch, 59)  # its visual task is queued: the agent lane's cores will be busy
+    assert later.lane == "visual" and orch.earlier_lanes_active("embedding")
+    seen = _burst_spy(providers, monkeypatch)
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
+    assert seen == [1]
+    # the first lane never bursts (uploads feed it; nothing announces them)
+    assert run.handle_hint(orch, "visual", later.task_id, "w1", providers, pub, lingers=True) == 1
+
+
+def test_a_lane_fed_by_earlier_lanes_stops_waiting_once_only_their_last_tasks_run(engine, settings, monkeypatch):
+    # nothing queued upstream, one agent task still running (the burst's last OCR): the documents
+    # due now are claimed at once, on the core that task leaves idle; the last one comes after
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0, local_burst_cores=2)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [60])
+    agent = _ingest(orch, 61)
+    run.handle_hint(orch, agent.lane, agent.task_id, "w0", providers, pub)  # its visual task
+    (agent,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert orch.claim_agent_batch(agent.task_id, 1, "w0")  # running, not completed
+    assert orch.earlier_lanes_pending("embedding") == (False, True)
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})  # a batch just ended
+    seen = _burst_spy(providers, monkeypatch)
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
+    assert slept == [] and seen == [1]  # no wait, and one core: the agent's task still has the other
+
+
+def test_with_bursts_off_the_linger_waits_while_the_last_agent_task_runs(engine, settings, monkeypatch):
+    # the default (MEMEFLOW_LOCAL_BURST_CORES=1): §31's linger, waiting while a task runs upstream
+    settings = dataclasses.replace(settings, embedding_batch_linger_ms=500.0, local_burst_cores=1)
+    orch = Orchestrator(engine, settings)
+    providers, pub = Providers(settings), RecordingPublisher()
+    text = _to_embedding(orch, providers, pub, [62])
+    agent = _ingest(orch, 63)
+    run.handle_hint(orch, agent.lane, agent.task_id, "w0", providers, pub)
+    (agent,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert orch.claim_agent_batch(agent.task_id, 1, "w0")
+    slept: list[float] = []
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    monkeypatch.setattr(run, "_BATCH_ENDED", {"embedding": time.monotonic()})
+    seen = _burst_spy(providers, monkeypatch)
+    assert run.handle_hint(orch, "embedding", text[0].task_id, "w1", providers, pub, lingers=True) == 1
+    # the rest of its linger in 100 ms slices (however long the setup took), one core
+    assert len(slept) >= 2 and sum(slept) <= 0.5 + 1e-9 and seen == [1]

@@ -190,3 +190,14 @@ def lanes_active_txn(conn: Connection, lanes: list[str]) -> bool:
             " OR EXISTS (SELECT 1 FROM tasks WHERE status = 'running' AND lane = ANY(:lanes))"),
         {"lanes": list(lanes)},
     ).scalar())
+
+
+def lanes_pending_txn(conn: Connection, lanes: list[str]) -> tuple[bool, bool]:
+    """(whether a task of one of ``lanes`` is queued, whether one is running): the two arms of
+    :func:`lanes_active_txn`, each on its partial index."""
+    queued, running = conn.execute(
+        sql("SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND lane = ANY(:lanes)),"
+            " EXISTS (SELECT 1 FROM tasks WHERE status = 'running' AND lane = ANY(:lanes))"),
+        {"lanes": list(lanes)},
+    ).one()
+    return bool(queued), bool(running)

