@@ -13,7 +13,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import big_finished_history, png_bytes, store_and_ingest, visual_task
 
 BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_grants)"
 
@@ -23,23 +23,7 @@ def test_every_batch_statement_reaches_its_rows_by_index_on_a_big_history(engine
     orch = Orchestrator(engine, settings)
     visual = [visual_task(store_and_ingest(orch, "local", png_bytes(s))) for s in range(120, 124)]
     with engine.begin() as conn:
-        bulk_jobs_with_tasks(conn, 15000, lane="agent", task_status="succeeded")  # 4 images × 15k jobs
-        conn.execute(text(
-            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
-            " SELECT j.id, s.stage, j.scope_id, s.pos, 'succeeded', now(), now() FROM processing_jobs j,"
-            " (VALUES ('visual', 0), ('agent', 1), ('text_embedding', 2)) AS s(stage, pos) WHERE j.revision >= 100"
-        ))
-        conn.execute(text(
-            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, task_id, created_at,"
-            " updated_at) SELECT gen_random_uuid(), t.scope_id, 'analysis.agent', t.id::text, 'committed', t.id,"
-            " now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
-        ))
-        conn.execute(text(
-            "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
-            " input_digest, target_sha256, created_at, updated_at) SELECT md5(t.id::text), t.scope_id, t.id, 1, 1,"
-            " 'completed', 'f', 'x', now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
-        ))
-        conn.execute(text("ANALYZE job_stages; ANALYZE operation_grants; ANALYZE task_attempts"))
+        big_finished_history(conn)
     captured: list[tuple[str, dict]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):

@@ -18,7 +18,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import big_finished_history, png_bytes, store_and_ingest, visual_task
 
 BIG = ("tasks", "processing_jobs", "job_stages", "task_attempts", "operation_grants", "text_embeddings")
 #: Statements of complete_tasks (execution.py) that PostgreSQL planned per call before.
@@ -72,24 +72,8 @@ def test_the_completions_generic_plans_reach_their_rows_by_index(engine, setting
             " 'deterministic-text-v1', 64, 'v1', 'd', array_fill(0.1, ARRAY[64])::vector, now()"
             " FROM images i, generate_series(1, 3000) g"
         ))
-        bulk_jobs_with_tasks(conn, 15000, lane="agent", task_status="succeeded")  # 4 images × 15k jobs
-        conn.execute(text(
-            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
-            " SELECT j.id, s.stage, j.scope_id, s.pos, 'succeeded', now(), now() FROM processing_jobs j,"
-            " (VALUES ('visual', 0), ('agent', 1), ('text_embedding', 2)) AS s(stage, pos) WHERE j.revision >= 100"
-        ))
-        conn.execute(text(
-            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, task_id, created_at,"
-            " updated_at) SELECT gen_random_uuid(), t.scope_id, 'analysis.agent', t.id::text, 'committed', t.id,"
-            " now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
-        ))
-        conn.execute(text(
-            "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
-            " input_digest, target_sha256, created_at, updated_at) SELECT md5(t.id::text), t.scope_id, t.id, 1, 1,"
-            " 'completed', 'f', 'x', now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
-        ))
-        conn.execute(text("ANALYZE processing_jobs; ANALYZE job_stages; ANALYZE tasks; ANALYZE operation_grants;"
-                          " ANALYZE task_attempts"))
+        big_finished_history(conn)
+        conn.execute(text("ANALYZE processing_jobs; ANALYZE tasks"))
     plans = _explained(engine)
     providers, pub = Providers(settings), RecordingPublisher()
     assert handle_hint(orch, "visual", visual[0].task_id, "w", providers, pub) == 4

@@ -109,3 +109,25 @@ def bulk_jobs_with_tasks(conn, n: int, *, lane: str, task_status: str) -> None:
             'x', :status, 3, now(), now(), now(), now()
         FROM processing_jobs j WHERE j.revision >= 100"""), {"lane": lane, "status": task_status})
     conn.execute(text("ANALYZE tasks; ANALYZE processing_jobs"))
+
+
+def big_finished_history(conn) -> None:
+    """60k finished agent jobs over the database's 4 images (15k each), with their three stages,
+    grants and attempts, analyzed — the history the batch plan tests EXPLAIN on."""
+    bulk_jobs_with_tasks(conn, 15000, lane="agent", task_status="succeeded")  # 4 images × 15k jobs
+    conn.execute(text(
+        "INSERT INTO job_stages (job_id, stage, scope_id, position, status, created_at, updated_at)"
+        " SELECT j.id, s.stage, j.scope_id, s.pos, 'succeeded', now(), now() FROM processing_jobs j,"
+        " (VALUES ('visual', 0), ('agent', 1), ('text_embedding', 2)) AS s(stage, pos) WHERE j.revision >= 100"
+    ))
+    conn.execute(text(
+        "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, state, task_id, created_at,"
+        " updated_at) SELECT gen_random_uuid(), t.scope_id, 'analysis.agent', t.id::text, 'committed', t.id,"
+        " now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
+    ))
+    conn.execute(text(
+        "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
+        " input_digest, target_sha256, created_at, updated_at) SELECT md5(t.id::text), t.scope_id, t.id, 1, 1,"
+        " 'completed', 'f', 'x', now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
+    ))
+    conn.execute(text("ANALYZE job_stages; ANALYZE operation_grants; ANALYZE task_attempts"))
