@@ -12,7 +12,9 @@ default document: English glosses were measured to lower English paraphrase sear
 
 Matching, on the normalised text (NFKC, traditional → simplified, casefolded, whitespace between
 Han characters removed and other whitespace runs made one space): at each position the longest
-glossary term wins and the scan continues after it. A term starting (ending) with a Latin letter
+glossary term wins and the scan continues after it. Chinese has no spaces, so a short term can sit
+inside an ordinary word (绝了 in 拒绝了): such words are listed as ``!拒绝了`` and matched like
+terms, but give no gloss. A term starting (ending) with a Latin letter
 or digit matches only where the text's previous (next) character is not one — ``emo`` is found
 in ``好emo啊`` but not in ``demo``. In the Chinese glossary, terms without a Han character (yyds,
 996, gg) match only in a text that also holds Han characters: in an English caption they mean
@@ -55,17 +57,29 @@ class Glossary:
     entries: Mapping[str, str]
     lengths: Mapping[str, tuple[int, ...]]
     latin_needs_han: bool = False
+    # ordinary words holding a shorter term (``!拒绝了`` lines): matched like terms, never glossed
+    blocked: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, lines: Iterable[str], *, latin_needs_han: bool = False, source: str = "glossary") -> Glossary:
-        """A glossary from ``term<TAB>gloss`` lines (``#`` comments and blank lines skipped).
+        """A glossary from ``term<TAB>gloss`` lines (``#`` comments and blank lines skipped) and
+        ``!word`` lines (an ordinary word holding a shorter term: consumed, never glossed).
 
         Raises ValueError on a malformed line, an empty term or gloss, a control character, or a
         term that repeats another once normalised."""
         entries: dict[str, str] = {}
+        blocked: set[str] = set()
         for number, raw in enumerate(lines, 1):
             line = raw.rstrip("\r\n")
             if not line.strip() or line.startswith("#"):
+                continue
+            if line.startswith("!"):
+                word = normalise(line[1:])
+                if not word or "\t" in line or any(unicodedata.category(ch) in ("Cc", "Cf") for ch in word):
+                    raise ValueError(f"{source}:{number}: malformed !word line")
+                if word in blocked:
+                    raise ValueError(f"{source}:{number}: duplicate word {line[1:]!r}")
+                blocked.add(word)
                 continue
             parts = line.split("\t")
             if len(parts) != 2:
@@ -78,11 +92,13 @@ class Glossary:
             if term in entries:
                 raise ValueError(f"{source}:{number}: duplicate term {parts[0]!r}")
             entries[term] = gloss
+        if blocked & entries.keys():
+            raise ValueError(f"{source}: both a term and a !word: {sorted(blocked & entries.keys())}")
         by_first: dict[str, set[int]] = {}
-        for term in entries:
+        for term in (*entries, *blocked):
             by_first.setdefault(term[0], set()).add(len(term))
         lengths = {ch: tuple(sorted(ls, reverse=True)) for ch, ls in by_first.items()}
-        return cls(entries, lengths, latin_needs_han)
+        return cls(entries, lengths, latin_needs_han, frozenset(blocked))
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -101,7 +117,8 @@ class Glossary:
             if match is None:
                 i += 1
                 continue
-            found.setdefault(match, None)
+            if match not in self.blocked:
+                found.setdefault(match, None)
             i += len(match)
         return list(found)
 
@@ -114,7 +131,7 @@ class Glossary:
             if end > len(s):
                 continue
             term = s[i:end]
-            if term in self.entries and not (_word_char(term[-1]) and end < len(s) and _word_char(s[end])):
+            if (term in self.entries or term in self.blocked) and not (_word_char(term[-1]) and end < len(s) and _word_char(s[end])):
                 return term
         return None
 

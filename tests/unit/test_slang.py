@@ -14,7 +14,7 @@ from app.search.slang import Glossary
 
 def _rows(name: str) -> list[tuple[str, str]]:
     text = resources.files("app.search").joinpath("data", name).read_text(encoding="utf-8")
-    return [tuple(line.split("\t")) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return [tuple(line.split("\t")) for line in text.splitlines() if line.strip() and not line.startswith(("#", "!"))]
 
 
 @pytest.mark.parametrize(("name", "minimum"), [(slang.CHINESE, 350), (slang.ENGLISH, 100)])
@@ -107,3 +107,16 @@ def test_version_5_is_the_default_and_queries_are_not_expanded():
 
     assert DEFAULT_DOCUMENT_VERSION == Settings().text_document_version == "5"
     assert semantic_query("我直接躺平", "5") == semantic_query("我直接躺平", "4") == "我直接躺平"
+
+
+def test_ordinary_words_holding_a_term_give_no_gloss():
+    g = Glossary.parse(["绝了\t太好了", "凉了\t完了", "!拒绝了", "!天凉了"])
+    assert g.terms("他拒绝了我") == []
+    assert g.terms("这家店绝了") == ["绝了"]
+    assert g.terms("天凉了 这次真凉了") == ["凉了"]
+    assert len(g) == 2
+    assert slang.chinese().terms("他拒绝了我，天凉了") == []
+    with pytest.raises(ValueError, match="both"):
+        Glossary.parse(["绝了\t太好了", "!绝了"])
+    with pytest.raises(ValueError, match="duplicate"):
+        Glossary.parse(["!拒绝了", "!拒絕了"])
