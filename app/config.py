@@ -145,7 +145,7 @@ class Settings:
     visual_provider: str = "perceptual-v1"
     agent_provider: str = "local-ocr"
     text_provider: str = "multilingual-e5-small+all-MiniLM-L6-v2+multilingual-e5-small-querybank"
-    text_document_version: str = "4"
+    text_document_version: str = "5"
     agent_base_url: str = "http://127.0.0.1:11434/v1"
     agent_model: str = "gpt-4o-mini"
     agent_api_key: str | None = dataclasses.field(default=None, repr=False)

@@ -13,6 +13,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from app.search import slang
 from app.search.hanzi import to_simplified
 
 METADATA_SCHEMA_VERSION = 1
@@ -52,8 +53,8 @@ def metadata_hash(display_name: str | None, context: Mapping[str, Any] | None) -
     )
 
 
-DOCUMENT_VERSIONS = ("1", "2", "3", "4")
-DEFAULT_DOCUMENT_VERSION = "4"
+DOCUMENT_VERSIONS = ("1", "2", "3", "4", "5")
+DEFAULT_DOCUMENT_VERSION = "5"
 
 
 def semantic_document(display_name: str | None, context: Mapping[str, Any] | None, version: str = "1") -> str:
@@ -67,18 +68,26 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     Version "3": version 2 with traditional Chinese written in simplified form
     (app/search/hanzi.py: PP-OCRv5 reads some simplified captions with traditional characters);
     queries are folded the same way (:func:`semantic_query`).
-    Version "4" (the default): version 3 where lines (of the text, title and description) with
+    Version "4": version 3 where lines (of the text, title and description) with
     neither a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR
     text mostly drawn strokes read as characters, which alone carry no meaning a text model can
     use (lexical search still has them). Measured in docs/search.md ("Where the paraphrase points
     go"): the only step between the captions and the served ranking that loses queries, besides
     OCR misreading letters.
+    Version "5" (the default): version 4, plus — when the Chinese internet-slang glossary
+    (app/search/slang.py) finds terms in the image's text, title, description or tags — one
+    last line with their plain-language glosses (躺平 → 放弃努力 不想奋斗 不争不抢), in order
+    of first appearance: the text models do not know slang, so a paraphrase query in plain words
+    missed such captions (docs/search.md, "Internet-slang glossary"). Without slang, the same
+    document as version 4.
     """
     if version not in DOCUMENT_VERSIONS:
         raise ValueError(f"unknown document_version {version!r}")
     ctx = whitelisted_context(context)
-    if version == "4":
+    if version in ("4", "5"):
         ctx = {**ctx, **{k: _worded_lines(ctx[k]) for k in ("ocr_text", "title", "description")}}
+    if version == "5":
+        return _with_glosses(to_simplified(_meaning_document(ctx)), ctx)
     if version in ("3", "4"):
         return to_simplified(_meaning_document(ctx))
     if version == "2":
@@ -99,8 +108,20 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
 
 def semantic_query(query: str, version: str = "1") -> str:
     """A search query as the text embedding of ``document_version`` ``version`` expects it: the
-    same script folding as the documents (versions "3" and "4": traditional → simplified)."""
-    return to_simplified(query) if version in ("3", "4") else query
+    same script folding as the documents (versions "3" to "5": traditional → simplified; version
+    5's glosses are document-side only — expanding queries the same way was measured to change
+    nothing)."""
+    return to_simplified(query) if version in ("3", "4", "5") else query
+
+
+def _with_glosses(document: str, ctx: dict[str, Any]) -> str:
+    """``document`` with a last line of the Chinese slang glosses of ``ctx``'s text fields."""
+    fields = (ctx["ocr_text"], ctx["title"], ctx["description"], ", ".join(ctx["tags"]))
+    glosses = slang.chinese().glosses(fields)
+    if not glosses:
+        return document
+    line = "；".join(glosses)
+    return f"{document}\n{line}" if document else line
 
 
 def _worded_lines(text: str) -> str:

@@ -111,8 +111,8 @@ def test_traditional_and_simplified_chinese_find_each_other(client):
 
 
 def test_semantic_queries_are_folded_like_the_documents(client, orch, publisher):
-    """Document version 3 (the default): the query is embedded in simplified form, so a traditional
-    query scores exactly as its simplified twin against the (simplified) document."""
+    """Document versions 3 and later (5 is the default): the query is embedded in simplified form, so a
+    traditional query scores exactly as its simplified twin against the (simplified) document."""
     image = upload(client, png_bytes((5, 5, 5)), process=False).get_json()["image"]["id"]
     client.patch(f"/api/v1/images/{image}", json={"context": {"ocr_text": "躺平\n是我最後的倔強"}})
     with Workers(orch, publisher, n=1):
@@ -126,5 +126,6 @@ def test_semantic_queries_are_folded_like_the_documents(client, orch, publisher)
         return [(h["image"]["id"], h["score"]) for h in r.get_json()["items"]]
 
     folded = scores("是我最后的倔强")  # the deterministic provider hashes whole words
-    assert folded and folded[0][0] == image and folded[0][1] > 0.5
+    # 1/√5: the document's five words are the caption's two and version 5's three-word gloss of 躺平
+    assert folded and folded[0][0] == image and folded[0][1] > 0.4
     assert scores("是我最後的倔強") == folded

@@ -54,11 +54,11 @@ def test_document_version_3_folds_traditional_chinese_and_keeps_every_line():
     assert semantic_document(None, english, "3") == semantic_document(None, english, "2")
 
 
-def test_document_version_4_is_the_default():
+def test_document_version_5_is_the_default():  # version 4 plus slang glosses (tests/unit/test_slang.py)
     from app.config import Settings
     from app.orchestrator.fingerprints import DEFAULT_DOCUMENT_VERSION
 
-    assert DEFAULT_DOCUMENT_VERSION == Settings().text_document_version == "4"
+    assert DEFAULT_DOCUMENT_VERSION == Settings().text_document_version == "5"
 
 
 def test_document_version_4_also_drops_lines_without_letters():
@@ -72,5 +72,6 @@ def test_document_version_4_also_drops_lines_without_letters():
 
 def test_queries_are_folded_like_the_documents_of_their_version():
     assert semantic_query("最後的倔強", "3") == semantic_query("最後的倔強", "4") == "最后的倔强"
+    assert semantic_query("最後的倔強", "5") == "最后的倔强"
     assert semantic_query("最後的倔強", "2") == "最後的倔強"
     assert semantic_query("Monday again", "3") == "Monday again"
