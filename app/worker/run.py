@@ -179,6 +179,8 @@ class _Completer:
         """Wait (at most ``timeout`` s) until every handed-over job finished; False if some had not."""
         q = self._queue
         deadline = time.monotonic() + timeout
+        if q.unfinished_tasks:
+            log.info("waiting up to %.0f s for %d queued agent completions to commit", timeout, q.unfinished_tasks)
         with q.all_tasks_done:
             while q.unfinished_tasks:
                 left = deadline - time.monotonic()
