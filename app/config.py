@@ -38,6 +38,8 @@ REMOTE_AGENT_LANE_LIMIT = 4
 #: A local agent keeps a DB-wide limit (fairness across scopes needs one) that the workers' cores
 #: reach first: each worker runs at most one call per core.
 LOCAL_AGENT_LANE_LIMIT = 64
+#: Settings.agent_async_completion's values.
+AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,10 @@ class Settings:
     # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
     # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
     agent_batch_size: int = 0
+    # an agent call's thread hands its finished result (record written) to the worker's completion
+    # thread and goes on to the next call, instead of committing it first (docs/performance.md §39):
+    # off | local (only a local CPU-bound agent, e.g. local-ocr) | on (every agent)
+    agent_async_completion: str = "off"
     # intra-op threads of each local model call (OCR, torch); concurrency comes from running
     # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
@@ -211,6 +217,13 @@ class Settings:
         return 1 if self.agent_is_local else 2
 
     @property
+    def agent_completes_async(self) -> bool:
+        """Whether agent results are committed by the worker's completion thread
+        (``agent_async_completion``: ``on``, or ``local`` with a local CPU-bound agent)."""
+        mode = self.agent_async_completion
+        return mode == "on" or (mode == "local" and self.agent_is_local)
+
+    @property
     def uses_embedded_services(self) -> bool:
         return self.database_url is None or self.broker_url is None
 
@@ -241,6 +254,9 @@ class Settings:
             raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
         if self.embedding_batch_linger_ms < 0 or self.visual_batch_linger_ms < 0:
             raise SettingsError("MEMEFLOW_EMBEDDING_BATCH_LINGER_MS and MEMEFLOW_VISUAL_BATCH_LINGER_MS must be >= 0")
+        if self.agent_async_completion not in AGENT_ASYNC_COMPLETION:
+            raise SettingsError("MEMEFLOW_AGENT_ASYNC_COMPLETION must be 'off', 'local' or 'on', "
+                                f"got {self.agent_async_completion!r}")
         if self.worker_local_hints < 0:
             raise SettingsError("MEMEFLOW_WORKER_LOCAL_HINTS must be >= 0 (0 = publish every hint)")
         if self.local_threads < 0:

@@ -3,9 +3,11 @@ heartbeat → complete or fail → publish the returned hints (after the orchest
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
@@ -125,10 +127,88 @@ def _calls() -> ThreadPoolExecutor:
         return _call_pool
 
 
+#: Agent completions handed to the completion thread that may wait before a call thread blocks.
+COMPLETION_QUEUE = 4
+#: How long a warm shutdown waits for the handed-over completions to commit (seconds).
+COMPLETION_DRAIN_S = 30.0
+
+
+class _Completer:
+    """The process's completion thread (``Settings.agent_async_completion``): an agent call thread
+    whose call finished — its result record written — hands the batch's terminal writes here and
+    goes on to claim and compute the next call, instead of committing first.
+
+    Each handed-over job runs the synchronous path's own terminal writes (``_finish_agent_batch``:
+    the fenced ``complete_tasks``, failures, hints, record cleanup), one job at a time, in order.
+    The claims' Heartbeat stays open until the job starts (their leases cannot lapse while they
+    wait), and is closed before the writes, as the synchronous path does. The queue is bounded: a
+    call thread that finds it full waits (back-pressure, nothing is dropped). A process killed
+    with jobs waiting loses only their commits: their attempts are ``external_started`` with a
+    durable record, which the lease recovery adopts (no second call). Started on first use; a
+    forked child starts its own (the parent's jobs stay the parent's)."""
+
+    def __init__(self, size: int = COMPLETION_QUEUE) -> None:
+        self._queue: queue.Queue[Callable[[], None]] = queue.Queue(size)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Queue ``job``; blocks while the queue is full."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="agent-completer", daemon=True)
+                self._thread.start()
+        self._queue.put(job)
+
+    @property
+    def pending(self) -> int:
+        """Jobs handed over and not finished yet (waiting or running)."""
+        return self._queue.unfinished_tasks
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - as a failed synchronous completion: the lease recovery adopts it
+                log.exception("an asynchronous agent completion failed")
+            finally:
+                self._queue.task_done()
+
+    def drain(self, timeout: float = COMPLETION_DRAIN_S) -> bool:
+        """Wait (at most ``timeout`` s) until every handed-over job finished; False if some had not."""
+        q = self._queue
+        deadline = time.monotonic() + timeout
+        if q.unfinished_tasks:
+            log.info("waiting up to %.0f s for %d queued agent completions to commit", timeout, q.unfinished_tasks)
+        with q.all_tasks_done:
+            while q.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("%d agent completions still queued at shutdown: the lease recovery "
+                                "adopts their results", q.unfinished_tasks)
+                    return False
+                q.all_tasks_done.wait(left)
+        return True
+
+
+_completer = _Completer()
+
+
+def drain_completions(timeout: float = COMPLETION_DRAIN_S) -> bool:
+    """A warm shutdown's wait for this process's queued agent completions (celery's shutdown
+    signals, and atexit)."""
+    return _completer.drain(timeout)
+
+
+atexit.register(drain_completions)
+
+
 def _forget_call_pool() -> None:  # a forked child has none of its parent's threads
-    global _call_pool, _call_pool_lock, _beater
+    global _call_pool, _call_pool_lock, _beater, _completer
     _call_pool, _call_pool_lock = None, threading.Lock()
     _beater = _Beater()
+    _completer = _Completer()
 
 
 os.register_at_fork(after_in_child=_forget_call_pool)
@@ -298,17 +378,39 @@ def run_agent_batch(
 ) -> int:
     """Claim up to ``n`` agent tasks for one hint (each holding a lane slot and a committed attempt),
     run their paid calls concurrently, then complete the successes in one transaction; failures and
-    unprovable interrupted calls end one by one."""
+    unprovable interrupted calls end one by one. With ``Settings.agent_completes_async`` those
+    terminal writes are handed to the process's completion thread (``_Completer``) and this
+    thread returns at once."""
     claims = orch.claim_agent_batch(task_id, n, owner)
     if not claims:
         return 0
-    with Heartbeat(orch, claims):
+    hb = Heartbeat(orch, claims).__enter__()
+    try:
         if len(claims) == 1:
             results = [_outcome(orch, claims[0], providers)]
         else:
             group = records.CallGroup(len(claims))  # the batch's result records: one flush
             results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
-    # terminal writes after the heartbeat stopped (see execute_claim)
+    except BaseException:
+        hb.__exit__(None, None, None)
+        raise
+    # every result record is durable by now (written before the call returned): a process killed
+    # from here on leaves attempts the lease recovery adopts, whether the writes below wait or not
+    if orch.settings.agent_completes_async:
+        # the completion thread publishes: this thread's LocalHints chain has moved on by then
+        _completer.submit(functools.partial(_finish_agent_batch, orch, claims, results,
+                                            functools.partial(handoff, publisher), hb))
+    else:
+        _finish_agent_batch(orch, claims, results, publisher.publish, hb)
+    return len(claims)
+
+
+def _finish_agent_batch(orch: Orchestrator, claims: list[Claim], results: list, publish: Callable[[list[Hint]], None],
+                        hb: Heartbeat) -> None:
+    """An agent batch's terminal writes: the successes completed in one fenced transaction (a
+    fenced-out one writes only its rejection), failures and unprovable calls one by one, the
+    hints published, the landed attempts' records discarded."""
+    hb.__exit__(None, None, None)  # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     landed: list[Claim] = []
     hints = orch.complete_tasks(done, landed) if done else []
@@ -317,9 +419,8 @@ def run_agent_batch(
             hints += orch.fail_task(claim, result)
         elif result is None:
             hints += orch.mark_unknown_execution(claim)
-    publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
+    publish(hints)  # the next stage's hints first: the records' cleanup can wait
     _discard_records(orch, landed)
-    return len(claims)
 
 
 def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,

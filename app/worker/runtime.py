@@ -32,7 +32,11 @@ class WorkerRuntime:
         from app.worker.broker import database_url_for
 
         self.settings = settings
-        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=4, pre_ping=False)
+        # the agent's completion thread (settings.agent_completes_async, app/worker/run.py) holds one
+        # connection at a time besides the call threads and the heartbeat thread: one more overflow
+        # slot, so it never waits for (or makes wait) a call thread's claim
+        overflow = 4 + (1 if settings.agent_completes_async else 0)
+        self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=overflow, pre_ping=False)
         self.orch = Orchestrator(self.engine, settings)
         self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(
             celery_app

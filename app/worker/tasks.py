@@ -183,6 +183,16 @@ def _deregister_worker(**_: object) -> None:
         _webhook_poller.stop()
 
 
+@signals.worker_shutdown.connect
+@signals.worker_process_shutdown.connect
+def _drain_completions(**_: object) -> None:
+    # A warm shutdown (the pool has finished its tasks by now) lets the agent completions handed to
+    # this process's completion thread commit first, for a bounded time (run._Completer; atexit too).
+    from app.worker import run
+
+    run.drain_completions()
+
+
 @signals.worker_process_init.connect
 def _fresh_runtime_in_child(**_: object) -> None:
     # A prefork child must not use the parent's pooled connections. It runs one task at a time:
