@@ -124,6 +124,17 @@ def run(distractors: bool = True, echo=print) -> dict[str, Any]:
         echo(f"{g}: {len(glossed[g])}/{counts[g]} documents got a gloss line")
     n_distr = sum(docs["5"][m.id] != docs["4"][m.id] for m in pool[len(held):])
     echo(f"bench distractors with a gloss line: {n_distr}/{len(pool) - len(held)}")
+    # glossary terms the held-out captions share with the search bench's captions (the bench is
+    # where the glossary was measured, so the cleanest out-of-sample cell is the one without them)
+    from app.search import slang
+
+    from bench.search_data import memes as bench_memes  # whether or not they are in the pool
+
+    bench_terms = {t for m in bench_memes() for t in slang.chinese().terms("\n".join(m.lines))}
+    terms_of = {m.id: slang.chinese().terms(m.caption) for m in held}
+    shared = {m.id for m in held if m.group == "zh-slang" and set(terms_of[m.id]) & bench_terms}
+    echo(f"zh-slang captions with a glossary term the bench captions also have: {len(shared)} "
+         f"({', '.join(f'{i} {terms_of[i]}' for i in sorted(shared))})")
 
     # ---- ranks
     ranks: dict[tuple[str, str, str], dict[str, int | None]] = {}  # (step label, group, qtype) -> id -> rank
@@ -154,6 +165,17 @@ def run(distractors: bool = True, echo=print) -> dict[str, Any]:
         table[step.label] = row
         echo(f"| {step.label} | " + " | ".join("{:.3f} / {:.3f} / {:.3f}".format(*row[f"{g}/{qt}"])
                                                for g, qt in cells) + " |")
+    echo("\n## zh-slang split: captions sharing a glossary term with the bench vs not (r@1 / r@5 / MRR)\n")
+    echo(f"| step | shared exact | shared paraphrase | not shared exact | not shared paraphrase |")
+    echo("|---|---:|---:|---:|---:|")
+    for step in steps:
+        vals = []
+        for inside in (True, False):
+            for qt in QUERY_TYPES:
+                rs = [r for i, r in ranks[(step.label, "zh-slang", qt)].items() if (i in shared) == inside]
+                vals.append("{:.3f} / {:.3f} / {:.3f}".format(*metrics(rs)) if rs else "—")
+        echo(f"| {step.label} | " + " | ".join(vals) + " |")
+    echo(f"(shared n={len(shared)}, not shared n={counts['zh-slang'] - len(shared)})")
     echo("\n## r@1 / r@5 / MRR per language × query type\n")
     echo("| step | zh exact | zh paraphrase | en exact | en paraphrase |")
     echo("|---|---:|---:|---:|---:|")
@@ -187,7 +209,7 @@ def run(distractors: bool = True, echo=print) -> dict[str, Any]:
                         echo(f"    now above: {other} {docs['5'][other]!r}"
                              f"{' (glossed)' if glossed_other else ''}")
     return {"table": table, "glossed": glossed, "glosses": gloss_of, "flips": flips,
-            "distractors_glossed": n_distr,
+            "distractors_glossed": n_distr, "terms": terms_of, "shared_with_bench": sorted(shared),
             "exact_queries": {m.id: m.exact for m in held}}
 
 
