@@ -127,7 +127,6 @@ def run(distractors: bool = True, echo=print) -> dict[str, Any]:
     # glossary terms the held-out captions share with the search bench's captions (the bench is
     # where the glossary was measured, so the cleanest out-of-sample cell is the one without them)
     from app.search import slang
-
     from bench.search_data import memes as bench_memes  # whether or not they are in the pool
 
     bench_terms = {t for m in bench_memes() for t in slang.chinese().terms("\n".join(m.lines))}
@@ -166,7 +165,7 @@ def run(distractors: bool = True, echo=print) -> dict[str, Any]:
         echo(f"| {step.label} | " + " | ".join("{:.3f} / {:.3f} / {:.3f}".format(*row[f"{g}/{qt}"])
                                                for g, qt in cells) + " |")
     echo("\n## zh-slang split: captions sharing a glossary term with the bench vs not (r@1 / r@5 / MRR)\n")
-    echo(f"| step | shared exact | shared paraphrase | not shared exact | not shared paraphrase |")
+    echo("| step | shared exact | shared paraphrase | not shared exact | not shared paraphrase |")
     echo("|---|---:|---:|---:|---:|")
     for step in steps:
         vals = []
