@@ -6,6 +6,7 @@ the job starts, the bounded queue blocks instead of dropping, and a shutdown dra
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -38,6 +39,18 @@ class Gate:
     def __call__(self) -> None:
         self.entered.set()
         assert self.release.wait(30), "the gate was never released"
+
+
+@contextlib.contextmanager
+def completion_thread_held(completer):
+    """The completion thread busy with a Gate for the block: whatever is handed to it waits."""
+    gate = Gate()
+    completer.submit(gate)
+    assert gate.entered.wait(10)
+    try:
+        yield
+    finally:
+        gate.release.set()
 
 
 def _to_agent_hint(orch, providers, pub, seed: int, scope: str = "local"):
@@ -112,15 +125,10 @@ def test_local_leaves_a_paid_agents_completion_synchronous(engine, settings, com
     orch = Orchestrator(engine, s)
     providers, pub = providers_with(s, CountingAgent(results_dir=str(s.agent_results_path))), RecordingPublisher()
     hint = _to_agent_hint(orch, providers, pub, 900)
-    gate = Gate()
-    completer.submit(gate)  # a completion thread that would hold any job handed to it
-    assert gate.entered.wait(10)
-    try:
+    with completion_thread_held(completer):  # a completion thread that would hold any job handed to it
         assert run.handle_hint(orch, "agent", hint.task_id, "w1", providers, pub) == 1
         assert _task(engine, hint.task_id)["status"] == "succeeded"  # committed before the call returned
         assert completer.pending == 1  # the gate alone: nothing was handed over
-    finally:
-        gate.release.set()
 
 
 # ------------------------------------------------------------------------------ the completion
@@ -152,17 +160,12 @@ def test_the_call_thread_returns_before_the_commit_and_the_record_is_durable_by_
     root = s.agent_results_path
     providers, pub = providers_with(s, CountingAgent(results_dir=str(root))), RecordingPublisher()
     hint = _to_agent_hint(orch, providers, pub, 920)
-    gate = Gate()
-    completer.submit(gate)
-    assert gate.entered.wait(10)
-    try:
+    with completion_thread_held(completer):
         assert run.handle_hint(orch, "agent", hint.task_id, "w1", providers, pub) == 1
         assert _task(engine, hint.task_id)["status"] == "running"  # queued behind the gate
         assert len(list(root.rglob("*.json"))) == 1  # its result record is already written
         [state] = [r[0] for r in rows(engine, "SELECT state FROM task_attempts WHERE task_id = :t", t=hint.task_id)]
         assert state == "external_started"  # what the lease recovery adopts should the process die now
-    finally:
-        gate.release.set()
     assert completer.drain(30)
     assert _task(engine, hint.task_id)["status"] == "succeeded"
     assert list(root.rglob("*.json")) == []
@@ -192,14 +195,9 @@ def test_a_fencing_loss_while_queued_is_discarded_and_counted_as_the_synchronous
             finally:
                 del agent.describe
         else:  # the asynchronous path: the takeover happens while the completion waits in the queue
-            gate = Gate()
-            completer.submit(gate)
-            assert gate.entered.wait(10)
-            try:
+            with completion_thread_held(completer):
                 assert run.handle_hint(orch, "agent", hint.task_id, "w1", providers, pub) == 1
                 _steal(engine, hint.task_id)
-            finally:
-                gate.release.set()
             assert completer.drain(30)
         t = _task(engine, hint.task_id)
         assert (t["status"], t["lease_owner"]) == ("running", "thief")  # nothing of the lost claim applied
@@ -219,17 +217,12 @@ def test_the_heartbeat_extends_the_lease_while_the_completion_waits(engine, sett
     orch = Orchestrator(engine, s)
     providers, pub = providers_with(s, CountingAgent(results_dir=str(s.agent_results_path))), RecordingPublisher()
     hint = _to_agent_hint(orch, providers, pub, 940)
-    gate = Gate()
-    completer.submit(gate)
-    assert gate.entered.wait(10)
-    try:
+    with completion_thread_held(completer):
         assert run.handle_hint(orch, "agent", hint.task_id, "w1", providers, pub) == 1
         first = _task(engine, hint.task_id)["lease_expires_at"]
         poll_until(lambda: _task(engine, hint.task_id)["lease_expires_at"] > first, timeout=20,
                    what="the queued claim's lease extended")
         assert _task(engine, hint.task_id)["status"] == "running"
-    finally:
-        gate.release.set()
     assert completer.drain(30)
     t = _task(engine, hint.task_id)
     assert t["status"] == "succeeded" and t["lease_expires_at"] is None

@@ -77,6 +77,16 @@ def _ready_for_agent(cluster, engine, orch, publisher, n: int, first: int):
     return job_ids
 
 
+def _agent_worker_with_calls_made(cluster, engine, call_log, n: int):
+    """An agent worker started while the images are held: once all ``n`` calls are made, every
+    task is still running (made, none committed: the completions wait in the process)."""
+    agent = _agent_worker(cluster)
+    poll_until(lambda: sum(calls_by_stage(call_log)["agent"].values()) == n, timeout=60,
+               what="every agent call made")
+    assert _count(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent' AND status = 'running'") == n
+    return agent
+
+
 def test_every_job_finishes_with_one_paid_call_each_with_asynchronous_completion(cluster, engine, publisher, call_log):
     _setup(cluster)
     orch = make_orch(engine, cluster.settings)
@@ -101,11 +111,7 @@ def test_an_agent_worker_killed_with_completions_queued_loses_nothing_and_calls_
     orch = make_orch(engine, cluster.settings)
     job_ids = _ready_for_agent(cluster, engine, orch, publisher, n, first=200)
     with images_held(engine):
-        agent = _agent_worker(cluster)
-        poll_until(lambda: sum(calls_by_stage(call_log)["agent"].values()) == n, timeout=60,
-                   what="every agent call made")
-        # every call made and recorded, none committed: their completions wait in the process
-        assert _count(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent' AND status = 'running'") == n
+        agent = _agent_worker_with_calls_made(cluster, engine, call_log, n)
         assert len(list(cluster.settings.agent_results_path.rglob("*.json"))) == n
         cluster.kill(agent, signal.SIGKILL)
     with Sweeper(orch, publisher, cluster.settings.sweep_interval_s) as sweeper:
@@ -126,10 +132,7 @@ def test_a_warm_shutdown_commits_the_queued_completions_before_the_worker_exits(
     orch = make_orch(engine, cluster.settings)
     job_ids = _ready_for_agent(cluster, engine, orch, publisher, n, first=300)
     with images_held(engine):
-        agent = _agent_worker(cluster)
-        poll_until(lambda: sum(calls_by_stage(call_log)["agent"].values()) == n, timeout=60,
-                   what="every agent call made")
-        assert _count(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent' AND status = 'running'") == n
+        agent = _agent_worker_with_calls_made(cluster, engine, call_log, n)
         agent.popen.send_signal(signal.SIGTERM)
         poll_until(lambda: "queued agent completions to commit" in agent.log() or not agent.alive, timeout=30,
                    what="the warm shutdown waiting for the queued completions")
