@@ -38,6 +38,10 @@ REMOTE_AGENT_LANE_LIMIT = 4
 #: A local agent keeps a DB-wide limit (fairness across scopes needs one) that the workers' cores
 #: reach first: each worker runs at most one call per core.
 LOCAL_AGENT_LANE_LIMIT = 64
+#: With a local agent, one embedding-lane thread per this many cores: the text models are about a
+#: fifth of an image's CPU beside local-ocr (docs/performance.md §41); without one, every other.
+CORES_PER_EMBEDDING_THREAD_LOCAL_AGENT = 4
+CORES_PER_EMBEDDING_THREAD = 2
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
@@ -108,6 +112,10 @@ class Settings:
     # lane's task is queued; 0 = the cores the worker may use, 1 = off (one core; the linger
     # waits while an earlier lane's task is queued or running)
     local_burst_cores: int = 1
+    # threads of a dedicated embedding-lane worker, each running its own batches (one core each);
+    # 0 = sized from the cores it may use (``embedding_threads``): 1 on a small box, so a 2-core
+    # box keeps the solo worker; more on a bigger one, where one core would cap the whole pipeline
+    embedding_worker_threads: int = 0
     worker_task_events: bool = False
     # hints a worker handles itself, one after another, per delivered message, when a completion
     # returns one for a lane it consumes (instead of publishing it and taking it back from the
@@ -216,6 +224,16 @@ class Settings:
         # a batch would make a core wait for its batch-mate's slower image.
         return 1 if self.agent_is_local else 2
 
+    def embedding_threads(self, cores: int) -> int:
+        """Threads of a dedicated embedding-lane worker on ``cores`` cores: the setting, or one per
+        ``CORES_PER_EMBEDDING_THREAD[_LOCAL_AGENT]`` cores (at least one). The lane batches, so
+        one thread keeps up on a small box; on a big one the agent lane's threads (one per core)
+        would outrun a single text thread, capping every image at that one core's rate."""
+        if self.embedding_worker_threads > 0:
+            return self.embedding_worker_threads
+        per = CORES_PER_EMBEDDING_THREAD_LOCAL_AGENT if self.agent_is_local else CORES_PER_EMBEDDING_THREAD
+        return max(1, int(cores) // per)
+
     @property
     def agent_completes_async(self) -> bool:
         """Whether agent results are committed by the worker's completion thread
@@ -263,6 +281,8 @@ class Settings:
             raise SettingsError("MEMEFLOW_LOCAL_THREADS must be >= 0 (0 = the libraries' defaults)")
         if self.local_burst_cores < 0:
             raise SettingsError("MEMEFLOW_LOCAL_BURST_CORES must be >= 0 (0 = the cores the worker may use)")
+        if self.embedding_worker_threads < 0:
+            raise SettingsError("MEMEFLOW_EMBEDDING_WORKER_THREADS must be >= 0 (0 = sized from the cores)")
         if self.session_ttl_s <= 0 or self.trusted_proxy_hops < 0:
             raise SettingsError("need MEMEFLOW_SESSION_TTL_S > 0 and MEMEFLOW_TRUSTED_PROXY_HOPS >= 0")
         if self.cursor_secret is not None and len(self.cursor_secret) < 16:

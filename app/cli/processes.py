@@ -64,8 +64,10 @@ def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
     A local CPU-bound agent (``local-ocr``) runs one call per core in threads of one process
     (``threads`` pool, concurrency = the cores it may use; its model calls are single-threaded
     and release the GIL): each hint is one call, so every core stays busy even when tasks
-    trickle in one at a time. Everything else: one ``solo`` process (a paid agent's concurrency
-    is its lane limit and batch; the visual and embedding lanes batch). A webhooks-only worker:
+    trickle in one at a time. A dedicated embedding worker: ``solo``, or on a bigger box threads,
+    one per ``Settings.embedding_threads`` (each runs its own batches). Everything else: one
+    ``solo`` process (a paid agent's concurrency is its lane limit and batch; the visual lane
+    batches). A webhooks-only worker:
     threads x8 (deliveries wait on the network, one subscription per thread)."""
     if WEBHOOKS in lanes and all(lane in (WEBHOOKS, "maintenance") for lane in lanes):
         return WEBHOOK_POOL, WEBHOOK_THREADS
@@ -73,6 +75,12 @@ def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
         from app.stages.cpu import available_cores
 
         return "threads", available_cores()
+    if set(lanes) == {"embedding"}:
+        from app.stages.cpu import available_cores
+
+        threads = settings.embedding_threads(available_cores())
+        if threads > 1:  # a big box: batches run side by side, one core each (docs/performance.md §41)
+            return "threads", threads
     return "solo", 1
 
 

@@ -24,7 +24,7 @@ PUBLISHER_ENV = "MEMEFLOW_WORKER_PUBLISHER"
 class WorkerRuntime:
     """Everything a task needs, built once per process."""
 
-    def __init__(self, settings: Settings, celery_app) -> None:
+    def __init__(self, settings: Settings, celery_app, concurrency: int | None = None) -> None:
         from app.db.engine import make_engine
         from app.orchestrator import Orchestrator
         from app.publisher import CeleryHintPublisher
@@ -32,10 +32,11 @@ class WorkerRuntime:
         from app.worker.broker import database_url_for
 
         self.settings = settings
-        # the agent's completion thread (settings.agent_completes_async, app/worker/run.py) holds one
-        # connection at a time besides the call threads and the heartbeat thread: one more overflow
-        # slot, so it never waits for (or makes wait) a call thread's claim
-        overflow = 4 + (1 if settings.agent_completes_async else 0)
+        # each of a threads pool's ``concurrency`` task threads and the heartbeat thread hold one
+        # connection at a time (a claim, a completion), so a big box's pool never makes them queue;
+        # the agent's completion thread (settings.agent_completes_async, app/worker/run.py) one
+        # more, so it never waits for (or makes wait) a call thread's claim
+        overflow = max(4, (concurrency or 1) + 2) + (1 if settings.agent_completes_async else 0)
         self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=overflow, pre_ping=False)
         self.orch = Orchestrator(self.engine, settings)
         self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(
@@ -88,14 +89,15 @@ _runtime: WorkerRuntime | None = None
 _runtime_lock = threading.Lock()
 
 
-def get_runtime() -> WorkerRuntime:
-    """This process's runtime; rebuilt after a fork (a new pid never inherits connections)."""
+def get_runtime(concurrency: int | None = None) -> WorkerRuntime:
+    """This process's runtime; rebuilt after a fork (a new pid never inherits connections).
+    ``concurrency``: the task threads it serves, when the first call knows it (``preload``)."""
     global _runtime
     with _runtime_lock:
         if _runtime is None or _runtime.pid != os.getpid():
             from app.worker.celery_app import celery_app
 
-            _runtime = WorkerRuntime(get_settings(), celery_app)
+            _runtime = WorkerRuntime(get_settings(), celery_app, concurrency)
         return _runtime
 
 
@@ -110,6 +112,6 @@ def reset_runtime() -> None:
 
 def preload(lanes: list[str], concurrency: int | None = None) -> None:
     """Build the runtime and load the providers of ``lanes`` now, not on the first task."""
-    runtime = get_runtime()
+    runtime = get_runtime(concurrency)
     for lane in lanes:
         runtime.load_lane(lane, concurrency)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +94,30 @@ class CountingText(DeterministicTextProvider):
     def embed(self, documents: list[str]) -> list[list[float]]:
         for doc in documents:
             record_call("text", hashlib.sha256(doc.encode()).hexdigest()[:16])
+        return super().embed(documents)
+
+
+class OverlapText(CountingText):
+    """``CountingText`` whose first two calls in a process wait for each other inside
+    the call (up to 15 s): ``text-overlap met`` is logged by each when two ran at once, ``text-overlap alone``
+    when the first waited in vain (the worker runs its batches one after another; the second call
+    then finds the barrier broken and logs it too)."""
+
+    name = "overlap-text"
+    _lock = threading.Lock()
+    _calls = 0
+    _barrier = threading.Barrier(2)
+
+    def embed(self, documents: list[str]) -> list[list[float]]:
+        with OverlapText._lock:
+            OverlapText._calls += 1
+            first_two = OverlapText._calls <= 2
+        if first_two:
+            try:
+                OverlapText._barrier.wait(timeout=15)
+                record_call("text-overlap", "met")
+            except threading.BrokenBarrierError:
+                record_call("text-overlap", "alone")
         return super().embed(documents)
 
 

