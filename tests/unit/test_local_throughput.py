@@ -158,3 +158,18 @@ def test_a_threads_worker_warms_one_local_ocr_engine_per_thread(monkeypatch):
     rt.load_lane("agent")
     rt.load_lane("embedding", 3)  # a provider without a concurrency parameter is warmed as before
     assert warmed == [3, None, "text"]
+
+
+@pytest.mark.parametrize(("threads", "connections"), [(None, 6), (1, 6), (2, 6), (16, 20)])
+def test_a_workers_connection_pool_grows_with_its_threads(threads, connections):
+    # every task thread and the heartbeat thread may hold one connection at once: a 16-thread
+    # worker on a big box must not queue its claims for one of 6 (no connection is opened here)
+    from app.worker.celery_app import celery_app
+    from app.worker.runtime import WorkerRuntime
+
+    runtime = WorkerRuntime(Settings(database_url="postgresql+psycopg://memeflow@127.0.0.1:1/none"), celery_app,
+                            threads)
+    try:
+        assert runtime.engine.pool.size() + runtime.engine.pool._max_overflow == connections
+    finally:
+        runtime.close()
