@@ -71,13 +71,11 @@ def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
     threads x8 (deliveries wait on the network, one subscription per thread)."""
     if WEBHOOKS in lanes and all(lane in (WEBHOOKS, "maintenance") for lane in lanes):
         return WEBHOOK_POOL, WEBHOOK_THREADS
-    if "agent" in lanes and settings.agent_is_local:
-        from app.stages.cpu import available_cores
+    from app.stages.cpu import available_cores
 
+    if "agent" in lanes and settings.agent_is_local:
         return "threads", available_cores()
     if set(lanes) == {"embedding"}:
-        from app.stages.cpu import available_cores
-
         threads = settings.embedding_threads(available_cores())
         if threads > 1:  # a big box: batches run side by side, one core each (docs/performance.md §41)
             return "threads", threads
