@@ -638,6 +638,9 @@ def main() -> None:
     ap.add_argument("--procs", default=None, help="bare-loop process counts, e.g. 1,2 (default 1..cores)")
     ap.add_argument("--env", action="append", default=[], help="MEMEFLOW_X=Y for the pipeline (A/B)")
     ap.add_argument("--skip-bare", action="store_true")
+    ap.add_argument("--order", choices=("alternate", "bare-first", "pipeline-first"), default="alternate",
+                    help="which side runs first in a round (alternate: the bare loops in odd rounds, the pipeline"
+                         " in even ones, so a drift of the box's speed over a run does not favour one side)")
     ap.add_argument("--worker-concurrency", type=int,
                     help="-c of every lane worker (a solo worker ignores it: the threads of the local agent's, A/B)")
     ap.add_argument("--agent-pool", choices=("threads", "prefork"),
@@ -699,42 +702,49 @@ def main() -> None:
                 f"; total {1000 * sum(idle.values()) / args.idle:.1f}", flush=True)
         for r, images in enumerate(sets):
             out: dict = {}
-            if not args.skip_bare:
-                out["bare"] = [bare_loop(images, n, t) for n, t in configs]
-                for b in out["bare"]:
-                    print(f"[{r + 1}] bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x "
-                          f"{b['threads'] or 'default'} thread(s), {b['wall_s']:.1f}s, CPU s {b['cpu_s']})", flush=True)
-                    if b["threads"] == 1:
-                        print("      calling thread's CPU ms per image by step: " + ", ".join(
-                            f"{k} {v:.1f}" for k, v in b["step_cpu_ms"].items()), flush=True)
-                    print_cores("bare", b["cores"])
-            if pipe is not None:
-                p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
-                print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "
-                      f"uploads took {p['upload_s']:.1f}s, jobs {p['statuses']}, load {os.getloadavg()[0]:.1f})",
-                      flush=True)
-                print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
-                    f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
-                    "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
-                    "; job latency s (upload to done): " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
-                    "; tail s (last completion after the upstream lane's last): " + ", ".join(
-                        f"{k} {v:.2f}" for k, v in p["tail_s"].items()) +
-                    ("" if not p["last_batch"] else
-                     f" (the last embedding batch: claimed {1000 * p['last_batch']['claimed_after_agent_s']:.0f} ms after"
-                     f" the last agent completion, {p['last_batch']['n']} task(s), ran"
-                     f" {1000 * p['last_batch']['ran_s']:.0f} ms)") +
-                    f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
-                    f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
-                    f" {_agent_threads()} x wall)")
-                print("      CPU ms per image per process group: " + ", ".join(
-                    f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
-                    f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)
-                print("      CPU s per process group: " + ", ".join(
-                    f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
-                print(f"      this bench process (upload client, poller, sampler): CPU {p['bench_cpu_s']['all']:.2f} s,"
-                      f" of which the core sampler {p['bench_cpu_s']['sampler']:.2f} s", flush=True)
-                print_cores("pipeline", p["cores"])
+
+            def run_bare(r: int, images: list[bytes], out: dict) -> None:
+                if not args.skip_bare:
+                    out["bare"] = [bare_loop(images, n, t) for n, t in configs]
+                    for b in out["bare"]:
+                        print(f"[{r + 1}] bare loop  {b['images_per_s']:6.2f} images/s  ({b['procs']} process(es) x "
+                              f"{b['threads'] or 'default'} thread(s), {b['wall_s']:.1f}s, CPU s {b['cpu_s']})", flush=True)
+                        if b["threads"] == 1:
+                            print("      calling thread's CPU ms per image by step: " + ", ".join(
+                                f"{k} {v:.1f}" for k, v in b["step_cpu_ms"].items()), flush=True)
+                        print_cores("bare", b["cores"])
+
+            def run_pipeline(r: int, images: list[bytes], out: dict) -> None:
+                if pipe is not None:
+                    p = out["pipeline"] = pipe.measure(images, args.profile if r == len(sets) - 1 else None)
+                    print(f"[{r + 1}] pipeline   {p['images_per_s']:6.2f} images/s  ({p['n']} in {p['wall_s']:.1f}s, "
+                          f"uploads took {p['upload_s']:.1f}s, jobs {p['statuses']}, load {os.getloadavg()[0]:.1f})",
+                          flush=True)
+                    print("      lane busy s (union of task intervals) / summed task s: " + ", ".join(
+                        f"{lane} {p['busy_s'][lane]:.1f}/{p['task_s'][lane]:.1f}" for lane in LANES) +
+                        "; batches (distinct claim times): " + ", ".join(f"{k} {v}" for k, v in p["batches"].items()) +
+                        "; job latency s (upload to done): " + ", ".join(
+                            f"{k} {v:.2f}" for k, v in p["job_latency_s"].items() if v is not None) +
+                        "; tail s (last completion after the upstream lane's last): " + ", ".join(
+                            f"{k} {v:.2f}" for k, v in p["tail_s"].items()) +
+                        ("" if not p["last_batch"] else
+                         f" (the last embedding batch: claimed {1000 * p['last_batch']['claimed_after_agent_s']:.0f} ms after"
+                         f" the last agent completion, {p['last_batch']['n']} task(s), ran"
+                         f" {1000 * p['last_batch']['ran_s']:.0f} ms)") +
+                        f"; agent threads idle while an agent task waited: {p['agent_idle_with_work_s']:.2f} thread-s"
+                        f" ({100 * p['agent_idle_with_work_s'] / (_agent_threads() * p['wall_s']):.1f} % of"
+                        f" {_agent_threads()} x wall)")
+                    print("      CPU ms per image per process group: " + ", ".join(
+                        f"{k} {1000 * v / p['n']:.1f}" for k, v in sorted(p["cpu_s"].items())) +
+                        f"; total {1000 * sum(p['cpu_s'].values()) / p['n']:.1f}", flush=True)
+                    print("      CPU s per process group: " + ", ".join(
+                        f"{k} {v:.1f}" for k, v in sorted(p["cpu_s"].items())), flush=True)
+                    print(f"      this bench process (upload client, poller, sampler): CPU {p['bench_cpu_s']['all']:.2f} s,"
+                          f" of which the core sampler {p['bench_cpu_s']['sampler']:.2f} s", flush=True)
+                    print_cores("pipeline", p["cores"])
+            pipeline_first = args.order == "pipeline-first" or (args.order == "alternate" and r % 2 == 1)
+            for part in ((run_pipeline, run_bare) if pipeline_first else (run_bare, run_pipeline)):
+                part(r, images, out)
             if "bare" in out and "pipeline" in out:
                 best = max(out["bare"], key=lambda b: b["images_per_s"])
                 out["ratio"] = out["pipeline"]["images_per_s"] / best["images_per_s"]
