@@ -137,11 +137,16 @@ class CoreSampler:
             self.samples.extend((t, box, min(own, float(self.cores))) for t, box in pending)
             pending, own0, own_t0 = [], own1, t_end
 
-        while not self._stop.wait(self.period_s):
+        def sample() -> float:
+            nonlocal box0, t0
             box1, t1 = _box_ticks(), time.time()
             if t1 > t0 and box1[1] > box0[1]:
                 pending.append((t1, self.cores * (box1[0] - box0[0]) / (box1[1] - box0[1])))
                 box0, t0 = box1, t1
+            return t1
+
+        while not self._stop.wait(self.period_s):
+            t1 = sample()
             if len(pending) < self.own_every:
                 continue
             flush(t1)
@@ -150,7 +155,8 @@ class CoreSampler:
                     pids = list(self.pids())
                     own0 = {**own0, **{pid: _proc_ticks(pid) for pid in pids if pid not in own0}}
                 listed = time.monotonic()
-        if pending:  # the last samples before the stop
+        sample()  # up to the stop, however late this thread ran before it (it runs at the lowest priority)
+        if pending:
             flush(pending[-1][0])
         self.cpu_s = time.thread_time()
 
