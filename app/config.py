@@ -39,7 +39,7 @@ REMOTE_AGENT_LANE_LIMIT = 4
 #: reach first: each worker runs at most one call per core.
 LOCAL_AGENT_LANE_LIMIT = 64
 #: With a local agent, one embedding-lane thread per this many cores: the text models are about a
-#: fifth of an image's CPU beside local-ocr (docs/performance.md §41); without one, every other.
+#: fifth of an image's CPU beside local-ocr (docs/performance-log.md §41); without one, every other.
 CORES_PER_EMBEDDING_THREAD_LOCAL_AGENT = 4
 CORES_PER_EMBEDDING_THREAD = 2
 #: Settings.agent_async_completion's values.
@@ -92,20 +92,20 @@ class Settings:
     embedding_batch_max_chars: int = 400_000  # characters one text-embedding batch may render
     # a batched lane's worker that finished a batch less than this long ago waits out the rest
     # before it claims the next one, so the tasks that become due meanwhile (the agent's
-    # completions, uploads) join one batch: no wait when the lane was idle (docs/performance.md §27)
+    # completions, uploads) join one batch: no wait when the lane was idle (docs/performance-log.md §27)
     embedding_batch_linger_ms: float = 500.0
     visual_batch_linger_ms: float = 200.0
     # agent tasks one hint claims and runs at once; 0 = auto: 1 for a local CPU-bound agent
     # (local-ocr: its worker runs one call per core in threads instead), 2 otherwise
     agent_batch_size: int = 0
     # an agent call's thread hands its finished result (record written) to the worker's completion
-    # thread and goes on to the next call, instead of committing it first (docs/performance.md §39):
+    # thread and goes on to the next call, instead of committing it first (docs/performance-log.md §39):
     # off | local (only a local CPU-bound agent, e.g. local-ocr) | on (every agent)
     agent_async_completion: str = "off"
     # intra-op threads of each local model call (OCR, torch); concurrency comes from running
-    # several calls at once (docs/performance.md §7); 0 = the libraries' defaults (one per core)
+    # several calls at once (docs/performance-log.md §7); 0 = the libraries' defaults (one per core)
     local_threads: int = 1
-    # the end of a burst (docs/performance.md §35), default off until measured on a quiet box: a
+    # the end of a burst (docs/performance-log.md §35), default off until measured on a quiet box: a
     # batch of a lane fed by earlier lanes (embedding) may keep this many cores busy while no
     # earlier lane's task is queued or running (a concatenated text provider then computes its
     # parts at once, one thread each: same vectors), and its linger waits only while an earlier
@@ -119,7 +119,7 @@ class Settings:
     worker_task_events: bool = False
     # hints a worker handles itself, one after another, per delivered message, when a completion
     # returns one for a lane it consumes (instead of publishing it and taking it back from the
-    # broker); 0 = publish every hint (docs/performance.md §23)
+    # broker); 0 = publish every hint (docs/performance-log.md §23)
     worker_local_hints: int = 8
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0

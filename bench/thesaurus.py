@@ -25,7 +25,7 @@ Synonyms of a word are ordered by the served model's cosine between the bare wor
 (MiniLM for English, e5 for Chinese) and cut to the top ``m`` (the thesauri list senses
 unordered or by class, Moby lists hundreds per word).
 
-Thesauri (files read from the packages' data, so nothing is downloaded; see docs/search.md
+Thesauri (files read from the packages' data, so nothing is downloaded; see docs/search-log.md
 "Thesaurus expansion" for provenance and licences):
 
 - ``--wordnet DIR``: Princeton WordNet 3.0 database files (``data.noun`` …, e.g. Debian's

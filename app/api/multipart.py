@@ -3,7 +3,7 @@
 ``werkzeug.sansio.multipart.MultipartDecoder`` compiles two regular expressions that embed the
 request's boundary (the preamble's end and a part's end). Clients pick a fresh random boundary per
 request, so Python's regex cache never hits: ≈ 0.3 ms of API CPU per upload for the two compiles,
-plus ≈ 0.2 ms to run the part-end pattern over the whole 60 KiB file (docs/performance.md §33).
+plus ≈ 0.2 ms to run the part-end pattern over the whole 60 KiB file (docs/performance-log.md §33).
 
 :class:`BoundaryPattern` finds exactly what each of those patterns finds — the leftmost match,
 the same span and the same group 1 — with ``bytes.find`` for the ``--boundary`` marker, a check

@@ -77,7 +77,7 @@ def lane_pool(settings: Settings, lanes) -> tuple[str, int]:
         return "threads", available_cores()
     if set(lanes) == {"embedding"}:
         threads = settings.embedding_threads(available_cores())
-        if threads > 1:  # a big box: batches run side by side, one core each (docs/performance.md §41)
+        if threads > 1:  # a big box: batches run side by side, one core each (docs/performance-log.md §41)
             return "threads", threads
     return "solo", 1
 
@@ -92,7 +92,7 @@ def lane_prefetch(settings: Settings, lanes, pool: str) -> int:
     1 (celeryconfig's) for every worker but a local agent's threads pool, which reserves the next
     hint of each thread while the thread still runs its call (``LOCAL_AGENT_PREFETCH``): with 1,
     a thread that finished waited for its ack, the next fetch and the dispatch (10–20 ms of an
-    idle core per ≈ 130 ms OCR call, docs/performance.md §31). A reserved hint is only a wake-up:
+    idle core per ≈ 130 ms OCR call, docs/performance-log.md §31). A reserved hint is only a wake-up:
     the claim in PostgreSQL still decides which task runs, and a worker that dies leaves its
     reserved messages to redelivery (late acks) or the sweep's re-hint."""
     if pool == "threads" and "agent" in lanes and settings.agent_is_local:

@@ -61,7 +61,7 @@ def install_local_ping(engine: Engine, *, after_idle_s: float | None = None) -> 
     """Make the pool's pre-ping free for a connection that proves itself alive locally.
 
     SQLAlchemy's pre-ping sends an empty query on every checkout — a round trip, and API and
-    PostgreSQL CPU, per transaction (docs/performance.md §33). A PostgreSQL restart (or a
+    PostgreSQL CPU, per transaction (docs/performance-log.md §33). A PostgreSQL restart (or a
     terminated backend, an idle-session timeout, a crash) never leaves a connection silently
     dead: the server's side of the socket closes (and usually says why, a FATAL first), so the
     idle connection's socket turns readable — end of file, or the message. So a connection passes
@@ -118,7 +118,7 @@ def read_connection(engine: Engine) -> Connection:
     """A connection for a block of reads only, in autocommit: no BEGIN, no COMMIT, and above all
     no ROLLBACK when it closes — psycopg drops every prepared statement of its connection on
     ROLLBACK (and sends DEALLOCATE ALL), so a rolled-back read per batch kept the worker's hot
-    statements from ever being prepared (docs/performance.md §19). Each statement sees its own
+    statements from ever being prepared (docs/performance-log.md §19). Each statement sees its own
     snapshot, as every statement of a READ COMMITTED transaction does; never write through it."""
     return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 

@@ -47,7 +47,7 @@ _TUPLES = tuple(getattr(ExecStatus, name) for name in ("TUPLES_OK", "SINGLE_TUPL
 def _column_names(cursor: Any) -> tuple[str, ...] | None:
     """The names of the result's columns, or None if it returned no tuples — what
     ``cursor.description`` says, without building its ``Column`` objects (a type lookup per
-    column of every result: ≈ 10 µs per column, 2 ms of API CPU per upload; docs/performance.md §24)."""
+    column of every result: ≈ 10 µs per column, 2 ms of API CPU per upload; docs/performance-log.md §24)."""
     res = getattr(cursor, "pgresult", cursor)
     if res is cursor:  # not a psycopg 3 cursor: its description then
         description = cursor.description

@@ -2,7 +2,7 @@
 
 psycopg's jsonb loads, the store's row documents (``jsonb_to_recordset`` of a batch) and their
 dumps were ≈ 15 % of a no-op worker's CPU with the standard library's ``json``
-(docs/performance.md §23, §26); orjson does both in a fraction of that. It is used only where the
+(docs/performance-log.md §23, §26); orjson does both in a fraction of that. It is used only where the
 result is the same value:
 
 - ``loads`` (psycopg's loader for json and jsonb, registered in ``engine.make_engine``): orjson

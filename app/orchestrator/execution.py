@@ -268,7 +268,7 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
     with orch.engine.begin() as conn:
         # every statement below reaches its rows by id (tests/db/test_batch_plans.py checks their
         # generic plans on a big history): planning the job facts read, the image lock and the
-        # context write per call cost ≈ 1.1 ms of PostgreSQL CPU per completion (performance.md §36)
+        # context write per call cost ≈ 1.1 ms of PostgreSQL CPU per completion (performance-log.md §36)
         tasks.generic_plans_txn(conn)
         locked = images.lock_images_txn(
             conn, sorted({c.image_id for c, _ in results}), share=lane != Lane.AGENT

@@ -71,14 +71,14 @@ def semantic_document(display_name: str | None, context: Mapping[str, Any] | Non
     Version "4": version 3 where lines (of the text, title and description) with
     neither a letter of any script nor an emoji are left out — ``1 1 11``, ``))``, ``0.0``: in OCR
     text mostly drawn strokes read as characters, which alone carry no meaning a text model can
-    use (lexical search still has them). Measured in docs/search.md ("Where the paraphrase points
+    use (lexical search still has them). Measured in docs/search-log.md ("Where the paraphrase points
     go"): the only step between the captions and the served ranking that loses queries, besides
     OCR misreading letters.
     Version "5" (the default): version 4, plus — when the Chinese internet-slang glossary
     (app/search/slang.py) finds terms in the image's text, title, description or tags — one
     last line with their plain-language glosses (躺平 → 放弃努力 不想奋斗 不争不抢), in order
     of first appearance: the text models do not know slang, so a paraphrase query in plain words
-    missed such captions (docs/search.md, "Internet-slang glossary"). Without slang, the same
+    missed such captions (docs/search-log.md, "Internet-slang glossary"). Without slang, the same
     document as version 4.
     """
     if version not in DOCUMENT_VERSIONS:

@@ -82,7 +82,7 @@ def take_request(orch: Orchestrator, kind: str, scope_id: str, key: str) -> None
     In autocommit: each statement is its own transaction — the limits read (with no limit, the
     usual case, that is all: no BEGIN/COMMIT round trips per upload), then the count, one atomic
     upsert. Nothing here needs the two in one transaction: a limit changing in between applies
-    from the next request, as it would a moment later anyway (docs/performance.md §24)."""
+    from the next request, as it would a moment later anyway (docs/performance-log.md §24)."""
     now = orch.now()
     with orch.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         limit = getattr(limits_txn(orch, conn, scope_id), RATE_KINDS[kind])

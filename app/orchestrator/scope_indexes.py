@@ -1,7 +1,7 @@
 """Per-scope partial HNSW indexes, kept by maintenance — not by the sweep, not by an operator.
 
 A filtered scan of a model's shared HNSW index misses a mid-size scope's neighbours (recall@10
-0.83–0.93 for scopes of 2–19 % of a 1M index, docs/performance.md §8), so every scope above the
+0.83–0.93 for scopes of 2–19 % of a 1M index, docs/performance-log.md §8), so every scope above the
 exact-scan size (``MEMEFLOW_SEARCH_INDEX_MIN_IMAGES``, default ``EXACT_SCAN_MAX_IMAGES``) and below
 half of all images gets its own index of each model its search reads (``… WHERE model = … AND
 dims = … AND scope_id = …``, ``app.db.engine.scope_vector_index_name``). Search needs nothing:

@@ -14,7 +14,7 @@ nearest candidate of at least one bank query); otherwise nothing changes. The re
 candidates take the served cosines in their new order, so scores keep their scale and the hybrid
 fusion downstream is unchanged.
 
-Chosen by measurement (bench/late_levers.py, docs/search.md "Late interaction, …"): applied to
+Chosen by measurement (bench/late_levers.py, docs/search-log.md "Late interaction, …"): applied to
 queries routed to e5 alone (CJK script) — on English queries it lost more than it gained; bank =
 the top ``TOP_K`` 20, β 5: both picked on half of the benchmark's memes and held on the other.
 """

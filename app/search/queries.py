@@ -69,7 +69,7 @@ def iterative_scan(conn: Any) -> None:
 # (app.orchestrator.scope_indexes, built by maintenance), which the planner picks for a query naming the
 # scope (recall@10 1.0); the largest scopes use the shared index. HNSW_EF_SEARCH 1000 (pgvector's
 # maximum): at 400 a query of the 500k scope in 3 got 0 of its 10 (a graph search stuck in a
-# wrong cluster). All chosen by measurement (bench/search_scale.py, docs/performance.md §8).
+# wrong cluster). All chosen by measurement (bench/search_scale.py, docs/performance-log.md §8).
 EXACT_SCAN_MAX_IMAGES = 20_000
 HNSW_EF_SEARCH = 1000
 #: A scope of at least this share of all images gets no index of its own (the shared one is mostly its own).

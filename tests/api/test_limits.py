@@ -188,7 +188,7 @@ def test_cli_sets_shows_and_resets_a_scopes_limits(settings, engine):
 
 def test_the_rate_check_without_a_limit_opens_no_transaction(engine, settings, monkeypatch):
     """Every upload runs the rate check; with no limit it is one autocommit read, no BEGIN/COMMIT
-    (docs/performance.md §24). With a limit it still counts, and refuses over it."""
+    (docs/performance-log.md §24). With a limit it still counts, and refuses over it."""
     orch = Orchestrator(engine, settings)
     orch.ensure_scope("local")
 

@@ -1,6 +1,6 @@
 """``make_engine``'s pre-ping: a pooled connection whose server side went away is replaced on
 checkout, never handed out; a healthy connection back from the pool a moment ago passes without
-the round trip (docs/performance.md §33)."""
+the round trip (docs/performance-log.md §33)."""
 
 from __future__ import annotations
 

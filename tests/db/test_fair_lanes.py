@@ -157,7 +157,7 @@ def test_back_pressure_and_seeding_are_per_scope(engine, settings):
 
 def test_the_batched_claims_run_on_generic_plans_in_their_transaction_only(engine, settings):
     """CLAIM_FAIR_BATCH and CLAIM_GROUP were planned on every call (custom plans, ≈ 1 ms each:
-    docs/performance.md §26): their transactions set plan_cache_mode for themselves, so once
+    docs/performance-log.md §26): their transactions set plan_cache_mode for themselves, so once
     psycopg prepares them PostgreSQL never builds a custom plan — and the setting ends with the
     transaction."""
     orch = Orchestrator(engine, _holding(settings, visual_batch_size=4))

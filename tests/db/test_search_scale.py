@@ -80,7 +80,7 @@ def _queries(n: int) -> list[list[float]]:
 def test_a_small_scope_gets_exactly_its_nearest_images(shared_index, scope):
     """Semantic and visual search of a scope of 0.2–3% of the index return the exact answer (the
     whole ranked list, ties by id) — a filtered HNSW scan of the shared index does not promise it
-    (at 1M vectors: recall@10 0.64–0.98 for scopes of 1.5–7%, docs/performance.md §7)."""
+    (at 1M vectors: recall@10 0.64–0.98 for scopes of 1.5–7%, docs/performance-log.md §7)."""
     engine, provider = shared_index, GivenVector()
     k = 10
     for q in _queries(8):
@@ -127,7 +127,7 @@ def test_a_scope_above_the_exact_size_gets_its_own_hnsw_index(shared_index, monk
     """``ensure_scope_vector_indexes`` gives every scope above the exact-scan size (and below half
     the images) its own partial HNSW index, once; a search of that scope is planned on it — also
     once psycopg prepares the statement — and returns its exact neighbours (at 1M vectors the
-    filtered shared index gave mid-size scopes recall@10 0.83–0.93, docs/performance.md §8)."""
+    filtered shared index gave mid-size scopes recall@10 0.83–0.93, docs/performance-log.md §8)."""
     engine, provider = shared_index, GivenVector()
     monkeypatch.setattr(Q, "EXACT_SCAN_MAX_IMAGES", 500)  # "mid" (700 images) is above it; "big" is 97 %
     names = {}

@@ -17,7 +17,7 @@ primary key: the keys are random UUIDs, so a key-order window is spread over the
 its deletes dirty a page per row (each a full-page image in the WAL after a checkpoint, 12–20 MB
 per 1,000 jobs at 200k jobs); the pages of a physical window are contiguous (≈ 2 MB), and rows
 written together (a job, its tasks, attempts) are deleted together, so the step's cost does not
-grow with the table (docs/performance.md §9). Picked rows are locked ``FOR UPDATE SKIP LOCKED``
+grow with the table (docs/performance-log.md §9). Picked rows are locked ``FOR UPDATE SKIP LOCKED``
 (a row someone holds waits for the next pass) and everything goes by TID (``ctid = ANY(ARRAY(…))``:
 a heap fetch of a page the step already read, no primary-key lookup — the keys are random, so at
 5M rows those lookups missed the cache; a row updated meanwhile has a new TID and waits for the

@@ -165,7 +165,7 @@ def generic_plans_txn(conn: Connection) -> None:
     For the batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH, CLAIM_GROUP_MEMBERS): PostgreSQL
     estimates their generic plans (``LIMIT $n``, ``available_at <= $now`` unknown) dearer than a
     custom plan and so planned them on every call, ≈ 0.5–1.5 ms each — ≈ 8 % of the server's CPU
-    in the no-op drain (docs/performance.md §26). Their generic plans are index nested loops on
+    in the no-op drain (docs/performance-log.md §26). Their generic plans are index nested loops on
     ids (CLAIM_FAIR_BATCH's ``h`` is materialized for that: the few picked ids, then ``tasks``
     by primary key), as fast as the custom ones at any table size. ``SET LOCAL``: it ends with
     the transaction; the other statements of a claim's transaction are on generic plans already.

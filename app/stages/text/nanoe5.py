@@ -17,7 +17,7 @@ no pool at all, which also keeps a later ``fork`` (Celery prefork) safe.
 
 Thread safety: the engine's model is read-only after loading (each call allocates its own
 buffers). Calls with a team of one (the default) run at once from any number of Python threads,
-one core each: a burst's parts (docs/performance.md §35), an embedding worker's threads (§41),
+one core each: a burst's parts (docs/performance-log.md §35), an embedding worker's threads (§41),
 the API's request threads. Calls with a larger team would each start a team of their own and
 oversubscribe the cores, so one process-wide lock serialises those (a large batch is split into
 chunks of ``batch_size`` so a query waits at most one chunk).

@@ -150,7 +150,7 @@ def test_query_bank_needs_the_part_it_normalises() -> None:
         registry.get_text_provider(f"{MINILM}+{BANK}")
 
 
-# ---------------------------------------------------------------------------- bursts (docs/performance.md §35)
+# ---------------------------------------------------------------------------- bursts (docs/performance-log.md §35)
 class _Meeting:
     """A part that records how many parts' calls overlap (each waits until ``expect`` calls are in)."""
 

@@ -174,7 +174,7 @@ def test_calls_with_a_team_of_several_threads_are_serialised(monkeypatch):
 
 
 def test_single_threaded_calls_run_at_once(e5, monkeypatch):
-    # A team of one starts no OpenMP pool: an embedding worker's threads (docs/performance.md §41)
+    # A team of one starts no OpenMP pool: an embedding worker's threads (docs/performance-log.md §41)
     # and the API's request threads each use their own core.
     assert _overlap_of_calls(monkeypatch, e5, callers=3, meet=3) == 3
 
