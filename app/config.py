@@ -123,6 +123,12 @@ class Settings:
     worker_local_hints: int = 8
     sweep_batch_limit: int = 500
     sweep_lookback_s: float = 3600.0
+    # The sweep ANALYZEs a hot table (store/sweep.py HOT_TABLES) once it has changed more rows since
+    # its last analysis than it held then, and at least this many: a burst into an empty database
+    # otherwise runs on plans cached while the tables were tiny until autovacuum's first analysis,
+    # and each upload's statements cost more with every queued job (docs/performance-log.md §45);
+    # 0 = leave statistics to autovacuum alone
+    sweep_analyze_min_changes: int = 1000
     # Retention (app/orchestrator/retention.py): each sweep deletes history older than these ages
     # (seconds; 0 = keep forever) in steps that read retention_scan_rows rows and delete at most
     # retention_batch_size, retention_max_batches steps per kind per sweep (docs/operations.md).

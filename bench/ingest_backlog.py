@@ -8,7 +8,7 @@ of the store's statements on the fast path (``app.db.fastpath``). With ``--analy
 ``ANALYZE`` once K uploads are in: the difference shows what the plans cached while the tables
 were tiny cost until autovacuum's first analysis.
 
-    PYTHONPATH=. python bench/ingest_backlog.py [--n 6000] [--step 1000] [--analyze-at 4000] [--top 6]
+    PYTHONPATH=. python bench/ingest_backlog.py [--n 6000] [--step 1000] [--analyze-at 4000 | --sweep] [--top 6]
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=6000)
     ap.add_argument("--step", type=int, default=1000)
     ap.add_argument("--analyze-at", type=int, default=0, help="ANALYZE once this many uploads are in (0: never)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="run the reconcile sweep after each step, as beat does every 15 s (its statistics step included)")
     ap.add_argument("--top", type=int, default=6, help="statements listed per step")
     args = ap.parse_args()
 
@@ -81,6 +83,11 @@ def main() -> None:
                   f"{1000 * in_statements / args.step:5.2f} in the store's statements")
             for stmt, (calls, secs) in sorted(_stats.items(), key=lambda kv: -kv[1][1])[:args.top]:
                 print(f"      {1000 * secs / args.step:6.3f} ms  x{calls / args.step:.1f}  {stmt}")
+            if args.sweep:
+                t0 = time.perf_counter()
+                counts = orch.sweep().counts
+                print(f"  -- sweep: {1000 * (time.perf_counter() - t0):.0f} ms, tables analyzed "
+                      f"{counts.get('tables_analyzed')}, deferred {counts.get('tables_analyze_deferred')}")
             if args.analyze_at and done == args.analyze_at:
                 with engine.begin() as conn:
                     conn.execute(text("ANALYZE"))

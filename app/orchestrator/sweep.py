@@ -2,8 +2,8 @@
 
 It never executes a stage: it re-hints, makes expired leases claimable, ends tasks whose
 executions died too often, advances stuck jobs, prunes dead workers' registrations and records its
-completion with the lane gauges (``sweep_state``), and deletes old history in bounded batches
-(retention). Safe with two beats.
+completion with the lane gauges (``sweep_state``), deletes old history in bounded batches
+(retention) and ANALYZEs hot tables that outgrew their statistics. Safe with two beats.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from sqlalchemy.exc import OperationalError
 
 from app import metrics
 from app.db.enums import Lane
@@ -184,6 +186,41 @@ def _retention(orch: Orchestrator, report: SweepReport) -> None:
     report.counts.update(retention.prune(orch))
 
 
+#: A hot table is analyzed once the rows changed since its last analysis reach this many times
+#: the rows it held then (and ``Settings.sweep_analyze_min_changes``): its size has about doubled.
+ANALYZE_GROWTH = 1.0
+#: How long an ANALYZE waits for autovacuum to let go of the table before the next sweep retries.
+ANALYZE_LOCK_TIMEOUT_MS = 200
+
+
+def _statistics(orch: Orchestrator, report: SweepReport) -> None:
+    """10. planner statistics of the hot tables that grew past their last analysis.
+
+    Prepared statements settle on generic plans, and PostgreSQL keeps a generic plan until the
+    tables' statistics change. A burst into an empty database would run every upload's statements
+    on plans made while the tables were tiny (whole-table scans, growing with every queued job)
+    until autovacuum's first ANALYZE, up to its naptime later (docs/performance-log.md §45). This
+    step analyzes such a table at the next sweep instead; autovacuum (10 % of the rows) keeps doing
+    the steady-state work. A table autovacuum is busy with is left to the next sweep."""
+    s = orch.settings
+    analyzed = skipped = 0
+    if s.sweep_analyze_min_changes > 0:
+        with orch.engine.begin() as conn:
+            grown = q.grown_tables_txn(conn, s.sweep_analyze_min_changes, ANALYZE_GROWTH)
+        for table in grown:
+            try:
+                with orch.engine.begin() as conn:
+                    q.analyze_table_txn(conn, table, ANALYZE_LOCK_TIMEOUT_MS)
+            except OperationalError as exc:
+                if getattr(getattr(exc, "orig", None), "sqlstate", None) != "55P03":  # lock_not_available
+                    raise
+                skipped += 1
+                continue
+            analyzed += 1
+    report.counts["tables_analyzed"] = analyzed
+    report.counts["tables_analyze_deferred"] = skipped
+
+
 #: The sweep's steps in order (name → function); the cheap repairs first, the deletes last.
 STEPS: list[tuple[str, Callable[[Orchestrator, SweepReport], None]]] = [
     ("rehint", _rehint),
@@ -196,4 +233,5 @@ STEPS: list[tuple[str, Callable[[Orchestrator, SweepReport], None]]] = [
     ("events", _events),
     ("webhooks", _webhooks),
     ("retention", _retention),
+    ("statistics", _statistics),
 ]

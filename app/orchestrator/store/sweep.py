@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timedelta
 
+from sqlalchemy import text
 from sqlalchemy.engine import Connection, RowMapping
 
 from app.orchestrator.store._sql import Outcome, sql, transition
@@ -18,6 +19,40 @@ def try_lock(conn: Connection) -> bool:
 
 def unlock(conn: Connection) -> None:
     conn.execute(sql("SELECT pg_advisory_unlock(:k)"), {"k": SWEEP_LOCK_KEY})
+
+
+#: The tables whose plans the hot paths cache (uploads, claims, completions, search's currency check).
+HOT_TABLES = ("images", "processing_jobs", "job_stages", "tasks", "task_attempts", "operation_grants",
+              "text_embeddings", "visual_embeddings")
+
+GROWN_TABLES = sql("""
+SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.schemaname = current_schema() AND s.relname = ANY(CAST(:tables AS text[]))
+  AND s.n_mod_since_analyze >= greatest(:min_changes, :ratio * c.reltuples)
+ORDER BY s.relname
+""")
+
+
+def grown_tables_txn(conn: Connection, min_changes: int, ratio: float) -> list[str]:
+    """The HOT_TABLES with at least ``min_changes`` rows changed since their last analysis and at
+    least ``ratio`` times the rows they held then (``reltuples``; -1, so no bound, if never analyzed).
+    The counts are the statistics system's, which backends report about once a second."""
+    return list(conn.execute(GROWN_TABLES, {"tables": list(HOT_TABLES), "min_changes": min_changes,
+                                            "ratio": ratio}).scalars())
+
+
+LOCK_TIMEOUT = sql("SELECT set_config('lock_timeout', :t, true)")
+
+
+def analyze_table_txn(conn: Connection, table: str, lock_timeout_ms: int) -> None:
+    """ANALYZE one of HOT_TABLES. It waits at most ``lock_timeout_ms`` for the table's
+    SHARE UPDATE EXCLUSIVE lock (autovacuum's; writers are never blocked) and raises
+    ``lock_not_available`` (55P03) past it. A role that does not own the table gets PostgreSQL's
+    warning and nothing happens."""
+    if table not in HOT_TABLES:
+        raise ValueError(f"not a hot table: {table!r}")
+    conn.execute(LOCK_TIMEOUT, {"t": f"{int(lock_timeout_ms)}ms"})
+    conn.execute(text(f'ANALYZE "{table}"'))
 
 
 REHINT = sql("""
