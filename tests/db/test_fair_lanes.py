@@ -177,3 +177,63 @@ def test_the_batched_claims_run_on_generic_plans_in_their_transaction_only(engin
     assert set(plans) == {"fair", "group"}, plans
     for name, (generic, custom) in plans.items():
         assert generic >= 5 and custom == 0, (name, generic, custom)
+
+
+def _generic_plan(engine, statement: str, parameters: dict) -> dict:
+    """EXPLAIN (ANALYZE) of ``statement``'s generic plan — the one its transaction runs once psycopg
+    prepared it — with ``parameters``; rolled back."""
+    from psycopg import sql as psql
+
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    for i, name in enumerate(names, 1):
+        statement = statement.replace(f"%({name})s", f"${i}")
+    raw = engine.raw_connection()
+    try:
+        conn = raw.driver_connection
+        values = ", ".join(psql.Literal(parameters[name]).as_string(conn) for name in names)
+        conn.execute("PREPARE generic_claim AS " + statement)
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        [(plan,)] = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE generic_claim({values})").fetchall()
+        conn.rollback()
+        conn.execute("DEALLOCATE generic_claim")
+        return plan[0]["Plan"]
+    finally:
+        raw.close()
+
+
+def _plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def test_the_fair_claims_generic_plan_reads_its_candidates_only_behind_a_big_backlog(engine, settings):
+    """CLAIM_FAIR_BATCH runs on its generic plan (above), where ``LIMIT :n`` is unknown: the planner
+    estimated the scopes' candidates (``h``) at thousands of rows and hash-joined them with every
+    queued task of the lane — 21 ms per claim at 100k queued against 2 ms on the custom plan
+    (docs/performance-log.md §46). The candidates reach their tasks by primary key now, so the
+    claim reads about its candidates whatever the backlog."""
+    from tests.support.pipeline import bulk_jobs_with_tasks
+
+    orch = Orchestrator(engine, _holding(settings))
+    store_and_ingest(orch, "local", png_bytes(77))
+    backlog = 20000
+    with engine.begin() as conn:
+        bulk_jobs_with_tasks(conn, backlog, lane="visual", task_status="queued")
+        conn.execute(text("ANALYZE tasks"))
+    captured: list[tuple[str, dict]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "WITH RECURSIVE w AS" in statement:
+            captured.append((statement, dict(parameters)))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert len(orch.claim_batch("visual", 16, "w")) == 16
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    (statement, parameters), = captured
+    plan = _generic_plan(engine, statement, parameters)
+    read = {(node["Node Type"], node.get("Index Name")): node["Actual Rows"] * node["Actual Loops"]
+            for node in _plan_nodes(plan) if node.get("Relation Name") == "tasks"}
+    assert read and max(read.values()) <= 16 * 16, read  # at most n candidates per scope, n scopes

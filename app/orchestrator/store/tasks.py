@@ -206,7 +206,8 @@ WITH cand AS MATERIALIZED (
   SELECT t.id, false AS hinted, t.priority, t.available_at, t.scope_id, h.rk, h.served, h.seq,
          {BATCH_COST_CASE} AS cost
   FROM tasks t JOIN h ON h.id = t.id JOIN images i ON i.id = t.image_id
-  WHERE t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested
+  WHERE t.id = ANY(ARRAY(SELECT id FROM h))
+    AND t.status = 'queued' AND t.available_at <= :now AND t.lane = :lane AND NOT t.cancel_requested
     AND t.attempt_count < t.max_attempts
   ORDER BY h.rk, h.served, h.seq, t.scope_id, t.id LIMIT :n FOR UPDATE OF t SKIP LOCKED
 ), ranked AS (
