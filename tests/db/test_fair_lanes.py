@@ -9,11 +9,12 @@ import dataclasses
 import re
 import uuid
 
+from psycopg import sql as psql
 from sqlalchemy import event, text
 
 from app.orchestrator import Orchestrator
 from app.orchestrator.lanes import lane_batch_size, wake_group_size
-from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
 
 BACKLOG = 3000
 
@@ -182,8 +183,6 @@ def test_the_batched_claims_run_on_generic_plans_in_their_transaction_only(engin
 def _generic_plan(engine, statement: str, parameters: dict) -> dict:
     """EXPLAIN (ANALYZE) of ``statement``'s generic plan — the one its transaction runs once psycopg
     prepared it — with ``parameters``; rolled back."""
-    from psycopg import sql as psql
-
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
     for i, name in enumerate(names, 1):
         statement = statement.replace(f"%({name})s", f"${i}")
@@ -213,8 +212,6 @@ def test_the_fair_claims_generic_plan_reads_its_candidates_only_behind_a_big_bac
     queued task of the lane — 21 ms per claim at 100k queued against 2 ms on the custom plan
     (docs/performance-log.md §46). The candidates reach their tasks by primary key now, so the
     claim reads about its candidates whatever the backlog."""
-    from tests.support.pipeline import bulk_jobs_with_tasks
-
     orch = Orchestrator(engine, _holding(settings))
     store_and_ingest(orch, "local", png_bytes(77))
     backlog = 20000

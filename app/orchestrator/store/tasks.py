@@ -167,7 +167,9 @@ def generic_plans_txn(conn: Connection) -> None:
     custom plan and so planned them on every call, ≈ 0.5–1.5 ms each — ≈ 8 % of the server's CPU
     in the no-op drain (docs/performance-log.md §26). Their generic plans are index nested loops on
     ids (CLAIM_FAIR_BATCH's ``h`` is materialized for that: the few picked ids, then ``tasks``
-    by primary key), as fast as the custom ones at any table size. ``SET LOCAL``: it ends with
+    by primary key — ``t.id = ANY(ARRAY(SELECT id FROM h))``, or the generic plan, blind to
+    ``LIMIT :n``, hash-joined ``h`` with the lane's whole queue: docs/performance-log.md §46), as fast
+    as the custom ones at any table size. ``SET LOCAL``: it ends with
     the transaction; the other statements of a claim's transaction are on generic plans already.
     """
     conn.execute(GENERIC_PLANS)
