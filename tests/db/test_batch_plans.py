@@ -13,7 +13,7 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
-from tests.support.pipeline import big_finished_history, png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import big_finished_history, plan_nodes, png_bytes, store_and_ingest, visual_task
 
 BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_grants)"
 
@@ -50,12 +50,6 @@ def test_every_batch_statement_reaches_its_rows_by_index_on_a_big_history(engine
         conn.rollback()
 
 
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
 def test_the_current_text_embedding_check_reads_one_row_when_statistics_are_stale(engine, settings):
     """A fresh library filling up: text_embeddings was analyzed while empty, then 3,000 rows of
     the scope arrived. Each job's "is its text embedding current?" check (job facts, run by every
@@ -87,7 +81,7 @@ def test_the_current_text_embedding_check_reads_one_row_when_statistics_are_stal
     with engine.connect() as conn:
         for statement, parameters in captured:
             [[plan]] = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).all()
-            reads = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "text_embeddings"]
+            reads = [n for n in plan_nodes(plan[0]["Plan"]) if n.get("Relation Name") == "text_embeddings"]
             assert reads, plan
             for node in reads:
                 assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, (statement, node)

@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 
 from app.orchestrator import Orchestrator
 from app.orchestrator.lanes import lane_batch_size, wake_group_size
-from tests.support.pipeline import bulk_jobs_with_tasks, png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import bulk_jobs_with_tasks, plan_nodes, png_bytes, store_and_ingest, visual_task
 
 BACKLOG = 3000
 
@@ -200,12 +200,6 @@ def _generic_plan(engine, statement: str, parameters: dict) -> dict:
         raw.close()
 
 
-def _plan_nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _plan_nodes(child)
-
-
 def test_the_fair_claims_generic_plan_reads_its_candidates_only_behind_a_big_backlog(engine, settings):
     """CLAIM_FAIR_BATCH runs on its generic plan (above), where ``LIMIT :n`` is unknown: the planner
     estimated the scopes' candidates (``h``) at thousands of rows and hash-joined them with every
@@ -232,5 +226,5 @@ def test_the_fair_claims_generic_plan_reads_its_candidates_only_behind_a_big_bac
     (statement, parameters), = captured
     plan = _generic_plan(engine, statement, parameters)
     read = {(node["Node Type"], node.get("Index Name")): node["Actual Rows"] * node["Actual Loops"]
-            for node in _plan_nodes(plan) if node.get("Relation Name") == "tasks"}
+            for node in plan_nodes(plan) if node.get("Relation Name") == "tasks"}
     assert read and max(read.values()) <= 16 * 16, read  # at most n candidates per scope, n scopes

@@ -131,3 +131,10 @@ def big_finished_history(conn) -> None:
         " 'completed', 'f', 'x', now(), now() FROM tasks t WHERE t.input_fingerprint = 'f'"
     ))
     conn.execute(text("ANALYZE job_stages; ANALYZE operation_grants; ANALYZE task_attempts"))
+
+
+def plan_nodes(plan: dict):
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
