@@ -82,6 +82,31 @@ def fill(engine, n: int, model: str, dims: int, seed: int = 7) -> None:
         conn.execute(text("ANALYZE text_embeddings"))
 
 
+def instrument_steps() -> dict[str, float]:
+    """Wrap the search service's steps with timers; returns the dict each request's times land in
+    (step name -> ms, summed over the step's calls in the request)."""
+    from app.search import queries as Q
+    from app.search import service
+
+    steps: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                steps[name] = steps.get(name, 0.0) + (time.perf_counter() - t) * 1000
+        return wrapper
+
+    service.embed_query = timed("embed query", service.embed_query)
+    service._query_bank = timed("query bank", service._query_bank)
+    for name, label in (("candidates", "candidates SQL"), ("term_frequencies", "term df SQL"),
+                        ("text_coverage", "text coverage"), ("lexical_coverage", "lexical coverage")):
+        setattr(Q, name, timed(label, getattr(Q, name)))
+    return steps
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -91,6 +116,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print the median time per request in each step of the search (embedding the "
+                         "query, the candidates' SQL, document frequencies, query bank, coverage counts)")
     args = ap.parse_args()
     with bench_servers("memeflow-search-latency-") as (tmp, db_url, broker_url):
         settings = Settings(database_url=db_url, broker_url=broker_url, var_dir=tmp / "var", log_json=False)
@@ -116,17 +144,32 @@ def main() -> None:
             for mode in modes:
                 client.get("/api/v1/search/text", query_string={"q": q, "mode": mode, "limit": 10})
         times: dict[str, list[float]] = {m: [] for m in modes}
+        steps = instrument_steps() if args.breakdown else None
+        per_step: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
         for q in queries:
             for mode in modes:
+                if steps is not None:
+                    steps.clear()
                 t = time.perf_counter()
                 r = client.get("/api/v1/search/text", query_string={"q": q, "mode": mode, "limit": 10})
                 times[mode].append((time.perf_counter() - t) * 1000)
                 assert r.status_code == 200, r.get_json()
+                if steps is not None:
+                    for name, ms in steps.items():
+                        per_step[mode].setdefault(name, []).append(ms)
         print(f"\n{platform.node()} · {os.cpu_count()} CPUs · {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
         print(f"command: python bench/search_latency.py --images {args.images} --queries {args.queries}\n")
         print("| mode | p50 ms | p99 ms |\n|---|---:|---:|")
         for mode in modes:
             print(f"| {mode} | {pct(times[mode], 0.5):.1f} | {pct(times[mode], 0.99):.1f} |")
+        if steps is not None:
+            names = sorted({n for m in modes for n in per_step[m]})
+            print("\nmedian ms per request in each step (0 where a mode skips it)\n")
+            print("| mode | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
+            for mode in modes:
+                cells = [pct(per_step[mode][n], 0.5) if len(per_step[mode].get(n, [])) == len(times[mode]) else 0.0
+                         for n in names]
+                print(f"| {mode} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
         engine.dispose()
 
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine
 
 from app.orchestrator.fingerprints import semantic_query
@@ -164,8 +165,8 @@ def _query_bank(engine: Engine, provider: Any, scope_id: str, cands: dict[str, f
     top = qbnorm.top_ids(cosines)
     vectors = Q.text_vectors(engine, scope_id, top, model=stored_model, dims=dims)
     slices, unscale = provider.slices(), math.sqrt(len(provider_parts(provider)))
-    bank = {i: [x * unscale for x in v[slices[bank_part]]] for i, v in vectors.items()}
-    passages = {i: [x * unscale for x in v[slices[part]]] for i, v in vectors.items()}
+    bank = {i: v[slices[bank_part]].astype(np.float64) * unscale for i, v in vectors.items()}
+    passages = {i: v[slices[part]].astype(np.float64) * unscale for i, v in vectors.items()}
     new = qbnorm.reorder({i: cosines[i] for i in top}, bank, passages)
     if new is None:
         return False
