@@ -109,7 +109,9 @@ def candidates(
     """Up to ``k`` nearest current embeddings and up to ``k`` best lexical matches of the scope —
     their union, each row with the image's columns, ``cosine`` (None without a current embedding)
     and ``matched_terms`` (which of ``terms`` its text contains), and ``sem_rank``/``lex_rank``
-    (1-based position in each list, None when not in it).
+    (1-based position in each list, None when not in it). After an exact scan every row also
+    carries ``current_text`` (the scope's images with a current embedding of the model) and
+    ``current_total`` (its images): the text coverage; both None otherwise.
     Either signal may be absent: ``vector`` None skips the semantic list, ``terms`` empty the lexical one.
     """
     semantic = vector is not None and model is not None and dims is not None
@@ -134,10 +136,12 @@ def _candidates_sql(
     parts = []
     if semantic and exact:  # distances materialized before the sort: no index can serve it
         parts.append(
-            "sem AS MATERIALIZED (SELECT image_id, row_number() OVER (ORDER BY dist, image_id) AS sem_rank FROM ("
-            f" WITH d AS MATERIALIZED (SELECT t.image_id, t.embedding::vector({d}) <=> {qv} AS dist"
+            f"d AS MATERIALIZED (SELECT t.image_id, t.embedding::vector({d}) <=> {qv} AS dist"
             f" FROM text_embeddings t JOIN images i ON {_CURRENT_TEXT}"
             f" WHERE t.scope_id = :s AND t.model = :m AND t.dims = :d AND t.status = 'ready')"
+        )
+        parts.append(
+            "sem AS MATERIALIZED (SELECT image_id, row_number() OVER (ORDER BY dist, image_id) AS sem_rank FROM ("
             " SELECT image_id, dist FROM d ORDER BY dist, image_id LIMIT :k) t)"
         )
     elif semantic:
@@ -167,12 +171,20 @@ def _candidates_sql(
         " WHERE i.search_tsv @@ to_tsquery('simple', quote_literal(term)))"
         if lexical else "ARRAY[]::text[]"
     )
+    # the exact scan has every current embedding of the scope in hand: their number and the scope's
+    # image count (``scope_usage``) are the search's text coverage, at no further scan
+    # (``current_text``/``current_total``; NULL on the other paths)
+    current = (
+        "(SELECT count(*) FROM d) AS current_text,"
+        " (SELECT coalesce(max(image_count), 0) FROM scope_usage WHERE scope_id = :s) AS current_total"
+        if semantic and exact else "NULL::bigint AS current_text, NULL::bigint AS current_total"
+    )
     sql = text(
         "WITH " + ", ".join(parts) + ","
         " cand AS (SELECT coalesce(sem.image_id, lex.image_id) AS image_id, sem.sem_rank, lex.lex_rank"
         "  FROM sem FULL JOIN lex ON lex.image_id = sem.image_id)"
         f" SELECT {IMAGE_COLUMNS}, {LATEST_JOB}, cand.sem_rank, cand.lex_rank,"
-        f" {cosine} AS cosine, {matched} AS matched_terms"
+        f" {cosine} AS cosine, {matched} AS matched_terms, {current}"
         " FROM cand JOIN images i ON i.scope_id = :s AND i.id = cand.image_id"
     )
     params: dict[str, Any] = {"s": scope_id, "k": int(k)}

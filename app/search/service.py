@@ -138,7 +138,7 @@ def search_text(
         ranked = fusion.fuse(list(cands.values()), params)
     by_id = {str(r["id"]): r for r in rows}
     items = [_hit(by_id[c.image_id], c, terms) for c in ranked[:limit]]
-    coverage = Q.text_coverage(engine, scope_id, model=stored_model)
+    coverage = _coverage_of(rows) or Q.text_coverage(engine, scope_id, model=stored_model)
     models = [
         {"name": p, "weight": (weights or {}).get(p, 1.0) if weights else 1.0, "stored_as": stored_model,
          "coverage": coverage}
@@ -175,6 +175,14 @@ def _query_bank(engine: Engine, provider: Any, scope_id: str, cands: dict[str, f
     return True
 
 
+def _coverage_of(rows: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The text coverage an exact scan counted along (``Q.candidates``), None when it did not run."""
+    for row in rows:
+        if row.get("current_text") is not None:
+            return {"ready": int(row["current_text"]), "total": int(row["current_total"])}
+    return None
+
+
 def _assign_ranks(cands: list[fusion.Candidate], *, semantic: bool, lexical_on: bool) -> None:
     if semantic:
         for rank, c in enumerate(fusion.rank_semantic(cands), 1):
@@ -184,8 +192,12 @@ def _assign_ranks(cands: list[fusion.Candidate], *, semantic: bool, lexical_on: 
             c.lexical_rank = rank
 
 
+#: The candidates' columns that are not the image's own.
+_NOT_IMAGE = frozenset({"sem_rank", "lex_rank", "cosine", "matched_terms", "current_text", "current_total"})
+
+
 def _hit(row: dict[str, Any], c: fusion.Candidate, terms: list[str]) -> dict[str, Any]:
-    image = {k: v for k, v in row.items() if k not in ("sem_rank", "lex_rank", "cosine", "matched_terms")}
+    image = {k: v for k, v in row.items() if k not in _NOT_IMAGE}
     matched: dict[str, Any] = {}
     if c.semantic_rank is not None:
         matched["semantic"] = {"rank": c.semantic_rank, "score": round(float(c.cosine or 0.0), 6)}

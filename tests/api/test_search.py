@@ -40,6 +40,13 @@ def test_text_search_current_only(client, orch, publisher):
     out = client.get("/api/v1/search/text", query_string={"q": "img0", "mode": "semantic"}).get_json()
     assert out["coverage"] == {"ready": 2, "total": 3}
     assert ids[0] not in {h["image"]["id"] for h in out["items"]}
+    # the exact scan counts the coverage along (semantic, hybrid); lexical mode counts it apart:
+    # the same figures, and nothing of that count leaks into an image
+    for mode in ("hybrid", "semantic", "lexical"):
+        got = client.get("/api/v1/search/text", query_string={"q": "img1", "mode": mode}).get_json()
+        assert got["coverage"] == {"ready": 2, "total": 3}, mode
+        assert got["items"] and all(set(h["image"]).isdisjoint({"current_text", "current_total", "cosine"})
+                                    for h in got["items"]), mode
     # …while its lexical terms are the edited text's, written with it
     out = client.get("/api/v1/search/text", query_string={"q": "changed", "mode": "lexical"}).get_json()
     assert [h["image"]["id"] for h in out["items"]] == [ids[0]]
