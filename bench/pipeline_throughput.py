@@ -277,13 +277,26 @@ def main() -> None:
     ap.add_argument("--broker-url")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--pg-stat-statements", action="store_true",
-                    help="print the drain's statements by server time (the server must load pg_stat_statements)")
+                    help="print the drain's statements by server time (the embedded cluster loads "
+                         "pg_stat_statements; a --database-url server must load it itself)")
     ap.add_argument("--profile", type=Path, help="py-spy (on PATH) every worker during the drain, raw stacks here")
     ap.add_argument("--profile-idle", action="store_true", help="with --profile: also sample idle threads")
     ap.add_argument("--profile-gil", action="store_true", help="with --profile: only samples holding the GIL")
     args = ap.parse_args()
+    if args.pg_stat_statements and not args.database_url:  # the embedded cluster is fresh: load it there
+        import app.embedded as embedded
+
+        embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
+                              "pg_stat_statements.track = all\npg_stat_statements.track_planning = on\n")
 
     with bench_servers("memeflow-bench-", args.database_url, args.broker_url) as (tmp, db_url, broker_url):
+        if args.pg_stat_statements:
+            from app.db.engine import make_engine
+
+            engine = make_engine(db_url, pre_ping=False)
+            with engine.begin() as conn:
+                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            engine.dispose()
         results = []
         for run in range(args.runs):
             r = one_run(args, db_url, broker_url, tmp / f"run{run}")
