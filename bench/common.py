@@ -59,3 +59,22 @@ def bench_servers(prefix: str, database_url: str | None = None,
             with contextlib.suppress(Exception):
                 services.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def preload_pg_stat_statements(*, planning: bool = False) -> None:
+    """The next embedded cluster this process creates loads pg_stat_statements (every statement,
+    nested ones too; ``planning``: their planning time as well). Its configuration is written when
+    it is created, so the var dir must be new."""
+    import app.embedded as embedded
+
+    embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
+                          "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n"
+                          + ("pg_stat_statements.track_planning = on\n" if planning else ""))
+
+
+def create_pg_stat_statements(engine) -> None:
+    """The extension's views and functions in the bench's database (after :func:`preload_pg_stat_statements`)."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))

@@ -175,10 +175,9 @@ def main() -> None:
     reset_settings()
     settings = Settings.from_env()
     if args.pg_stats:  # a fresh cluster (the var dir is new) with pg_stat_statements loaded
-        import app.embedded as embedded
+        from bench.common import preload_pg_stat_statements
 
-        embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
-                              "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n")
+        preload_pg_stat_statements()
     stack = Stack(settings, components=("api",), echo=lambda *a, **k: None, start_timeout_s=120)
     engine = None
     results = []
@@ -186,13 +185,11 @@ def main() -> None:
         stack.start()
         base = f"http://127.0.0.1:{settings.api_port}"
         if args.pg_stats:
-            from sqlalchemy import text
-
             from app.db.engine import make_engine
+            from bench.common import create_pg_stat_statements
 
             engine = make_engine(stack.database_url, pre_ping=False)
-            with engine.begin() as conn:
-                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            create_pg_stat_statements(engine)
         run(base, images[:5], 1, media)  # warm: connections, first requests
         cursor = 5
         groups = _process_groups(stack)

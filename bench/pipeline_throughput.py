@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text
 
-from bench.common import bench_servers, ingest_pngs
+from bench.common import bench_servers, create_pg_stat_statements, ingest_pngs, preload_pg_stat_statements
 
 LANES = ("visual", "agent", "embedding")
 
@@ -284,18 +284,14 @@ def main() -> None:
     ap.add_argument("--profile-gil", action="store_true", help="with --profile: only samples holding the GIL")
     args = ap.parse_args()
     if args.pg_stat_statements and not args.database_url:  # the embedded cluster is fresh: load it there
-        import app.embedded as embedded
-
-        embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
-                              "pg_stat_statements.track = all\npg_stat_statements.track_planning = on\n")
+        preload_pg_stat_statements(planning=True)
 
     with bench_servers("memeflow-bench-", args.database_url, args.broker_url) as (tmp, db_url, broker_url):
         if args.pg_stat_statements:
             from app.db.engine import make_engine
 
             engine = make_engine(db_url, pre_ping=False)
-            with engine.begin() as conn:
-                conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+            create_pg_stat_statements(engine)
             engine.dispose()
         results = []
         for run in range(args.runs):

@@ -446,11 +446,9 @@ class Pipeline:
         reset_settings()
         self.settings = Settings.from_env()
         if self.pg_stats:  # pg_stat_statements in the embedded cluster (a fresh one: var dir is new)
-            import app.embedded as embedded
+            from bench.common import preload_pg_stat_statements
 
-            embedded._PG_CONF += ("shared_preload_libraries = 'pg_stat_statements'\n"
-                                  "pg_stat_statements.track = all\npg_stat_statements.track_utility = on\n"
-                                  "pg_stat_statements.track_planning = on\n")
+            preload_pg_stat_statements(planning=True)
         self.stack = Stack(self.settings, components=self.components, echo=lambda *a, **k: None, start_timeout_s=180,
                            worker_concurrency=self.worker_concurrency)
         try:
@@ -459,10 +457,9 @@ class Pipeline:
             self.engine = make_engine(self.stack.database_url, pre_ping=False)
             self.session = requests.Session()
             if self.pg_stats:
-                from sqlalchemy import text
+                from bench.common import create_pg_stat_statements
 
-                with self.engine.begin() as conn:
-                    conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
+                create_pg_stat_statements(self.engine)
             _wait_terminal(self.engine, self._upload_all(self.warm), self.timeout)
         except BaseException:
             self.__exit__()
