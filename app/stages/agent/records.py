@@ -62,7 +62,11 @@ class CallGroup:
 
     def _arrived(self) -> None:  # under _COND
         self.computing -= 1
-        _COND.notify_all()
+        if self.computing <= 0:
+            # The group's last call is in: its waiting records may flush now. An earlier arrival
+            # changes nothing a waiter checks (calls are still computing), so waking them all then
+            # only made each go back to sleep: n²/2 wake-ups for a batch of n.
+            _COND.notify_all()
 
 
 class _Member:
