@@ -319,7 +319,7 @@ class _CountingCondition(threading.Condition):
 def test_a_group_wakes_its_waiting_writers_a_bounded_number_of_times(tmp_path, monkeypatch):
     # A waiting record checks two things: are calls of its group still computing, is a flush
     # running. An arrival that leaves calls computing changes neither, so it must not wake the
-    # waiters: a wake-up per waiter per arrival is n²/2 for a batch of n (≈ 280 for 24) — CPU the
+    # waiters: a wake-up per waiter per arrival is up to n(n−1)/2 for a batch of n (228 counted for 24) — CPU the
     # agent worker spent for nothing (performance log §51).
     cond = _CountingCondition()
     monkeypatch.setattr(records, "_COND", cond)
