@@ -30,6 +30,11 @@ MAINTENANCE_ENV = "MEMEFLOW_WORKER_MAINTENANCE"
 GC_FREEZE_ENV = "MEMEFLOW_WORKER_GC_FREEZE"
 
 
+def _turned_off(name: str) -> bool:
+    """An on-by-default worker switch set to ``0``/``false``/``no``/``off``."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def _run_leaf(lane: str, raw_task_id: object) -> None:
     task_id = parse_uuid(raw_task_id)
     if task_id is None:
@@ -147,7 +152,7 @@ def _serve_maintenance(sender=None, instance=None, **_: object) -> None:
     queues = instance.app.amqp.queues
     # the lanes whose hints this worker may continue itself (run.LocalHints): its own -Q only
     _LOCAL_LANES = frozenset(q for q in (queues.consume_from or queues) if q in celeryconfig.LANE_TASKS)
-    if os.environ.get(MAINTENANCE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _turned_off(MAINTENANCE_ENV):
         return
     queues.select_add(queues[celeryconfig.MAINTENANCE])
 
@@ -173,7 +178,7 @@ def freeze_startup_objects() -> bool:
     worker on the slow machine of performance-log §51). The price: a frozen object that later
     becomes cyclic garbage is not freed — start-up objects (modules, settings, engines, models)
     live as long as the process anyway. Returns whether it froze."""
-    if os.environ.get(GC_FREEZE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if _turned_off(GC_FREEZE_ENV):
         return False
     gc.collect()  # start-up garbage first: what is frozen is never collected
     gc.freeze()
