@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import random
 import uuid
@@ -89,3 +90,91 @@ def test_vector_text_is_the_same_floats():
     for given in (vec, np.array(vec, dtype=np.float32), [np.float64(x) for x in vec], [1, 2, 3]):
         want = [float(x) for x in given]
         assert json.loads(_vec(given)) == want
+
+
+def _reference_canonical(value) -> str:
+    # the definition the fingerprints and dedupe keys were made with: its bytes must never change
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _plain_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["int", "str", "bool", "none"] + (["list", "tuple", "dict"] if depth < 4 else []))
+    if kind == "int":
+        return rng.choice([rng.randint(-(2**63), 2**64 - 1), rng.randint(-5, 5), 2**64, -(2**63) - 1, 2**100])
+    if kind == "str":
+        # every control character, both surrogate neighbours, the BMP's end and astral planes
+        return "".join(chr(rng.choice([rng.randint(0, 0x20), rng.randint(0x21, 0x7F), rng.randint(0x80, 0xD7FF),
+                                       rng.randint(0xE000, 0xFFFF), rng.randint(0x10000, 0x10FFFF)]))
+                       for _ in range(rng.randint(0, 10)))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind in ("list", "tuple"):
+        items = [_plain_value(rng, depth + 1) for _ in range(rng.randint(0, 5))]
+        return items if kind == "list" else tuple(items)
+    keys = ["".join(chr(rng.choice([rng.randint(0x20, 0x7F), rng.randint(0xE000, 0xFFFF), rng.randint(0x10000, 0x10FFFF)]))
+                    for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(0, 6))]
+    return {k: _plain_value(rng, depth + 1) for k in keys}
+
+
+def _nested(depth: int):
+    value: object = "deep"
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_canonical_json_is_byte_for_byte_the_reference_encoding(seed):
+    from app.orchestrator.fingerprints import canonical_json_bytes, sha256_hex
+
+    rng = random.Random(seed)
+    for _ in range(300):
+        value = _plain_value(rng) if rng.random() < 0.7 else _random_value(rng)
+        try:
+            want = _reference_canonical(value)
+        except TypeError:  # keys of mixed types cannot be sorted: both refuse
+            with pytest.raises(TypeError):
+                canonical_json(value)
+            continue
+        assert canonical_json(value) == want
+        assert canonical_json_bytes(value) == want.encode("utf-8")
+        assert sha256_hex(value) == hashlib.sha256(want.encode("utf-8")).hexdigest()
+
+
+def test_canonical_json_keeps_what_only_the_reference_encoder_writes():
+    from app.orchestrator.fingerprints import canonical_json_bytes
+
+    stamp = dt.datetime(2026, 12, 1, 23, 0, 1, 5, tzinfo=dt.UTC)
+    ident = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    for value in (
+        {"f": 1e-05, "g": 1e16, "h": -0.0, "nan": float("nan"), "inf": float("-inf")},  # float forms orjson writes otherwise
+        {"e": Colour.RED, "t": stamp, "u": ident, "p": Point(1), "n": np.int64(3)},  # default=str and subclasses
+        {"big": 2**70, "small": -(2**64)},  # beyond 64 bits: orjson refuses
+        {1: "an int key", 2: "another"},  # json writes keys other than str as str; orjson refuses them
+        _nested(40),  # deeper than the plain check looks
+        _nested(300),  # deeper than orjson encodes
+        {"lone": "\ud800"},  # a lone surrogate: json writes it, orjson refuses
+        ["a", ("b", True), {"z": None, "a": 1}],
+    ):
+        assert canonical_json(value) == _reference_canonical(value)
+    with pytest.raises(UnicodeEncodeError):  # as before: a lone surrogate has no UTF-8 bytes to hash
+        canonical_json_bytes({"lone": "\ud800"})
+    cycle: list = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular"):
+        canonical_json(cycle)
+
+
+def test_canonical_json_of_plain_values_skips_the_standard_encoder(monkeypatch):
+    from app.orchestrator import fingerprints
+
+    class Refusing:
+        def encode(self, value):
+            raise AssertionError("the standard encoder ran for a plain value")
+
+    monkeypatch.setattr(fingerprints, "_CANONICAL", Refusing())
+    value = {"image_id": str(uuid.uuid4()), "stage": "agent", "n": [1, True, None, ("x",)], "汉字": "😀\n"}
+    assert fingerprints.canonical_json(value) == _reference_canonical(value)
+    assert fingerprints.sha256_hex(value) == hashlib.sha256(_reference_canonical(value).encode()).hexdigest()

@@ -74,9 +74,9 @@ def finish_attempt_txn(
 
 
 COMPLETE_ATTEMPTS = sql("""
-UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),
+UPDATE task_attempts a SET state = 'completed', result = r.res,
        provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res jsonb, rid text)
 WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t AND a.state = 'external_started'
 """)
 
@@ -87,8 +87,8 @@ def complete_many_txn(conn: Connection, rows: list[dict], now: datetime) -> Outc
     if not rows:
         return Outcome(False)
     return Outcome.count(conn.execute(COMPLETE_ATTEMPTS, {
-        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
-                             "rid": r["request_id"]} for r in rows]),
+        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": r["result"],
+                        "rid": r["request_id"]} for r in rows]),
         "ids": [r["attempt_id"] for r in rows], "now": now,
     }).rowcount)
 
@@ -110,9 +110,9 @@ def open_attempt_ids_txn(conn: Connection, attempt_ids: list[str]) -> set[str]:
 # condition, on the statement's one snapshot (three tables, no row written twice).
 CLOSE_PAID = sql("""
 WITH done AS (
-  UPDATE task_attempts a SET state = 'completed', result = CAST(r.res AS jsonb),
+  UPDATE task_attempts a SET state = 'completed', result = r.res,
          provider_request_id = coalesce(r.rid, a.provider_request_id), updated_at = :now
-  FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res text, rid text)
+  FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, t uuid, res jsonb, rid text)
   WHERE a.attempt_id = r.a AND a.attempt_id = ANY(:ids) AND a.task_id = r.t AND a.state = 'external_started'
   RETURNING 1
 ), paid AS (
@@ -139,7 +139,7 @@ def close_paid_many_txn(
     built-in policies' grants) and held → free (the slots of ``holders``: task id, generation), one
     statement. ``row``: how many of each changed; matched when an attempt was completed."""
     row = conn.execute(CLOSE_PAID, {
-        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": canonical_json(r["result"]),
+        "rows": dumps([{"a": r["attempt_id"], "t": str(r["task_id"]), "res": r["result"],
                         "rid": r["request_id"]} for r in rows]),
         "ids": [r["attempt_id"] for r in rows], "grants": list(grant_ids),
         "tasks": [t for t, _ in holders], "gens": [g for _, g in holders], "now": now,

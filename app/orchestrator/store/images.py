@@ -101,9 +101,9 @@ def image_by_sha_txn(conn: Connection, scope_id: str, sha256: str) -> RowMapping
 
 
 WRITE_AGENT_CONTEXTS = sql("""
-UPDATE images i SET context = CAST(r.ctx AS jsonb), context_status = 'ready', context_provenance = CAST(r.prov AS jsonb),
+UPDATE images i SET context = r.ctx, context_status = 'ready', context_provenance = r.prov,
        metadata_hash = r.mh, revision = i.revision + 1, search_tsv = to_tsvector('simple', r.terms), updated_at = :now
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx text, prov text, mh text, terms text)
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, sha text, ctx jsonb, prov jsonb, mh text, terms text)
 WHERE i.id = r.id AND i.id = ANY(:ids) AND i.sha256 = r.sha
 RETURNING i.id, i.scope_id, i.sha256, i.storage_key, i.display_name, i.context_status, i.context_provenance,
           i.metadata_hash, i.revision
@@ -120,9 +120,10 @@ def write_agent_contexts_txn(conn: Connection, rows: list[dict], now: datetime) 
     """
     if not rows:
         return Outcome(False)
-    doc = dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": canonical_json(r["context"]),
-                       "prov": canonical_json(r["provenance"]), "mh": r["metadata_hash"],
-                       "terms": image_terms(r["display_name"], r["context"])} for r in rows])
+    # the context and provenance go in as the document's own values (jsonb columns of the
+    # recordset): one encoding, one parse, the same jsonb as a cast of their canonical text
+    doc = dumps([{"id": str(r["id"]), "sha": r["sha"], "ctx": r["context"], "prov": r["provenance"],
+                  "mh": r["metadata_hash"], "terms": image_terms(r["display_name"], r["context"])} for r in rows])
     return Outcome.of(conn.execute(WRITE_AGENT_CONTEXTS, {"rows": doc, "ids": [r["id"] for r in rows],
                                                           "now": now}).mappings().all())
 
