@@ -262,5 +262,9 @@ def _text_fingerprint(image_sha256: str, metadata_hash_: Any, model: Any, dims: 
 
 
 def dedupe_key(image_id: Any, stage: str, input_fingerprint: str) -> str:
-    """Identical work on one image has one key; unique among active tasks of a scope."""
+    """Identical work on one image has one key; unique among active tasks of a scope.
+
+    ``stage`` is usually a ``Stage`` (a ``StrEnum``): its exact-str form has the same JSON bytes
+    (json writes a str subclass's characters) and keeps the key on the fast encoder."""
+    stage = str.__str__(stage) if isinstance(stage, str) else stage
     return sha256_hex({"image_id": str(image_id), "stage": stage, "fingerprint": input_fingerprint})

@@ -178,3 +178,22 @@ def test_canonical_json_of_plain_values_skips_the_standard_encoder(monkeypatch):
     value = {"image_id": str(uuid.uuid4()), "stage": "agent", "n": [1, True, None, ("x",)], "汉字": "😀\n"}
     assert fingerprints.canonical_json(value) == _reference_canonical(value)
     assert fingerprints.sha256_hex(value) == hashlib.sha256(_reference_canonical(value).encode()).hexdigest()
+
+
+def test_dedupe_key_of_a_stage_member_is_the_reference_key_on_the_fast_encoder(monkeypatch):
+    from app.db.enums import Stage
+    from app.orchestrator import fingerprints
+
+    image_id, fingerprint = uuid.uuid4(), "f" * 64
+    for stage in Stage:
+        want = hashlib.sha256(_reference_canonical(
+            {"image_id": str(image_id), "stage": stage, "fingerprint": fingerprint}).encode()).hexdigest()
+        assert fingerprints.dedupe_key(image_id, stage, fingerprint) == want
+        assert fingerprints.dedupe_key(image_id, stage.value, fingerprint) == want
+
+    class Refusing:
+        def encode(self, value):
+            raise AssertionError("the standard encoder ran for a dedupe key")
+
+    monkeypatch.setattr(fingerprints, "_CANONICAL", Refusing())
+    fingerprints.dedupe_key(image_id, Stage.AGENT, fingerprint)
