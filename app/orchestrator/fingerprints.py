@@ -31,11 +31,12 @@ _PLAIN_DEPTH = 32
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
-    """Only exact str, int, bool, None, lists, tuples and dicts with exact str keys: the values on
-    which orjson's sorted output is byte for byte ``_CANONICAL``'s (floats, enums, subclasses and
-    anything ``default=str`` converts are not)."""
+    """Only str (a subclass too, e.g. a ``StrEnum`` member: both encoders write its characters),
+    exact int, bool, None, lists, tuples and dicts with exact str keys: the values on which orjson's
+    sorted output is byte for byte ``_CANONICAL``'s (floats, other subclasses and anything
+    ``default=str`` converts are not; a str subclass as a key could sort by its own ``<``)."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if isinstance(value, str) or kind is int or kind is bool or value is None:
         return True
     if depth >= _PLAIN_DEPTH:
         return False
@@ -262,9 +263,5 @@ def _text_fingerprint(image_sha256: str, metadata_hash_: Any, model: Any, dims: 
 
 
 def dedupe_key(image_id: Any, stage: str, input_fingerprint: str) -> str:
-    """Identical work on one image has one key; unique among active tasks of a scope.
-
-    ``stage`` is usually a ``Stage`` (a ``StrEnum``): its exact-str form has the same JSON bytes
-    (json writes a str subclass's characters) and keeps the key on the fast encoder."""
-    stage = str.__str__(stage) if isinstance(stage, str) else stage
+    """Identical work on one image has one key; unique among active tasks of a scope."""
     return sha256_hex({"image_id": str(image_id), "stage": stage, "fingerprint": input_fingerprint})

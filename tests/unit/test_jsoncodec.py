@@ -22,6 +22,13 @@ class Colour(StrEnum):
     RED = "red"
 
 
+class _Text(str):
+    """A str subclass that renders itself otherwise: encoders must write its characters."""
+
+    def __str__(self) -> str:
+        return "not these characters"
+
+
 @dataclasses.dataclass
 class Point:
     x: int
@@ -98,7 +105,9 @@ def _reference_canonical(value) -> str:
 
 
 def _plain_value(rng: random.Random, depth: int = 0):
-    kind = rng.choice(["int", "str", "bool", "none"] + (["list", "tuple", "dict"] if depth < 4 else []))
+    kind = rng.choice(["int", "str", "strsub", "bool", "none"] + (["list", "tuple", "dict"] if depth < 4 else []))
+    if kind == "strsub":  # a str subclass (a StrEnum member, or one wrapping any characters): plain too
+        return rng.choice([Colour.RED, _Text("".join(chr(rng.randint(0, 0xD7FF)) for _ in range(rng.randint(0, 6))))])
     if kind == "int":
         return rng.choice([rng.randint(-(2**63), 2**64 - 1), rng.randint(-5, 5), 2**64, -(2**63) - 1, 2**100])
     if kind == "str":
@@ -153,6 +162,7 @@ def test_canonical_json_keeps_what_only_the_reference_encoder_writes():
         {"e": Colour.RED, "t": stamp, "u": ident, "p": Point(1), "n": np.int64(3)},  # default=str and subclasses
         {"big": 2**70, "small": -(2**64)},  # beyond 64 bits: orjson refuses
         {1: "an int key", 2: "another"},  # json writes keys other than str as str; orjson refuses them
+        {_Text("b"): 1, "a": [_Text("x")]},  # a str subclass as a key: sorted by its own rules
         _nested(40),  # deeper than the plain check looks
         _nested(300),  # deeper than orjson encodes
         {"lone": "\ud800"},  # a lone surrogate: json writes it, orjson refuses
