@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,26 @@ RECORD_CSP_VIOLATIONS = (
     "window.__csp = []; document.addEventListener('securitypolicyviolation', "
     "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));"
 )
+
+
+# Page.click's probe: once the page has rendered a frame, the element's centre if a click there would
+# hit the element (else null: poll again), with a capture listener that marks the click as seen.
+ARM_CLICK = """(async () => {
+  const el = document.querySelector(SELECTOR);
+  if (!el) return null;
+  el.scrollIntoView({block: 'center'});
+  await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+  const r = el.getBoundingClientRect(), x = r.x + r.width / 2, y = r.y + r.height / 2;
+  const hit = document.elementFromPoint(x, y);
+  if (!hit || !(hit === el || el.contains(hit))) return null;
+  if (!window.__mfClickListener) {
+    window.__mfClickListener = true;
+    window.addEventListener('click', () => { window.__mfClicked = true; }, true);
+  }
+  window.__mfClickToken = TOKEN;
+  window.__mfClicked = false;
+  return [x, y];
+})()"""
 
 
 def chromium_executable() -> str:
@@ -53,6 +74,8 @@ class Browser:
             chromium_executable(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
             "--no-first-run", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--disable-dev-shm-usage", "--remote-debugging-pipe",
+            # no old page kept on screen (and input dropped) until a same-origin navigation's first paint
+            "--disable-features=PaintHolding",
             f"--host-resolver-rules={OFFLINE_RESOLVER}", f"--user-data-dir={profile_dir}", *args, "about:blank",
         ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -203,15 +226,32 @@ class Page:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self.send("Input.insertText", {"text": text})
 
-    def click(self, selector: str) -> None:
-        """A real mouse click at the centre of the element."""
-        box = self.evaluate(
-            f"(() => {{ const el = document.querySelector({json.dumps(selector)});"
-            " el.scrollIntoView({block: 'center'}); const r = el.getBoundingClientRect();"
-            " return [r.x + r.width / 2, r.y + r.height / 2]; })()")
-        for kind in ("mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
-                                                   "clickCount": 1})
+    def click(self, selector: str, timeout: float | None = None) -> None:
+        """A real mouse click at the centre of the element, repeated until the page has seen it.
+
+        A user's click can miss. Chromium drops input that reaches a document before its first paint
+        (after a same-origin navigation the old page stays on screen until then), and a box measured
+        before a layout shift, or under an overlay, is not the element. So the element is measured
+        after a rendered frame and only when a click at its centre would hit it. The click counts
+        as delivered when a capture listener of its document saw it, or when that document is gone
+        (the click navigated). Only an undelivered click is sent again, so nothing is clicked twice.
+        """
+        deadline = time.monotonic() + (timeout or self.browser.timeout)
+        self.send("Page.bringToFront")  # a user clicks in the tab on screen (a hidden one renders no frames)
+        token = uuid.uuid4().hex
+        arm = ARM_CLICK.replace("SELECTOR", json.dumps(selector)).replace("TOKEN", json.dumps(token))
+        while True:
+            box = self.wait_until(arm, timeout=max(0.1, deadline - time.monotonic()))
+            for kind in ("mousePressed", "mouseReleased"):
+                self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
+                                                       "clickCount": 1})
+            try:
+                if self.evaluate(f"window.__mfClickToken !== {json.dumps(token)} || window.__mfClicked === true"):
+                    return
+            except CdpError:  # the page is between documents: the click navigated
+                return
+            if time.monotonic() > deadline:
+                raise CdpError(f"a click on {selector} never reached the page")
 
     def drop_files(self, selector: str, files: list[tuple[str, str, bytes]]) -> None:
         """Drop ``(name, media type, bytes)`` files on an element as a user would: dragenter,
