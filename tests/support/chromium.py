@@ -229,8 +229,8 @@ class Page:
     def click(self, selector: str, timeout: float | None = None) -> None:
         """A real mouse click at the centre of the element, repeated until the page has seen it.
 
-        A user's click can miss. Chromium drops input that reaches a document before its first paint
-        (after a same-origin navigation the old page stays on screen until then), and a box measured
+        A user's click can miss. Chromium may drop input that reaches a document before its first
+        paint (after a same-origin navigation the old page stays on screen until then), and a box measured
         before a layout shift, or under an overlay, is not the element. So the element is measured
         after a rendered frame and only when a click at its centre would hit it. The click counts
         as delivered when a capture listener of its document saw it, or when that document is gone
