@@ -156,6 +156,11 @@ def task_rows(jobs: list[tuple], k: int) -> list[dict]:
     return out
 
 
+def libpq_url(db_url: str) -> str:
+    """The SQLAlchemy URL (``postgresql+driver://…``) as libpq takes it."""
+    return "postgresql://" + db_url.split("://", 1)[1]
+
+
 def prepare(conn, n_jobs: int) -> list[tuple]:
     """Images and running jobs for ``n_jobs`` tasks' lives, and the narrow design's tables."""
     with conn.cursor() as cur:
@@ -213,8 +218,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     with bench_servers("memeflow-taskrow-") as (_tmp, db_url, _broker):
-        dsn = db_url.split("://", 1)[1].join(("postgresql://", ""))
-        with psycopg.connect(dsn) as conn:
+        with psycopg.connect(libpq_url(db_url)) as conn:
             jobs = prepare(conn, args.tasks // 3)
             results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
             for rnd in range(args.rounds):

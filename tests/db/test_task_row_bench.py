@@ -11,11 +11,9 @@ import pytest
 
 from bench import task_row_cost as bench
 
-TABLES = ("tasks", "bench_task_static", "bench_task_hot")
-
 
 def _conn(db_url: str) -> psycopg.Connection:
-    return psycopg.connect(db_url.split("://", 1)[1].join(("postgresql://", "")))
+    return psycopg.connect(bench.libpq_url(db_url))
 
 
 def _index_shapes(conn, table: str) -> set[str]:

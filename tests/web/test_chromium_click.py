@@ -3,12 +3,11 @@ element to be what a click at its centre would hit, and it never clicks twice.""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
+from flask import Flask, Response
 
 from tests.support.chromium import Browser, CdpError
+from tests.web.conftest import serving
 
 # The button sits under a transparent overlay for its first 400 ms: a click measured and sent at
 # once lands on the overlay, as a user's would.
@@ -24,23 +23,10 @@ setTimeout(() => document.getElementById('cover').remove(), 400);
 
 @pytest.fixture()
 def covered_page_url():
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(COVERED)))
-            self.end_headers()
-            self.wfile.write(COVERED)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    app = Flask(__name__)
+    app.add_url_rule("/", "covered", lambda: Response(COVERED, mimetype="text/html"))
+    with serving(app) as base:
+        yield base + "/"
 
 
 def test_click_waits_until_the_element_is_hit_and_lands_once(covered_page_url, tmp_path):
