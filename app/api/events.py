@@ -1,10 +1,13 @@
 """``/api/v1/events``: the scope's events after an id — JSON long-poll, or Server-Sent Events
 when the client asks for ``text/event-stream`` (resume with ``Last-Event-ID``).
 
-Auth is the API's (bearer token, or the local scope) and, without an ``Authorization`` header, a
-live browser session (token mode), so a page can follow the stream with ``EventSource``. Waiting
-streams are bounded per scope (DB-wide slots under a lease) and per API process (each holds a
-server thread): over either bound is 429 ``too_many_streams``.
+Auth is the API's (:func:`app.api.context.protect`): a bearer token, or the local scope, or (token
+mode) a browser session of this site's own page script, so the library page can follow the stream
+with ``EventSource`` while another origin's page, even on another port of this host, cannot hold
+the scope's stream slots with the user's cookie. Waiting streams are bounded per scope (DB-wide
+slots under a lease) and per API process (each holds a server thread): over either bound is 429
+``too_many_streams``. Without authentication, another site's page may not open a stream or a
+long-poll either (:mod:`app.api.hosts`): it could not read it, only hold the slots.
 """
 
 from __future__ import annotations
@@ -15,39 +18,19 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Response, g, request
+from flask import Response, request
 from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import RequestContext, scope_id, services
+from app.api.context import protect, scope_id, services
 from app.api.errors import ApiError, error_docs
-from app.auth import Unauthorized
 from app.orchestrator.errors import TooManyStreams
-from app.scopes import validate_scope_id
 
-blp = Blueprint("events", __name__, url_prefix="/api/v1/events", description="Events (outbox stream)")
+blp = protect(Blueprint("events", __name__, url_prefix="/api/v1/events", description="Events (outbox stream)"))
 
 _process_slots: dict[int, threading.BoundedSemaphore] = {}
 _process_slots_lock = threading.Lock()
-
-
-@blp.before_request
-def _resolve_scope() -> None:
-    """The API's resolver; without an Authorization header, a browser session's scope too."""
-    svc = services()
-    try:
-        resolved = svc.scope_resolver.resolve(request.headers)
-    except Unauthorized:
-        if "Authorization" in request.headers:
-            raise
-        from app.ops.login import load_browser_session
-
-        session = load_browser_session(svc.engine)
-        if session is None:
-            raise
-        resolved = session.scope_id
-    g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolved))
 
 
 def _process_semaphore(n: int) -> threading.BoundedSemaphore:

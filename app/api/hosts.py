@@ -8,7 +8,9 @@
 * Without authentication, an API write (any method but GET/HEAD/OPTIONS) that a browser marks as coming
   from another site (``Sec-Fetch-Site`` other than ``same-origin``/``none``, or an ``Origin`` that is
   not this server's) is 403 ``cross_site_request``: nothing ambient (no token) would stop a web page
-  the user visits from uploading to or deleting from the local library. Clients that are not
+  the user visits from uploading to or deleting from the local library. The same holds for the
+  events stream and long-poll, which a foreign page could not read but could hold open until the
+  scope's stream slots are gone. Clients that are not
   browsers send neither header and are unaffected; in token mode a page cannot attach the bearer
   token, and the browser session's writes have their own CSRF check.
 """
@@ -26,6 +28,9 @@ from app.web.csrf import own_origin
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _SAME_SITE_FETCH = frozenset({"same-origin", "none"})  # none: the user typed or bookmarked it
+# Reads that hold a bounded slot while they wait: a foreign page could not read them, only exhaust
+# the slots the library page's own stream needs.
+_SLOT_HOLDING_READS = ("/api/v1/events",)
 
 
 def _loopback_peer(addr: str | None) -> bool:
@@ -41,9 +46,12 @@ def _loopback_peer(addr: str | None) -> bool:
 
 
 def _cross_site_write() -> bool:
-    """Whether this request is a write that a browser says another site's page made."""
-    if request.method in _SAFE_METHODS or not request.path.startswith("/api/"):
+    """Whether this request is a write, or a read that holds a slot (the events stream and
+    long-poll), that a browser says another site's page made."""
+    if not request.path.startswith("/api/"):
         return False  # the pages' forms have their own CSRF check (app.web.csrf)
+    if request.method in _SAFE_METHODS and not request.path.startswith(_SLOT_HOLDING_READS):
+        return False
     fetch_site = request.headers.get("Sec-Fetch-Site")
     if fetch_site is not None and fetch_site not in _SAME_SITE_FETCH:
         return True
@@ -77,7 +85,8 @@ def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> No
         if unauthenticated and _cross_site_write():
             return error_response(
                 403, "cross_site_request",
-                "MEMEFLOW_AUTH=none refuses writes from other sites' pages (Origin / Sec-Fetch-Site); "
+                "MEMEFLOW_AUTH=none refuses writes and event streams from other sites' pages "
+                "(Origin / Sec-Fetch-Site); "
                 "use this server's own pages, a non-browser client, or MEMEFLOW_AUTH=token",
             )
         return None

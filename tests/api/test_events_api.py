@@ -16,6 +16,8 @@ from app.orchestrator import Orchestrator
 from app.web.sessions import SESSION_COOKIE, open_session
 from tests.api.conftest import png_bytes, upload
 
+OWN_PAGE = {"Sec-Fetch-Site": "same-origin", "Referer": "http://localhost/"}  # the library page's script
+
 
 def _delete_two(client) -> list[str]:
     ids = []
@@ -143,6 +145,43 @@ def test_each_scope_sees_only_its_events_by_token_or_browser_session(token_app, 
     assert client.get("/api/v1/events").status_code == 401
     cookie, _ = open_session(engine, tokens["beta"], 60)
     client.set_cookie(SESSION_COOKIE, cookie)
-    assert client.get("/api/v1/events").get_json() == {"events": [], "last_id": 0}
+    assert client.get("/api/v1/events", headers=OWN_PAGE).get_json() == {"events": [], "last_id": 0}
     client.set_cookie(SESSION_COOKIE, open_session(engine, tokens["alpha"], 60)[0])
-    assert len(client.get("/api/v1/events").get_json()["events"]) == 1
+    assert len(client.get("/api/v1/events", headers=OWN_PAGE).get_json()["events"]) == 1
+
+
+# Another port of this host is same-site for cookies (the session cookie goes along), not same-origin.
+OTHER_PORT = {"Origin": "http://localhost:8080", "Sec-Fetch-Site": "same-site", "Accept": "text/event-stream"}
+OTHER_SITE = {"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site", "Accept": "text/event-stream"}
+
+
+def test_another_origins_page_cannot_hold_the_scopes_streams_with_the_session(token_app, tokens, engine, settings):
+    client = token_app.test_client()
+    client.set_cookie(SESSION_COOKIE, open_session(engine, tokens["alpha"], 600)[0])
+    slots = settings.event_streams_per_scope
+    foreign = [client.get("/api/v1/events", headers=OTHER_PORT, buffered=False) for _ in range(slots + 1)]
+    try:
+        assert [r.status_code for r in foreign] == [401] * (slots + 1)
+        own = client.get("/api/v1/events", headers={**OWN_PAGE, "Accept": "text/event-stream"}, buffered=False)
+        assert own.status_code == 200
+        own.close()
+    finally:
+        for r in foreign:
+            r.close()
+
+
+@pytest.mark.parametrize("wait", [None, "5"])
+def test_auth_none_refuses_another_sites_streams_and_long_polls(client, settings, wait):
+    query = f"?wait={wait}" if wait else ""
+    headers = OTHER_SITE if wait is None else {k: v for k, v in OTHER_SITE.items() if k != "Accept"}
+    slots = settings.event_streams_per_scope
+    foreign = [client.get(f"/api/v1/events{query}", headers=headers, buffered=False) for _ in range(slots + 1)]
+    try:
+        assert [r.status_code for r in foreign] == [403] * (slots + 1)
+        assert {r.get_json()["error"] for r in foreign} == {"cross_site_request"}
+        own = client.get("/api/v1/events", headers={**OWN_PAGE, "Accept": "text/event-stream"}, buffered=False)
+        assert own.status_code == 200
+        own.close()
+    finally:
+        for r in foreign:
+            r.close()
