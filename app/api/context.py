@@ -85,16 +85,20 @@ def limit_rate(kind: str) -> None:
     counts against the window of the token that opened its session."""
     svc = services()
     scope = scope_id()
-    key = f"scope:{scope}"
+    svc.orchestrator.take_request(kind, scope, rate_key(svc.settings, scope, g.get("api_page_session")))
+
+
+def rate_key(settings: Any, scope: str, session: Any) -> str:
+    """The rate-limit window this request counts in (see :func:`limit_rate`); ``session`` is the
+    browser session that authenticated it, if one did (the library page's, or /ops')."""
     _, _, token = request.headers.get("Authorization", "").partition(" ")
-    page = g.get("api_page_session")
-    if svc.settings.auth == "token" and token.strip():  # (no bearer: the operator's in-process app)
+    if settings.auth == "token" and token.strip():  # (no bearer: the operator's in-process app)
         from app.auth import hash_token
 
-        key = f"token:{hash_token(token.strip())}"
-    elif page is not None and page.token_sha256:  # a signed-in page: its token's window
-        key = f"token:{page.token_sha256}"
-    svc.orchestrator.take_request(kind, scope, key)
+        return f"token:{hash_token(token.strip())}"
+    if session is not None and session.token_sha256:  # a signed-in page: its token's window
+        return f"token:{session.token_sha256}"
+    return f"scope:{scope}"
 
 
 def publish(hints: Iterable[Any]) -> None:

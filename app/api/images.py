@@ -112,6 +112,7 @@ class ImageById(MethodView):
     @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress"}))
     def patch(self, args, image_id: uuid.UUID):
         """Edit display_name and/or context; a new metadata hash re-runs the text stage."""
+        limit_rate("processing")  # an edit plans a job, as a process request does
         svc = services()
         result = svc.orchestrator.edit_context(scope_id(), image_id, **args)
         publish(result.hints)

@@ -72,7 +72,13 @@ def _default_scope() -> str:
 
 
 def _default_retry(scope_id: str, job_id: uuid.UUID) -> Any:
+    """The API's retry, counted against the same per-minute processing limit as
+    ``POST /api/v1/jobs/{id}/retry`` (the bearer's or the signed-in session's token window)."""
+    from app.api.context import rate_key
+
     svc = _services()
+    key = rate_key(_default_settings(), scope_id, load_browser_session(_cfg().engine()))
+    svc.orchestrator.take_request("processing", scope_id, key)
     result = svc.orchestrator.retry_job(scope_id, job_id)
     try:  # publish after commit; a failure is repaired by the sweep
         svc.publisher.publish(list(getattr(result, "hints", []) or []))

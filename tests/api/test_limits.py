@@ -67,6 +67,51 @@ def test_processing_requests_are_limited_per_minute(engine, settings):
     assert upload(client, png_bytes((8, 6, 7))).status_code == 201  # uploads have their own limit
 
 
+def _latest_job(engine) -> str:
+    return str(_count(engine, "SELECT id FROM processing_jobs ORDER BY created_at DESC, revision DESC LIMIT 1"))
+
+
+def test_ops_retry_counts_against_the_processing_limit(engine, settings):
+    """/ops' retry is the API's retry: the same window, so cancel + /ops retry is no way around it."""
+    csrf = "c" * 32  # the double-submit cookie the page's form echoes (auth none: no session)
+
+    def same_site_post(client, url):
+        return client.post(url, data={"csrf_token": csrf}, headers={"Origin": "http://localhost"})
+
+    clock = FakeClock(datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc))
+    app, _ = _app(engine, settings, clock=clock, processing_per_minute=2)
+    client = app.test_client()
+    client.set_cookie("mf_csrf", csrf)
+    job_id = upload(client, png_bytes((9, 9, 9))).get_json()["job"]["id"]  # uploads have their own limit
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    assert client.post(f"/api/v1/jobs/{job_id}/retry").status_code == 201  # 1 of 2
+    job_id = _latest_job(engine)
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    done = same_site_post(client, f"/ops/jobs/{job_id}/retry")  # 2 of 2
+    assert done.status_code == 303 and "msg=" in done.headers["Location"]
+    job_id = _latest_job(engine)
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    refused = same_site_post(client, f"/ops/jobs/{job_id}/retry")
+    assert refused.status_code == 303 and "err=rate_limited" in refused.headers["Location"]
+    assert client.post(f"/api/v1/jobs/{job_id}/retry").status_code == 429
+    assert _count(engine, "SELECT count(*) FROM processing_jobs") == 3
+    clock.advance(60)  # a new window
+    assert same_site_post(client, f"/ops/jobs/{job_id}/retry").headers["Location"].count("msg=") == 1
+
+
+def test_context_edits_count_against_the_processing_limit(engine, settings):
+    """An edit plans a job (the text stage again), so it is a processing request."""
+    clock = FakeClock(datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc))
+    app, _ = _app(engine, settings, clock=clock, processing_per_minute=2)
+    client = app.test_client()
+    image_id = upload(client, png_bytes((4, 4, 4)), process=False).get_json()["image"]["id"]
+    jobs_before = _count(engine, "SELECT count(*) FROM processing_jobs")
+    codes = [client.patch(f"/api/v1/images/{image_id}", json={"context": {"title": f"t{i}"}}).status_code
+             for i in range(5)]
+    assert codes == [200, 200, 429, 429, 429]
+    assert _count(engine, "SELECT count(*) FROM processing_jobs") - jobs_before <= 2
+
+
 def test_the_rate_window_is_per_token_and_a_scope_override_wins(engine, settings):
     clock = FakeClock(datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc))
     app, orch = _app(engine, settings, clock=clock, token_mode=True, uploads_per_minute=1)

@@ -10,6 +10,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import text
 
+from app.auth import hash_token
 from app.ops import register_ops
 from tests.ops.conftest import OTHER, SCOPE
 from tests.ops.helpers import (
@@ -145,6 +146,10 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
 
     class Orchestrator:
         calls: ClassVar[list] = []
+        counted: ClassVar[list] = []
+
+        def take_request(self, kind, scope_id, key):  # the processing rate limit's window
+            self.counted.append((kind, scope_id, key))
 
         def retry_job(self, scope_id, job_id):
             self.calls.append((scope_id, job_id))
@@ -157,6 +162,7 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
             self.published.extend(hints)
 
     class Settings:
+        auth = "token"
         agent_lane_limit = 2
         sweep_interval_s = 15.0
         worker_registry_interval_s = 10.0
@@ -179,6 +185,7 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
     resp = same_site_post(client, f"/ops/jobs/{seeded.jobs['failed'][0]}/retry", headers={"Authorization": "Bearer good"})
     assert resp.status_code == 303
     assert Orchestrator.calls == [(SCOPE, seeded.jobs["failed"][0])]
+    assert Orchestrator.counted == [("processing", SCOPE, f"token:{hash_token('good')}")]
     assert Publisher.published == ["hint"]
 
 
