@@ -127,20 +127,39 @@ def refresh_liveness_gauges() -> None:
 
 
 def _require_metrics_token() -> None:
-    """With ``MEMEFLOW_METRICS_TOKEN`` set, only ``Authorization: Bearer <that token>`` may scrape."""
-    expected = services().settings.metrics_token
+    """With ``MEMEFLOW_METRICS_TOKEN`` set, only ``Authorization: Bearer <that token>`` may scrape.
+
+    Unset, the metrics are open to whoever may use the API unauthenticated: anyone with
+    ``MEMEFLOW_AUTH=none`` (whose own guards keep it to this machine unless opted out). In token
+    mode the API is meant to be exposed, and the metrics are every tenant's activity (queue depths,
+    claims, completions), which no tenant's token may read; there, without a metrics token, only a
+    direct loopback peer may scrape (a request relayed by a proxy, which says so in
+    ``X-Forwarded-For``/``Forwarded``, is not one)."""
+    settings = services().settings
+    expected = settings.metrics_token
     if not expected:
+        if settings.auth == "token" and not _direct_loopback_peer():
+            raise ApiError(401, "unauthorized", "set MEMEFLOW_METRICS_TOKEN to scrape /metrics from another "
+                                                "machine (with MEMEFLOW_AUTH=token only this machine may without it)")
         return
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
         raise ApiError(401, "unauthorized", "a valid metrics bearer token is required")
 
 
+def _direct_loopback_peer() -> bool:
+    from app.api.hosts import loopback_peer
+
+    relayed = "X-Forwarded-For" in request.headers or "Forwarded" in request.headers
+    return not relayed and loopback_peer(request.remote_addr)
+
+
 @blp.route("/metrics")
 class Metrics(MethodView):
     @blp.doc(responses={
         "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
-        "401": {"description": "MEMEFLOW_METRICS_TOKEN is set and the bearer token is missing or wrong"},
+        "401": {"description": "MEMEFLOW_METRICS_TOKEN is set and the bearer token is missing or wrong, "
+                               "or it is unset in token mode and the scrape is not from this machine"},
     })
     def get(self):
         """Prometheus metrics of this process plus the DB-truth gauges of the last sweep."""

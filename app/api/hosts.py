@@ -33,7 +33,7 @@ _SAME_SITE_FETCH = frozenset({"same-origin", "none"})  # none: the user typed or
 _SLOT_HOLDING_READS = ("/api/v1/events",)
 
 
-def _loopback_peer(addr: str | None) -> bool:
+def loopback_peer(addr: str | None) -> bool:
     """Whether the peer is this machine; no address at all means a unix socket, local too."""
     if not addr:
         return True
@@ -76,7 +76,7 @@ def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> No
                 400, "invalid_host",
                 "this server does not answer to that Host name; add it to MEMEFLOW_ALLOWED_HOSTS",
             )
-        if local_only and not _loopback_peer(request.remote_addr):
+        if local_only and not loopback_peer(request.remote_addr):
             return error_response(
                 403, "unauthenticated_remote",
                 "MEMEFLOW_AUTH=none serves this machine only; use MEMEFLOW_AUTH=token "

@@ -10,7 +10,7 @@ import pytest
 import redis as redis_lib
 
 from app.api import create_app
-from app.auth import LocalScopeResolver
+from app.auth import LocalScopeResolver, TokenScopeResolver
 from app.orchestrator.liveness import WorkerIdentity, register_worker
 from app.orchestrator.store import sweep as sweep_q
 from app.orchestrator.store import workers as workers_q
@@ -130,3 +130,28 @@ def test_metrics_can_require_a_bearer_token(slow_settings, engine, orch, publish
     ok = client.get("/metrics", headers={"Authorization": "Bearer s3cret-scrape"})
     assert ok.status_code == 200 and b"memeflow_lane_workers" in ok.data
     assert client.get("/healthz").status_code == 200  # only /metrics is guarded
+
+
+def test_token_mode_metrics_without_a_metrics_token_serve_this_machine_only(slow_settings, engine, orch, publisher,
+                                                                              store, tokens):
+    """Every tenant's activity is no tenant's to read: with MEMEFLOW_AUTH=token and no metrics token,
+    a remote peer, a tenant's bearer and a request relayed by a local proxy are all refused."""
+    def token_app(**changes):
+        return create_app(scope_resolver=TokenScopeResolver(engine), settings=slow_settings.replace(auth="token", **changes),
+                          orchestrator=orch, engine=engine, publisher=publisher, store=store,
+                          cursor_secret_key="test-secret").test_client()
+
+    client = token_app()
+    remote = {"REMOTE_ADDR": "10.0.0.7"}
+    refused = [client.get("/metrics", environ_base=remote),
+               client.get("/metrics", environ_base=remote, headers={"Authorization": f"Bearer {tokens['alpha']}"}),
+               client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"}),
+               client.get("/metrics", headers={"Forwarded": "for=203.0.113.9"})]
+    assert [(r.status_code, r.get_json()["error"]) for r in refused] == [(401, "unauthorized")] * 4
+    assert "MEMEFLOW_METRICS_TOKEN" in refused[0].get_json()["message"]
+    local = client.get("/metrics", environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert local.status_code == 200 and b"memeflow_lane_workers" in local.data
+    scraper = token_app(metrics_token="s3cret-scrape")
+    ok = scraper.get("/metrics", environ_base=remote, headers={"Authorization": "Bearer s3cret-scrape"})
+    assert ok.status_code == 200
+
