@@ -25,6 +25,7 @@ from app.db.enums import (
     JobStatus,
     Stage,
     StageStatus,
+    TaskStatus,
 )
 from app.ids import new_id
 from app.orchestrator import fingerprints as fp
@@ -343,6 +344,10 @@ def _flush_txn(orch: Orchestrator, conn: Connection, pending: _Pending) -> list[
         if job["id"] not in created:  # an identical task is already active (dedupe): link this stage to it
             inserted = tasks.insert_task_txn(conn, {k: v for k, v in values.items() if k != "grant_id"}, now)
             task_id, task_status = inserted.row
+            if not inserted.matched and task_status == TaskStatus.RUNNING:
+                # the live execution may carry the cancel request of the job that ended before this
+                # one: this job wants its result, so the request no longer holds (not matched: none)
+                tasks.withdraw_cancel_txn(conn, task_id, now)
             jobs.link_stage_txn(conn, job["id"], stage, task_id, task_status, values["input_fingerprint"], now).expect(
                 "the job is locked active and this stage is open")
             _point_job_txn(orch, conn, job, stage, new.job_fields)

@@ -118,7 +118,9 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
         if batch is None or batch["status"] != SEEDING:
             return 0, [], False
         if store.queued_backlog_txn(conn, batch["scope_id"], threshold + 1) > threshold:
-            return 0, [], False  # back-pressure: the sweep continues later
+            # back-pressure: the sweep continues later — touched, so other scopes' heads go first
+            store.touch_batch_txn(conn, batch_id, orch.now()).expect("the batch is locked in seeding")
+            return 0, [], False
         now = orch.now()
         cursor = dict(batch["seed_cursor"] or {})
         policies: dict[uuid.UUID, str] = {}
@@ -233,7 +235,12 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
 def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     """Sweep step: seed batches still seeding, round-robin over scopes (one page of each scope's
     head batch per round, until every head is done or paused by its scope's back-pressure); then
-    complete running batches whose item jobs are all terminal."""
+    complete running batches whose item jobs are all terminal.
+
+    Bounded (``SWEEP_BATCHES`` of each kind per run), yet no batch waits on others: a paused head
+    and a running batch left unfinished are touched, so the windows rotate; and the batches that
+    may complete now are looked for among all running ones (``completable_batches_txn``), so a
+    finished batch completes at the next sweep however many long batches run."""
     with orch.engine.connect() as conn:
         heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
     seeded, hints = 0, []
@@ -246,16 +253,19 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
                 still.append(batch_id)
         heads = still
     with orch.engine.connect() as conn:
-        running = store.running_batches_txn(conn, SWEEP_BATCHES)
-    for b in running:
+        candidates = store.completable_batches_txn(conn, SWEEP_BATCHES)
+        running = [b["id"] for b in store.running_batches_txn(conn, SWEEP_BATCHES)]
+    for batch_id in dict.fromkeys(candidates + running):
         with orch.engine.begin() as conn:
-            batch = store.batch_txn(conn, b["id"], lock=True)
+            batch = store.batch_txn(conn, batch_id, lock=True)
             if batch is None or batch["status"] != RUNNING:
                 continue
-            if not store.has_active_item_jobs_txn(conn, b["id"]):  # its batch.completed event: a trigger
-                store.complete_batch_txn(conn, b["id"], orch.now()).expect("the batch is locked running")
+            now = orch.now()
+            if not store.has_active_item_jobs_txn(conn, batch_id):  # its batch.completed event: a trigger
+                store.complete_batch_txn(conn, batch_id, now).expect("the batch is locked running")
                 continue
-        emit_batch_progress(orch, b["id"])
+            store.touch_batch_txn(conn, batch_id, now).expect("the batch is locked running")
+        emit_batch_progress(orch, batch_id)
     return seeded, hints
 
 

@@ -426,6 +426,38 @@ def mark_unknown_execution(orch: Orchestrator, claim: Claim) -> list[Hint]:
     )
 
 
+def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> list[Hint]:
+    """The sweep, in its transaction (the task row locked by its pick): end a cancel-requested task
+    whose lease expired and that no open stage waits on — no claim can ever take it, so its dead
+    worker's execution would stay ``running`` (and active for dedupe) forever.
+
+    Recorded as ``abandon_task`` records a worker's stop, but honestly for a death: an agent
+    attempt still open had its paid call in flight with an outcome no one can prove, so it ends
+    ``unknown_execution`` and its grant stays counted (``unknown``), never released nor called
+    again (SPEC §4.5); a task that never attempted gives its grant back. The freed slot goes to
+    the fairest waiting task. ``claim`` carries the execution the sweep saw (owner, generation)
+    and its open attempt, if any. Returns the hints to publish after commit."""
+    now = orch.now()
+    if not tasks.end_abandoned_txn(conn, claim.task_id, claim.owner, claim.generation, now).matched:
+        # not matched: that execution is no longer the task's — nothing of it to end
+        log.warning("abandoned task not ended", extra={"task_id": claim.task_id, "generation": claim.generation})
+        return []
+    if claim.attempt_id:
+        err = {"code": "unknown_execution", "message": "the worker died during a paid call of a cancelled task"}
+        if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.UNKNOWN_EXECUTION,
+                                           now, error=err).matched:
+            log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
+        grants.mark_grant_unknown_txn(orch, conn, claim)
+    else:
+        grants.release_if_unattempted_txn(orch, conn, claim.task_id)
+    lanes.release_slot_txn(orch, conn, claim)
+    metrics.COMPLETIONS.labels(claim.lane, "abandoned").inc()
+    log.info("cancelled task of a dead worker ended",
+             extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
+                    "stage": claim.stage, "generation": claim.generation, "code": "cancelled"})
+    return lanes.next_fair_hints_txn(orch, conn, claim)
+
+
 @retry_on_disconnect
 def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> None:
     """The worker stopped on a cancel request: record it (fenced) and free the slot."""

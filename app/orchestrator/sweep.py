@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import OperationalError
 
 from app import metrics
@@ -20,7 +21,7 @@ from app.db.enums import Lane
 from app.orchestrator import retention
 from app.orchestrator.advance import advance_job_txn
 from app.orchestrator.events import prune_events
-from app.orchestrator.execution import fail_task
+from app.orchestrator.execution import end_abandoned_txn, fail_task
 from app.orchestrator.hints import Hint
 from app.orchestrator.liveness import worker_ttl_s
 from app.orchestrator.store import attempts, counters
@@ -97,36 +98,52 @@ def _rehint(orch: Orchestrator, report: SweepReport) -> None:
 
 
 def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
-    """2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent"""
+    """2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent.
+
+    A cancel-requested one nobody waits on any more is ended in this transaction
+    (``end_abandoned_txn``): no claim could ever take it, and left running it would stay active for
+    dedupe (a later job of its image would wait on it for ever) and come back here at every grace,
+    filling this step's LIMIT ahead of genuinely dead workers' tasks."""
     s = orch.settings
     with orch.engine.begin() as conn:
         expired = q.lease_expired_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
         rows = expired.rows if expired.matched else ()  # not matched: no expired lease to re-hint
+        abandoned = [r for r in rows if r["abandon"]]
+        rows = [r for r in rows if not r["abandon"]]
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+        for r in abandoned:
+            open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
+            report.hints += end_abandoned_txn(orch, conn, _claim_of(r, open_attempt))
         exhausted = []
         for r in rows:
             if r["attempt_count"] >= r["max_attempts"]:
                 open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
-                exhausted.append((r, open_attempt["attempt_id"] if open_attempt else None))
+                exhausted.append(_claim_of(r, open_attempt))
+    report.counts["cancelled_abandoned"] = len(abandoned)
     live = [r for r in rows if r["attempt_count"] < r["max_attempts"]]
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
     report.counts["exhausted"] = 0
-    for r, attempt_id in exhausted:
-        claim = Claim(
-            task_id=r["id"], scope_id=r["scope_id"], job_id=r["job_id"], image_id=r["image_id"],
-            image_sha256=r["image_sha256"], stage=r["stage"], lane=r["lane"], owner=r["lease_owner"],
-            generation=r["claim_generation"], attempt_count=r["attempt_count"], max_attempts=r["max_attempts"],
-            payload=r["payload"], storage_key="", attempt_id=attempt_id,
-        )
+    for claim in exhausted:
         err = (
             OutcomeUnknownError("the worker died during a paid call", code="unknown_execution")
-            if attempt_id
+            if claim.attempt_id
             else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
         )
         report.hints += fail_task(orch, claim, err)
         report.counts["exhausted"] += 1
+
+
+def _claim_of(r: RowMapping, open_attempt: RowMapping | None) -> Claim:
+    """The execution an expired-lease row (``q.lease_expired_txn``) last belonged to, as a Claim:
+    what the fenced writes that end it are conditioned on."""
+    return Claim(
+        task_id=r["id"], scope_id=r["scope_id"], job_id=r["job_id"], image_id=r["image_id"],
+        image_sha256=r["image_sha256"], stage=r["stage"], lane=r["lane"], owner=r["lease_owner"],
+        generation=r["claim_generation"], attempt_count=r["attempt_count"], max_attempts=r["max_attempts"],
+        payload=r["payload"], storage_key="", attempt_id=open_attempt["attempt_id"] if open_attempt else None,
+    )
 
 
 def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:

@@ -193,7 +193,10 @@ def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list
 
 
 def running_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
-    """Running batches (seeded, not yet complete), least recently touched first (ix_batches_active)."""
+    """Running batches (seeded, not yet complete), least recently touched first (ix_batches_active).
+
+    The sweep touches each one it checks and leaves running (``touch_batch_txn``), so successive
+    sweeps walk the whole set: every running batch is checked within ceil(running / limit) sweeps."""
     return list(
         conn.execute(
             sql("SELECT id, status FROM batches WHERE status = 'running' ORDER BY updated_at LIMIT :n"),
@@ -202,10 +205,43 @@ def running_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:
     )
 
 
+COMPLETABLE_BATCHES = sql("""
+SELECT b.id FROM batches b
+WHERE b.status = 'running' AND NOT EXISTS (
+  SELECT 1 FROM processing_jobs j WHERE j.batch_id = b.id AND j.batch_id IS NOT NULL
+    AND j.status IN ('queued', 'running'))
+ORDER BY b.updated_at LIMIT :n
+""")
+
+
+def completable_batches_txn(conn: Connection, limit: int) -> list[uuid.UUID]:
+    """Running batches none of whose own jobs is active — the ones that may complete now — least
+    recently touched first: ix_batches_active, one ix_processing_jobs_batch probe per running batch.
+
+    A candidate, not a verdict: an item may follow an active job the batch did not create
+    (``has_active_item_jobs_txn`` decides under the batch lock); such a batch is touched and goes
+    to the back, so candidates like it never hold the window."""
+    return list(conn.execute(COMPLETABLE_BATCHES, {"n": limit}).scalars())
+
+
+TOUCH_BATCH = sql("""
+UPDATE batches SET updated_at = :now WHERE id = :id AND status IN ('seeding', 'running')
+""")
+
+
+@transition
+def touch_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """seeding / running → same status, to the back of the sweep's round (least recently touched
+    first): a batch the sweep checked and left as it was (paused by back-pressure, or not done)
+    must not take the next sweep's turn again. Not matched: the batch finished meanwhile."""
+    return Outcome.count(conn.execute(TOUCH_BATCH, {"id": batch_id, "now": now}).rowcount)
+
+
 def seeding_heads_txn(conn: Connection, limit: int) -> list[RowMapping]:
     """Each scope's least recently touched seeding batch (ix_batches_seeding), least recently
-    touched first: seeding round-robins over scopes, so one scope's paused batches (back-pressure
-    leaves them untouched, hence first in their scope) never take another scope's turn."""
+    touched first: seeding round-robins over scopes, so one scope's paused batches never take
+    another scope's turn — a head paused by back-pressure is touched (``touch_batch_txn``), so
+    more paused scopes than ``limit`` rotate through the window instead of filling it for ever."""
     return list(
         conn.execute(
             sql(

@@ -73,20 +73,32 @@ def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: i
     ).mappings().all())
 
 
+# A cancel-requested task can never be claimed again (CLAIM requires NOT cancel_requested), so once
+# its lease expired its worker is gone for good. If an open stage still waits on it (a later job of
+# the image was deduplicated onto it) the request speaks for no one any more: it is withdrawn here
+# and the task is an ordinary expired lease. Otherwise ``abandon`` is true and the caller ends it
+# (tasks.end_abandoned_txn) in this transaction, while the row is locked.
 LEASE_EXPIRED = sql("""
-WITH pick AS (SELECT id FROM tasks WHERE status = 'running' AND lease_expires_at < :now
+WITH pick AS (SELECT id, cancel_requested AND NOT EXISTS (
+                  SELECT 1 FROM job_stages js WHERE js.task_id = tasks.id AND js.status IN ('queued', 'running')
+                ) AS abandon
+              FROM tasks WHERE status = 'running' AND lease_expires_at < :now
                 AND (last_hint_at IS NULL OR last_hint_at < :cutoff)
               ORDER BY lease_expires_at LIMIT :n FOR UPDATE SKIP LOCKED)
-UPDATE tasks t SET last_hint_at = :now FROM pick WHERE t.id = pick.id
+UPDATE tasks t SET last_hint_at = :now, cancel_requested = pick.abandon FROM pick WHERE t.id = pick.id
 RETURNING t.id, t.lane, t.scope_id, t.job_id, t.stage, t.lease_owner, t.claim_generation,
-          t.attempt_count, t.max_attempts, t.image_id, t.image_sha256, t.payload
+          t.attempt_count, t.max_attempts, t.image_id, t.image_sha256, t.payload, pick.abandon
 """)
 
 
 @transition
 def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[RowMapping]:
     """running, lease expired (claimable again) → hinted now, at most once per grace. Not matched:
-    no expired lease waits for a hint."""
+    no expired lease waits for a hint.
+
+    ``abandon`` on a row: its job cancelled it and no open stage waits on it — never claimable
+    again, the caller must end it (``tasks.end_abandoned_txn``). A cancel request some open stage
+    still waits past is withdrawn (the row is then an ordinary expired lease)."""
     return Outcome.of(conn.execute(
         LEASE_EXPIRED, {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
     ).mappings().all())

@@ -386,6 +386,43 @@ def finish_fenced_txn(
     }).mappings().all())
 
 
+END_ABANDONED = sql("""
+UPDATE tasks SET status = 'cancelled', error = CAST(:err AS jsonb), completed_at = :now, updated_at = :now,
+       lease_expires_at = NULL
+WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
+  AND cancel_requested AND lease_expires_at < :now
+RETURNING id
+""")
+
+
+@transition
+def end_abandoned_txn(conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime) -> Outcome[uuid.UUID]:
+    """running (cancel requested, lease expired) → cancelled, the execution the sweep saw (fenced).
+
+    No claim can take a cancel-requested task, so its dead worker's execution is ended here for
+    it. Not matched: that execution is no longer the task's (it finished, or a claim took it after
+    its cancel request was withdrawn)."""
+    return Outcome.of(conn.execute(END_ABANDONED, {
+        "id": task_id, "owner": owner, "gen": gen, "now": now,
+        "err": canonical_json({"code": "cancelled", "message": "cancelled; its worker stopped before finishing"}),
+    }).scalars().all())
+
+
+WITHDRAW_CANCEL = sql("""
+UPDATE tasks SET cancel_requested = false, updated_at = :now
+WHERE id = :id AND status = 'running' AND cancel_requested
+""")
+
+
+@transition
+def withdraw_cancel_txn(conn: Connection, task_id: uuid.UUID, now: datetime) -> Outcome[None]:
+    """running, cancel requested → running: a job was just deduplicated onto the task (it wants its
+    result), so the cancel request of the job that ended no longer holds. A dead worker's task is
+    then claimable again once its lease expired. Not matched: no request to withdraw (or the task
+    ended meanwhile: the sweep's stuck-jobs step moves the waiting job on)."""
+    return Outcome.count(conn.execute(WITHDRAW_CANCEL, {"id": task_id, "now": now}).rowcount)
+
+
 REQUEUE_FENCED = sql("""
 UPDATE tasks SET status = 'queued', available_at = :at, error = CAST(:err AS jsonb), lease_owner = NULL,
        lease_expires_at = NULL, last_hint_at = NULL, updated_at = :now
