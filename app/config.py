@@ -42,6 +42,8 @@ LOCAL_AGENT_LANE_LIMIT = 64
 #: fifth of an image's CPU beside local-ocr (docs/performance-log.md §41); without one, every other.
 CORES_PER_EMBEDDING_THREAD_LOCAL_AGENT = 4
 CORES_PER_EMBEDDING_THREAD = 2
+#: The agent result records' directory inside the storage root (not a storage namespace).
+AGENT_RESULTS_DIR = ".agent-results"
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
@@ -54,6 +56,9 @@ class Settings:
     broker_url: str | None = None
     var_dir: Path = Path("./var")
     storage_dir: Path | None = None
+    # Local agents' durable result records; unset: ``<storage>/.agent-results``, which every worker
+    # sharing MEMEFLOW_STORAGE_DIR sees (a worker on another machine adopts a dead one's result).
+    agent_results_dir: Path | None = None
     api_host: str = "127.0.0.1"
     api_port: int = 5000
     flower_port: int = 5555
@@ -207,6 +212,14 @@ class Settings:
 
     @cached_property
     def agent_results_path(self) -> Path:
+        """Where local agents keep their result records: shared by every worker, like the images
+        (a record under one machine's var dir could not be adopted by another machine's worker)."""
+        return (self.agent_results_dir or self.storage_path / AGENT_RESULTS_DIR).resolve()
+
+    @cached_property
+    def legacy_agent_results_path(self) -> Path:
+        """Where versions before the shared location kept the records (``<var>/agent-results``):
+        still read by lookups and pruned by ``memeflow gc``, never written."""
         return (self.var_dir / "agent-results").resolve()
 
     @property

@@ -4,7 +4,8 @@ Files are written atomically (temp file in the same directory, fsync, rename, fs
 directory), so a reader never sees a partial file and a crash leaves at most an orphan temp file
 or an orphan complete file that :meth:`FileStore.orphans` reports for ``memeflow gc``. Whether a
 file may be removed is decided from the database under the key's lock
-(``app.orchestrator.files``), never from this directory alone.
+(``app.orchestrator.files``), never from this directory alone. Directories whose name starts
+with a dot (``.thumbs``, ``.agent-results``) hold other shared files, not namespaces: never listed.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class FileStore:
         if not self.root.is_dir():
             return
         for ns in sorted(self.root.iterdir()):
-            if not ns.is_dir():
+            if not ns.is_dir() or ns.name.startswith("."):  # .thumbs, .agent-results: not namespaces
                 continue
             for f in sorted(ns.iterdir()):
                 key = f"{ns.name}/{f.name}"
@@ -110,5 +111,6 @@ class FileStore:
         """Temp files left by a crash mid-write (safe to remove once no writer is running)."""
         if not self.root.is_dir():
             return []
-        return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
+        return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*")
+                      if p.is_file() and not p.parent.name.startswith("."))  # namespaces only
 

@@ -101,15 +101,18 @@ def gc(dry_run: bool, min_age_s: float) -> None:
     with connected() as ctx:
         storage = ctx.settings.storage_path
         report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run)
-        pruned = records.prune(ctx.settings.agent_results_path, ctx.orch.open_attempt_ids, min_age_s=min_age_s,
-                               dry_run=dry_run)
+        results_dirs = list(dict.fromkeys((ctx.settings.agent_results_path, ctx.settings.legacy_agent_results_path)))
+        pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run)
+                  for d in results_dirs}
         thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc {storage}: {verb} {len(report.orphans)} unreferenced files and {len(report.temp_files)} "
                f"temp files ({report.bytes} bytes); kept {report.kept_young} younger than {min_age_s:g}s")
     for path in (*report.orphans, *report.temp_files):
         click.echo(f"  {path}")
-    click.echo(f"gc {ctx.settings.agent_results_path}: {verb} {len(pruned)} agent result records")
+    for results_dir, removed in pruned.items():
+        if removed or results_dir == ctx.settings.agent_results_path:  # the legacy dir only when it had some
+            click.echo(f"gc {results_dir}: {verb} {len(removed)} agent result records")
     click.echo(f"gc {storage / THUMBS_DIR}: {verb} {len(thumbs)} thumbnails of versions no image has")
 
 

@@ -91,6 +91,15 @@ def mark_grant_unknown_txn(orch: Orchestrator, conn: Connection, claim: Claim) -
         mark(conn, grant_id, orch.now())
 
 
+def release_uncalled_txn(orch: Orchestrator, conn: Connection, task_id: uuid.UUID) -> None:
+    """A task ended by a check that precedes every call of its attempts (a configuration
+    mismatch; its earlier attempts, if any, were retried only because they provably did not call
+    out): give its grant back."""
+    grant_id = store.task_grant_txn(conn, task_id)
+    if grant_id is not None:
+        orch.policy.release(conn, grant_id, orch.now())
+
+
 def release_if_unattempted_txn(orch: Orchestrator, conn: Connection, task_id: uuid.UUID) -> None:
     """A task cancelled before any attempt never called out: give its grant back."""
     grant_id = store.task_grant_txn(conn, task_id)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from app.config import Settings
 from app.db.engine import read_connection
 from app.ids import parse_uuid
-from app.orchestrator import batches, changes, events, execution, lanes, limits, serving, serving_reads, webhooks
+from app.orchestrator import batches, changes, events, execution, lanes, limits, replan, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
@@ -29,6 +29,7 @@ from app.orchestrator.policy import OperationPolicy, policy_from_settings
 from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.store import reads
 from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
+from app.stages.errors import ProviderConfigMismatch
 
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
 
@@ -192,6 +193,11 @@ class Orchestrator:
         _INDEXED.add(key)
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
+        """A stage error of a claim; a configuration mismatch replans the job instead (replan.py)."""
+        if isinstance(error, ProviderConfigMismatch):
+            hints = replan.replan_for_config(self, claim, error)
+            if hints is not None:
+                return hints
         return execution.fail_task(self, claim, error)
 
     def mark_unknown_execution(self, claim: Claim) -> list[Hint]:

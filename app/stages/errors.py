@@ -45,6 +45,12 @@ class PermanentError(StageError):
     code = "stage_permanent"
 
 
+class ProviderConfigMismatch(PermanentError):
+    """This worker's provider differs from the configuration the job was planned with."""
+
+    code = "provider_config_mismatch"
+
+
 class OutcomeUnknownError(StageError):
     """The request may have reached the provider; its outcome cannot be proven either way."""
 

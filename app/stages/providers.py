@@ -26,6 +26,8 @@ def visual_options(settings: Settings) -> dict[str, Any]:
 def agent_options(settings: Settings) -> dict[str, Any]:
     """Constructor options of the configured agent."""
     opts: dict[str, Any] = {"results_dir": str(settings.agent_results_path)}
+    if settings.legacy_agent_results_path != settings.agent_results_path:
+        opts["legacy_results_dir"] = str(settings.legacy_agent_results_path)
     if settings.agent_provider == "local-ocr":
         opts["threads"] = settings.local_threads  # 0: ONNX Runtime's default (one per core)
     if settings.agent_provider == "openai-compatible":

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
-from app.stages.errors import PermanentError, RetryableError, StageError
+from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
 
@@ -74,14 +74,14 @@ def load_image(settings: Settings, claim: Claim) -> DecodedImage:
 
 def check_config(claim: Claim, provider, known: tuple[dict, str] | None = None) -> dict:
     """The worker's provider must be the one the job was planned with, or the artifact is useless.
-    ``known``: the provider's (config, config hash) already computed for this batch."""
+    ``known``: the provider's (config, config hash) already computed for this batch. Checked before
+    any call (a paid one included), so a mismatch proves nothing ran: the orchestrator replans the
+    job under this process's configuration (``app.orchestrator.replan``) rather than failing it."""
     cfg, cfg_hash = known if known is not None else (provider.config(), None)
     expected = claim.payload.get("stage_config_hash")
     if expected and (cfg_hash or config_hash(cfg)) != expected:
-        raise PermanentError(
-            f"this worker's {claim.stage} provider ({cfg.get('model')}) differs from the job's configuration",
-            code="provider_config_mismatch",
-        )
+        raise ProviderConfigMismatch(
+            f"this worker's {claim.stage} provider ({cfg.get('model')}) differs from the job's configuration")
     return cfg
 
 

@@ -149,3 +149,89 @@ def test_a_fenced_out_completion_keeps_its_record_and_a_landed_one_discards_it(e
     hint2 = _to_agent_hint(orch, providers, pub, "tenant-f", 721)
     assert handle_hint(orch, "agent", hint2.task_id, "w1", providers, pub) == 1
     assert len(_records(root)) == 1  # the landed one's record is gone, the fenced-out one's stays
+
+
+def test_another_machines_worker_adopts_a_dead_workers_recorded_result(engine, settings, tmp_path):
+    """Two agent workers on two machines (or two ``--scale worker-agent=2`` containers) share the
+    database, the broker and MEMEFLOW_STORAGE_DIR, each with its own MEMEFLOW_VAR_DIR. Machine A's
+    call returns (its result recorded) and A dies before the completion commits; B recovers the
+    task after the lease and must adopt A's record — not end the job ``unknown_execution``."""
+    from app.stages.providers import Providers
+    from app.worker import run
+    from tests.support.clock import FakeClock
+
+    storage = tmp_path / "shared-storage"
+    sa = settings.replace(var_dir=tmp_path / "machine-a", storage_dir=storage)
+    sb = settings.replace(var_dir=tmp_path / "machine-b", storage_dir=storage)
+    clock = FakeClock()
+    orch_a, orch_b = Orchestrator(engine, sa, clock=clock), Orchestrator(engine, sb, clock=clock)
+    prov_a, prov_b = Providers(sa), Providers(sb)
+    pub = RecordingPublisher()
+    res = store_and_ingest(orch_a, "local", png_bytes(730))
+    pub.publish(res.hints)
+    hint = step(orch_a, prov_a, pub, stop_lane="agent")
+    assert hint is not None
+    [claim] = orch_a.claim_agent_batch(hint.task_id, 1, "worker-a")
+    assert not isinstance(run._outcome(orch_a, claim, prov_a), Exception)  # recorded; A dies here
+    for _ in range(5):
+        clock.advance(sa.lease_s + sa.rehint_grace_s + 1)
+        pub.publish(orch_b.sweep().hints)
+        step(orch_b, prov_b, pub, owner="worker-b")
+    job = orch_b.get_job("local", res.job["id"])
+    assert job["status"] == "succeeded", (job["status"], job["error"])
+    assert {r[0] for r in rows(engine, "SELECT state FROM task_attempts")} == {"completed"}
+    assert sa.agent_results_path == sb.agent_results_path == (storage / ".agent-results").resolve()
+    assert _records(sb.agent_results_path) == []  # discarded once the adoption committed
+
+
+def test_a_record_an_older_version_kept_in_the_var_dir_is_adopted_and_gc_skips_the_shared_dir(
+    engine, settings
+):
+    """Upgrading with an attempt in flight: its record sits in ``<var>/agent-results`` (the old
+    location); the lookup still finds it there. The records' directory inside the storage root is
+    not a namespace: gc's storage scan lists none of its files as orphans or temp files."""
+    from datetime import datetime, timezone
+
+    from app.storage import FileStore
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc))
+    orch = Orchestrator(engine, settings, clock=clock)
+    legacy, shared = settings.legacy_agent_results_path, settings.agent_results_path
+    assert legacy != shared and shared.parent == settings.storage_path
+    old_version = CountingAgent(results_dir=str(legacy))  # how the worker before the upgrade wrote
+    agent = CountingAgent(results_dir=str(shared))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    hint = _to_agent_hint(orch, providers, pub, "tenant-u", 740)
+    claim = orch.claim_task(hint.task_id, "old-worker")
+    with records.in_namespace(records.namespace_of(claim.storage_key)):
+        old_version.describe(_decoded(settings, claim), attempt_id=claim.attempt_id, reverse_image_policy="forbid")
+    assert len(_records(legacy)) == 1
+    # the upgraded worker reads both places (its provider is built from the settings' options)
+    from app.stages.providers import Providers
+    real = Providers(settings).agent
+    with records.in_namespace(records.namespace_of(claim.storage_key)):
+        assert real.lookup(claim.attempt_id).status == "complete"
+    clock.advance(seconds=settings.lease_s + 1)
+    pub.publish(orch.sweep().hints)
+    step(orch, Providers(settings), pub, owner="upgraded-worker")
+    assert rows(engine, "SELECT status FROM processing_jobs")[0][0] == "succeeded"
+    assert {r[0] for r in rows(engine, "SELECT state FROM task_attempts")} == {"completed"}
+    # a record (and a temp file of a write cut short) in the shared dir: not storage files
+    with records.in_namespace(records.namespace_of(claim.storage_key)):
+        records.ResultRecords(shared).write("ef" * 16, AgentResult(context={}, model="m", request_id="r"))
+    (shared / ".ef.tmp-x.tmp").write_bytes(b"{")
+    (shared / ".tmp-crashed").write_bytes(b"")
+    store = FileStore(settings.storage_path)
+    assert all(not k.startswith(".") for k in store.iter_keys()) and store.stale_temp_files() == []
+    from app.cli import main
+    from app.config import reset_settings
+
+    reset_settings(dataclasses.replace(settings))
+    try:
+        result = CliRunner().invoke(main, ["gc", "--min-age", "0"])
+    finally:
+        reset_settings(None)
+    assert result.exit_code == 0, result.output
+    assert "removed 0 unreferenced files and 0 temp files" in result.output, result.output
+    assert _records(legacy) == [] and _records(shared) == []  # the adopted legacy record and the settled one

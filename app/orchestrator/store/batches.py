@@ -251,3 +251,14 @@ def seeding_heads_txn(conn: Connection, limit: int) -> list[RowMapping]:
             {"n": limit},
         ).mappings()
     )
+
+
+MOVE_ITEM_TO_JOB = sql("""
+UPDATE batch_items SET job_id = :new WHERE batch_id = :b AND job_id = :old
+""")
+
+
+def move_item_to_job_txn(conn: Connection, batch_id: uuid.UUID, old_job: uuid.UUID, new_job: uuid.UUID) -> Outcome[None]:
+    """A batch item follows its image's job when that job is replanned under another configuration
+    (its progress then counts the job that runs, not the superseded one)."""
+    return Outcome.count(conn.execute(MOVE_ITEM_TO_JOB, {"b": batch_id, "old": old_job, "new": new_job}).rowcount)

@@ -257,3 +257,21 @@ def complete_jobs_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]]
     return Outcome.of(conn.execute(COMPLETE_JOBS, {
         "rows": dumps([{"id": str(j), "mh": mh} for j, mh in rows]), "ids": [j for j, _ in rows], "now": now,
     }).scalars().all())
+
+
+# The image's newest ended revisions before ``:j`` (newest first): how many config replans in a row.
+EARLIER_JOB_ENDS = sql("""
+SELECT status, error->>'code' AS code FROM processing_jobs
+WHERE image_id = :i AND id <> :j AND status NOT IN ('queued', 'running') ORDER BY revision DESC LIMIT :n
+""")
+
+
+def config_replans_in_a_row_txn(conn: Connection, image_id: uuid.UUID, job_id: uuid.UUID, limit: int) -> int:
+    """How many of the image's newest ended jobs before ``job_id`` (up to ``limit``) were, one
+    after another, superseded for a stage configuration no worker that claimed them had."""
+    count = 0
+    for status, code in conn.execute(EARLIER_JOB_ENDS, {"i": image_id, "j": job_id, "n": limit}):
+        if status != "superseded" or code != "provider_config_mismatch":
+            break
+        count += 1
+    return count

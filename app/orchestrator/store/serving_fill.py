@@ -40,11 +40,21 @@ def fill_kind(models: list[dict[str, Any]]) -> str:
     return str(models[0].get("kind", "text")) if models else "text"
 
 
+# An image whose latest job failed with ``provider_config_mismatch`` (a worker on another
+# configuration claimed it, before such jobs were replanned — app/orchestrator/replan.py) may have
+# no context at all; a fill seeds it too, so a model change processes it instead of skipping it.
+_CONFIG_MISMATCH_FAILED = (
+    "coalesce((SELECT j.status = 'failed' AND j.error->>'code' = 'provider_config_mismatch' FROM processing_jobs j"
+    " WHERE j.scope_id = i.scope_id AND j.image_id = i.id ORDER BY j.revision DESC LIMIT 1), false)"
+)
+
+
 # The fill scans, one statement per kind: an image needs filling when it needs an embedding of the
 # kind (serving.NEEDS) and lacks a current one (serving.CURRENT) of one of the fill models
 # (``:models``: a JSON list of {model, dims, pv}).
 COUNT_NEEDING_FILL_TEXT = sql("""
-SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND i.metadata_hash IS NOT NULL
+SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u
+  AND (i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
   AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
               WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id
                                 AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash
@@ -52,7 +62,8 @@ SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND i
 """)
 
 COUNT_NEEDING_FILL_VISUAL = sql("""
-SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u AND i.context_status <> 'pending'
+SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u
+  AND (i.context_status <> 'pending' OR """ + _CONFIG_MISMATCH_FAILED + """)
   AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
               WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
                                 AND v.image_sha256 = i.sha256 AND v.model = fm.model AND v.dims = fm.dims
@@ -70,7 +81,7 @@ def count_needing_fill_txn(conn: Connection, scope_id: str, models: list[dict[st
 
 FILL_PAGE_TEXT = sql("""
 SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
-       (i.metadata_hash IS NOT NULL
+       ((i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
         AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
                     WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id
                                       AND t.image_id = i.id AND t.image_sha256 = i.sha256
@@ -83,7 +94,7 @@ ORDER BY i.created_at, i.id LIMIT :n
 
 FILL_PAGE_VISUAL = sql("""
 SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
-       (i.context_status <> 'pending'
+       ((i.context_status <> 'pending' OR """ + _CONFIG_MISMATCH_FAILED + """)
         AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
                     WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
                                       AND v.image_id = i.id AND v.image_sha256 = i.sha256

@@ -15,12 +15,12 @@ class DeterministicAgent:
 
     name = "deterministic"
 
-    def __init__(self, *, results_dir: str, **_: Any) -> None:
+    def __init__(self, *, results_dir: str, legacy_results_dir: str | None = None, **_: Any) -> None:
         if not results_dir:
             raise ValueError(
                 "deterministic agent needs results_dir (where attempt results are kept)"
             )
-        self.records = ResultRecords(results_dir)
+        self.records = ResultRecords(results_dir, legacy_dir=legacy_results_dir)
 
     def config(self) -> dict[str, Any]:
         """Identity of this fake agent."""

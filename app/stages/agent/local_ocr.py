@@ -31,17 +31,19 @@ class LocalOcrAgent:
     keyword arguments: ``det_model``, ``rec_model``, ``det_limit_type``, ...
 
     Writes each result to ``results_dir/<attempt_id>.json`` before returning it, so ``lookup``
-    can answer for attempts finished by a worker that died before committing.
+    can answer for attempts finished by a worker that died before committing — on any machine,
+    as ``results_dir`` is shared (``legacy_results_dir``: older versions' records, read only).
     """
 
     name = "local-ocr"
 
     def __init__(
-        self, *, results_dir: str, min_score: float = 0.5, max_tags: int = 10, **options: Any
+        self, *, results_dir: str, legacy_results_dir: str | None = None, min_score: float = 0.5,
+        max_tags: int = 10, **options: Any
     ):
         if not results_dir:
             raise ValueError("local-ocr agent needs results_dir (where attempt results are kept)")
-        self.records = ResultRecords(results_dir)
+        self.records = ResultRecords(results_dir, legacy_dir=legacy_results_dir)
         self.min_score = float(min_score)
         self.max_tags = int(max_tags)
         self.ocr = OcrSettings(**{k: v for k, v in options.items() if k in _OCR_FIELDS})

@@ -1,5 +1,10 @@
 """Durable per-attempt result records, so another process can adopt a finished local attempt.
 
+``results_dir`` is shared by every worker that may recover another's attempt (by default
+``<storage>/.agent-results``, next to the images every worker already shares): a record only one
+machine can read would turn another machine's recovery into ``unknown_execution``. Records that
+older versions kept under ``<var>/agent-results`` are still read from ``legacy_dir``.
+
 A record lives under its scope's storage namespace, ``results_dir/<namespace>/<attempt_id>.json``
 (the namespace of the claim's storage key, set by the worker around the agent call with
 :func:`in_namespace`; a call outside one writes to ``results_dir`` itself). It is needed only while
@@ -137,8 +142,11 @@ class ResultRecords:
     """``results_dir/<attempt_id>.json`` records, durable before ``write`` returns; concurrent
     writes share their fsyncs (group commit, see the module docstring)."""
 
-    def __init__(self, results_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, results_dir: str | os.PathLike[str], *, legacy_dir: str | os.PathLike[str] | None = None
+                 ) -> None:
         self.root = Path(results_dir)
+        # read only: where versions before the shared location wrote (this machine's var dir)
+        self.legacy = Path(legacy_dir) if legacy_dir else None
         self.flushes = 0  # how many flushes ran (observability, tests)
 
     @property
@@ -190,7 +198,12 @@ class ResultRecords:
     def read(self, attempt_id: str) -> AgentResult | None:
         """Return the recorded result, or None if this attempt never finished here."""
         check_attempt_id(attempt_id)
-        for directory in dict.fromkeys((self.results_dir, self.root)):  # the root: records of older versions
+        # the root: records of versions before namespaces; the legacy dir: before the shared location
+        directories = [self.results_dir, self.root]
+        if self.legacy is not None:
+            namespace = _NAMESPACE.get()
+            directories += [self.legacy / namespace, self.legacy] if namespace else [self.legacy]
+        for directory in dict.fromkeys(directories):
             try:
                 data = json.loads((directory / f"{attempt_id}.json").read_bytes())
             except FileNotFoundError:
