@@ -294,6 +294,12 @@ class Settings:
         if self.agent_async_completion not in AGENT_ASYNC_COMPLETION:
             raise SettingsError("MEMEFLOW_AGENT_ASYNC_COMPLETION must be 'off', 'local' or 'on', "
                                 f"got {self.agent_async_completion!r}")
+        if self.agent_async_completion == "on" and self.agent_provider == "openai-compatible" and not self.agent_lookup_url:
+            # A killed worker may hold several finished, paid results not yet committed; without a
+            # lookup the recovery cannot adopt them (unknown_execution), and a human retry pays again.
+            raise SettingsError("MEMEFLOW_AGENT_ASYNC_COMPLETION=on with the openai-compatible agent needs "
+                                "MEMEFLOW_AGENT_LOOKUP_URL (a killed worker's paid results could not be adopted); "
+                                "use 'off' or set the lookup URL")
         if self.worker_local_hints < 0:
             raise SettingsError("MEMEFLOW_WORKER_LOCAL_HINTS must be >= 0 (0 = publish every hint)")
         if self.local_threads < 0:

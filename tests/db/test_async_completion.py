@@ -119,6 +119,16 @@ def test_the_default_is_off_and_local_applies_to_a_local_agent_only():
     assert not Settings(agent_async_completion="off", **local).agent_completes_async
 
 
+def test_on_with_a_remote_agent_needs_its_lookup():
+    """Finished paid results queued for commit are adopted after a kill only through the lookup."""
+    remote = {"MEMEFLOW_AGENT_PROVIDER": "openai-compatible", "MEMEFLOW_AGENT_ASYNC_COMPLETION": "on"}
+    with pytest.raises(SettingsError, match="needs MEMEFLOW_AGENT_LOOKUP_URL"):
+        Settings.from_env(remote)
+    looked_up = Settings.from_env({**remote, "MEMEFLOW_AGENT_LOOKUP_URL": "http://127.0.0.1:9/lookup"})
+    assert looked_up.agent_completes_async
+    assert Settings.from_env({**remote, "MEMEFLOW_AGENT_ASYNC_COMPLETION": "off"}).agent_provider == "openai-compatible"
+
+
 def test_local_leaves_a_paid_agents_completion_synchronous(engine, settings, completer):
     s = settings.replace(agent_async_completion="local")  # the test agent is not a local one
     assert not s.agent_is_local
