@@ -234,3 +234,17 @@ def test_deeply_nested_json_is_400(client, unchanged):
         for body in deep:
             r = getattr(client, method)(path, data=body, content_type="application/json")
             assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())
+
+
+def test_a_json_integer_longer_than_int_converts_is_400(client, unchanged):
+    """json.loads raises a plain ValueError (not the JSONDecodeError webargs catches) for an
+    integer of more than 4300 digits: a 400, not a 500."""
+    big, some = "9" * 5000, uuid.uuid4()
+    for method, path, body in [
+        ("patch", f"/api/v1/images/{some}", f'{{"display_name": {big}}}'),
+        ("post", f"/api/v1/images/{some}/process", f'{{"force_stages": [{big}]}}'),
+        ("post", "/api/v1/batches", f'{{"all": true, "x": {big}}}'),
+        ("post", "/api/v1/webhooks", f'{{"url": "https://example.com/h", "n": -{big}}}'),
+    ]:
+        r = getattr(client, method)(path, data=body, content_type="application/json")
+        assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())
