@@ -13,6 +13,7 @@ from sqlalchemy import text
 from app.api import create_app
 from app.auth import LocalScopeResolver
 from tests.api.conftest import png_bytes, upload
+from tests.unit.stages.test_images import truncated_animated_gif
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -45,6 +46,8 @@ def unchanged(engine, settings):
 UPLOAD_CASES = [
     ("zero bytes", b"", {}, 422, "invalid_image"),
     ("truncated png", png_bytes()[:40], {}, 422, "invalid_image"),
+    # its first frame decodes, but the pipeline's decoder counts every frame (and fails)
+    ("truncated animated gif", truncated_animated_gif(), {}, 422, "invalid_image"),
     ("text named .png", b"hello, I am not an image\n" * 4, {}, 415, "unsupported_media_type"),
     ("png bomb", png_bomb(), {}, 422, "invalid_image"),
     ("bad policy", png_bytes(), {"reverse_image_policy": "always"}, 422, "invalid_reverse_image_policy"),
