@@ -195,3 +195,46 @@ def _documents_per_call(engine, calls: list[list[int]]) -> list[list[str]]:
     by_length = {len(r["document"]): r["document"] for r in _rows(engine, "SELECT document FROM text_embeddings")}
     assert len(by_length) == 8
     return [[by_length[n] for n in sizes] for sizes in calls]
+
+
+# --- output the database refuses: the item's own failure, not its batch's ----------------------
+
+
+def test_an_unstorable_openai_compatible_answer_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
+        engine, settings):
+    """A remote agent batch of two paid calls; the answer for the poisoned image holds NUL in its
+    title. The parser refuses it (agent_bad_output, that task alone); the other answer lands."""
+    from tests.unit.stages.test_openai_compatible import FakeServer
+
+    fake = FakeServer()
+    fake.thread.start()
+    try:
+        settings = settings.replace(agent_provider="openai-compatible", agent_base_url=f"{fake.url}/poisoned/v1",
+                                    agent_model="test-vlm", agent_timeout_s=5, agent_batch_size=2)
+        orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+        providers = Providers(settings)
+        _ingest(orch, pub, "tenant-a", 1)
+        _ingest(orch, pub, "tenant-a", 2, POISONED)
+        _run(orch, providers, pub, {"visual"})
+        assert _run(orch, providers, pub, {"agent"})[0] == 2  # both paid calls in one batch
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+    assert len(fake.requests) == 2
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+
+
+def _assert_agent_batch_mate_kept(engine, is_bad) -> None:
+    """One agent task failed (agent_bad_output, its attempt closed as failed), the other succeeded,
+    its context written; neither is left running or unknown."""
+    tasks = _rows(engine, "SELECT i.width, i.context, t.status, t.attempt_count, t.error, a.state"
+                          " FROM tasks t JOIN images i ON i.id = t.image_id"
+                          " JOIN task_attempts a ON a.task_id = t.id WHERE t.lane = 'agent'")
+    bad = [t for t in tasks if is_bad(t)]
+    good = [t for t in tasks if not is_bad(t)]
+    assert len(bad) == 1 and len(good) == 1, tasks
+    assert (bad[0]["status"], bad[0]["attempt_count"], bad[0]["error"]["code"], bad[0]["state"]) \
+        == ("failed", 1, "agent_bad_output", "failed")
+    assert bad[0]["context"] is None
+    assert (good[0]["status"], good[0]["attempt_count"], good[0]["error"]) == ("succeeded", 1, None)
+    assert good[0]["context"]["title"] and good[0]["state"] == "completed"
