@@ -200,6 +200,34 @@ def _documents_per_call(engine, calls: list[list[int]]) -> list[list[str]]:
 # --- output the database refuses: the item's own failure, not its batch's ----------------------
 
 
+def test_a_vector_the_database_refuses_fails_its_own_item_only(engine, settings):
+    """A NaN vector for one image of a mixed-scope batch: that task fails (provider_bad_output,
+    permanent), the six others succeed on their first attempt — the completion is not aborted."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonVectorVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "provider_bad_output"
+    assert [len(sizes) for _, sizes, _ in poison.CALLS] == [7]  # one provider call, no bisection
+
+
+def test_a_document_vector_past_float4_fails_only_its_task(engine, settings):
+    """1e39 is a finite float but overflows pgvector's float4: the poisoned document fails alone."""
+    settings = settings.replace(text_provider="tests.support.poison:PoisonVectorText", text_document_version="1")
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    for i, scope in enumerate(["tenant-a"] * 3 + ["tenant-b"] * 2):
+        _ingest(orch, pub, scope, 40 + i, display_name=f"meme {i}")
+    _ingest(orch, pub, "tenant-b", 50, display_name=f"{poison.POISON_WORD} meme")
+    _run(orch, providers, pub, {"visual", "agent"})
+    assert sum(_run(orch, providers, pub, {"embedding"})) == 6
+    tasks = _rows(engine, "SELECT i.display_name, t.status, t.attempt_count, t.error FROM tasks t"
+                          " JOIN images i ON i.id = t.image_id WHERE t.lane = 'embedding'")
+    good = [t for t in tasks if poison.POISON_WORD not in t["display_name"]]
+    bad = [t for t in tasks if poison.POISON_WORD in t["display_name"]]
+    assert [(t["status"], t["attempt_count"], t["error"]) for t in good] == [("succeeded", 1, None)] * 5
+    assert [(t["status"], t["attempt_count"], t["error"]["code"]) for t in bad] == [("failed", 1, "provider_bad_output")]
+    assert _rows(engine, "SELECT count(*) AS n FROM text_embeddings")[0]["n"] == 5
+
+
 def test_an_unstorable_openai_compatible_answer_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
         engine, settings):
     """A remote agent batch of two paid calls; the answer for the poisoned image holds NUL in its
