@@ -252,6 +252,20 @@ def test_an_unstorable_openai_compatible_answer_fails_alone_and_its_batch_mate_k
     _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
 
 
+def test_an_agent_answer_the_database_refuses_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
+        engine, settings):
+    """A provider whose answer holds NUL (no parser of its own caught it): the batch's completion
+    is refused, so each claim is completed alone — the good answer lands, the bad one fails."""
+    settings = settings.replace(agent_provider="tests.support.poison:PoisonOutputAgent", agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 1)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    assert _run(orch, providers, pub, {"agent"})[0] == 2  # both paid calls in one batch
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+
+
 def _assert_agent_batch_mate_kept(engine, is_bad) -> None:
     """One agent task failed (agent_bad_output, its attempt closed as failed), the other succeeded,
     its context written; neither is left running or unknown."""

@@ -14,6 +14,7 @@ import json
 import os
 import threading
 
+from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.errors import PermanentError
 from app.stages.images import DecodedImage
 from app.stages.text.deterministic import DeterministicTextProvider
@@ -102,3 +103,14 @@ class PoisonVectorText(DeterministicTextProvider):
         _record("embedding", [len(d) for d in documents], True)
         vectors = super().embed(documents)
         return [[1e39, *v[1:]] if POISON_WORD in d else v for d, v in zip(documents, vectors, strict=True)]
+
+
+class PoisonOutputAgent(DeterministicAgent):
+    """Answers a poisoned image with a title holding NUL, which no text or jsonb column stores
+    (a provider without the openai-compatible parser's checks)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["title"] = "poisoned \x00 title"
+        return result
