@@ -199,6 +199,10 @@ def register_error_handlers(app: Flask) -> None:
         if isinstance(exc, RecursionError) and _raised_in_json_decoder(exc):
             # json.loads (Flask's get_json and webargs alike) only catches ValueError
             return error_response(400, "invalid_json", "the JSON body is nested too deeply")
+        if isinstance(exc, ValueError) and _raised_in_json_decoder(exc):
+            # an integer of more digits than int() converts (4300): json.loads raises a plain
+            # ValueError, and webargs catches only its JSONDecodeError
+            return error_response(400, "invalid_json", "request body is not valid JSON")
         if isinstance(exc, BODY_READ_ERRORS):  # the server could not read the body the client sent
             log.warning("unreadable request body: %s", exc)
             return error_response(400, "invalid_body", "the request body could not be read (bad framing)")

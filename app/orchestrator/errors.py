@@ -73,6 +73,13 @@ class QuotaExceeded(OrchestratorError):
     status = 403
 
 
+class UnstorableResult(OrchestratorError):
+    """A completion held a value PostgreSQL refuses to store; its transaction wrote nothing."""
+
+    code = "unstorable_result"
+    status = 500  # a worker-side condition: the worker fails the item it belongs to, never the API
+
+
 class RateLimited(OrchestratorError):
     """Too many requests in this minute; ``details['retry_after']`` seconds until the window ends."""
 

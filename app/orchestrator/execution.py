@@ -8,13 +8,14 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
 from app import metrics
 from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
 from app.orchestrator import grants, lanes, stages
 from app.orchestrator.advance import advance_jobs_txn
+from app.orchestrator.errors import UnstorableResult
 from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import lane_batch_budget
 from app.orchestrator.retry import decide_retry
@@ -42,6 +43,21 @@ def retry_on_disconnect(fn):
                 raise
             log.warning("database connection lost; retrying once", extra={"code": fn.__name__})
             return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def refused_values_are_unstorable(fn):
+    """Raise :class:`UnstorableResult` when the transaction failed on a value of the results that
+    PostgreSQL refuses (DataError: a NUL in text, a malformed vector) or that cannot be encoded for
+    it (a lone surrogate); the transaction rolled back, so nothing of it was written."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (DataError, UnicodeEncodeError) as exc:
+            raise UnstorableResult(f"a result could not be stored: {type(exc).__name__}") from exc
 
     return wrapper
 
@@ -250,6 +266,7 @@ def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation:
 
 
 @retry_on_disconnect
+@refused_values_are_unstorable
 def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_out: list[Claim] | None = None) -> list[Hint]:
     """Fenced completion of several claims of one lane in one transaction, set-based. ``landed_out``
     receives, once the transaction committed, the claims whose completion landed (not fenced out).
@@ -258,6 +275,8 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
     rejection count, and the others still land. Images are locked in id order, once, before any
     job — the lock order every writer follows. One statement finishes every task with the stages
     waiting on it, one writes the embeddings, and the jobs advance together (``advance_jobs_txn``).
+    A value PostgreSQL refuses rolls the whole transaction back: :class:`UnstorableResult` (the
+    worker then completes the claims one by one, ``app.worker.run.complete_isolated``).
     """
     if not results:
         return []

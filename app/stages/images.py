@@ -82,12 +82,17 @@ def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
         raise PermanentError(f"cannot decode image: {exc}", code="invalid_image") from exc
 
 
+def _frames(im: Image.Image) -> tuple[bool, int]:
+    """(animated, frame count) of an open image. Counting a GIF's frames walks every frame's
+    header, so a file cut short after its first frame fails here (inside ``_opened``: invalid_image)."""
+    return bool(getattr(im, "is_animated", False)), int(getattr(im, "n_frames", 1))
+
+
 def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> DecodedImage:
     """Decode and fully load ``data``; raise PermanentError(code="invalid_image") on any bad input
     (the checks of :func:`_opened`)."""
     with _opened(data, max_pixels) as (im, media_type):
-        animated = bool(getattr(im, "is_animated", False))
-        frame_count = int(getattr(im, "n_frames", 1))
+        animated, frame_count = _frames(im)
         im.seek(0)
         im.load()
         # exif_transpose returns a new image (transposed, or a copy): _to_rgb need not copy it again
@@ -118,6 +123,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[i
     with _opened(data, max_pixels) as (im, media_type):
         width, height = im.size
         orientation = im.getexif().get(_ORIENTATION)
+        _frames(im)  # as decode_image counts them: a GIF whose later frames are cut short fails both
         im.seek(0)
         if media_type == "image/jpeg":
             im.draft(im.mode, ((width + 7) // 8, (height + 7) // 8))

@@ -27,7 +27,12 @@ class CsrfRejected(Exception):
 
 
 def _origin_of(url: str) -> str | None:
-    parts = urlsplit(url)
+    """The origin ``url`` names; None when it names none (no scheme or host, or unparsable —
+    ``http://[`` — which is then no match for this server's origin either)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
     if not parts.scheme or not parts.netloc:
         return None
     return f"{parts.scheme}://{parts.netloc}".lower()

@@ -63,6 +63,32 @@ def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], la
     return [as_stage_error(v) if isinstance(v, BaseException) else v for v in vectors]
 
 
+#: The largest magnitude a pgvector element (a float4) holds; a larger finite float overflows it.
+_FLOAT4_MAX = 3.4028234663852886e38
+
+
+def _storable_element(x: float) -> bool:
+    return abs(x) <= _FLOAT4_MAX  # False for NaN and the infinities too
+
+
+def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
+    """A provider's vector for one item as floats, or the PermanentError that fails that item
+    alone: a vector pgvector refuses (NaN, infinite, beyond float4, not ``dims`` long) would
+    otherwise abort the completion transaction of its whole batch (SPEC §10)."""
+    if isinstance(vector, StageError):
+        return vector
+    values = None
+    if not isinstance(vector, str | bytes):  # iterable, but never a vector
+        try:
+            values = [float(x) for x in vector]
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if values is None or len(values) != dims or not all(map(_storable_element, values)):
+        return PermanentError(f"the provider returned an invalid vector (not {dims} finite numbers)",
+                              code="provider_bad_output")
+    return values
+
+
 def load_image(settings: Settings, claim: Claim) -> DecodedImage:
     path = settings.storage_path / claim.storage_key
     try:
@@ -108,10 +134,12 @@ def execute_visual_batch(
         except StageError as exc:
             out[i] = exc
     if todo:
+        dims = int(cfg["dims"])
         vectors = embed_isolated(providers.visual.embed, [img for _, img in todo], "visual")
         for (i, _), vector in zip(todo, vectors, strict=True):
-            out[i] = vector if isinstance(vector, StageError) else VisualArtifact(
-                [float(x) for x in vector], cfg["model"], cfg["preprocess_version"], int(cfg["dims"]))
+            checked = checked_vector(vector, dims)
+            out[i] = checked if isinstance(checked, StageError) else VisualArtifact(
+                checked, cfg["model"], cfg["preprocess_version"], dims)
         if orch is not None:
             extras = orch.visual_extra_models([claims[i] for i, _ in todo])
             if extras:
@@ -141,11 +169,11 @@ def _embed_extra_visual(providers: Providers, claims: list[Claim], images: dict[
             continue
         vectors = embed_isolated(provider.embed, [images[i] for i in indexes], "visual")
         for i, v in zip(indexes, vectors, strict=True):
-            current = out[i]
-            if isinstance(v, StageError):
-                out[i] = v
+            current, checked = out[i], checked_vector(v, key[1])
+            if isinstance(checked, StageError):
+                out[i] = checked
             elif isinstance(current, VisualArtifact):
-                extra = VisualArtifact([float(x) for x in v], key[0], str(key[2]), key[1])
+                extra = VisualArtifact(checked, key[0], str(key[2]), key[1])
                 out[i] = dataclasses.replace(current, extra=(*current.extra, extra))
 
 
@@ -212,11 +240,12 @@ def execute_text_batch(
         except StageError as exc:
             out[i] = exc
     if todo:
+        dims = int(cfg["dims"])
         vectors = embed_isolated(providers.text.embed, [doc for _, doc, _ in todo], "embedding")
         for (i, doc, mhash), v in zip(todo, vectors, strict=True):
-            out[i] = v if isinstance(v, StageError) else TextArtifact(
-                [float(x) for x in v], cfg["model"], int(cfg["dims"]), doc, str(cfg.get("document_version", "1")),
-                mhash)
+            checked = checked_vector(v, dims)
+            out[i] = checked if isinstance(checked, StageError) else TextArtifact(
+                checked, cfg["model"], dims, doc, str(cfg.get("document_version", "1")), mhash)
         _embed_extra_models(providers, claims, inputs, cfg, out)
     return out  # type: ignore[return-value]
 
@@ -249,11 +278,11 @@ def _embed_extra_models(providers: Providers, claims: list[Claim], inputs: dict,
             docs.append(semantic_document(info["display_name"], info["context"], version))
         vectors = embed_isolated(provider.embed, docs, "embedding")
         for i, doc, v in zip(indexes, docs, vectors, strict=True):
-            current = out[i]
-            if isinstance(v, StageError):
-                out[i] = v
+            current, checked = out[i], checked_vector(v, dims)
+            if isinstance(checked, StageError):
+                out[i] = checked
             elif isinstance(current, TextArtifact):
-                extra = TextArtifact([float(x) for x in v], model, dims, doc, version, current.metadata_hash)
+                extra = TextArtifact(checked, model, dims, doc, version, current.metadata_hash)
                 out[i] = dataclasses.replace(current, extra=(*current.extra, extra))
 
 

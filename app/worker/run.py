@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from app import metrics
 from app.db.enums import Lane
+from app.orchestrator.errors import UnstorableResult
 from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.lanes import lane_batch_size
 from app.orchestrator.service import Orchestrator
@@ -23,7 +24,7 @@ from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.types import Claim
 from app.stages import cpu
 from app.stages.agent import records
-from app.stages.errors import StageError
+from app.stages.errors import PermanentError, StageError
 from app.stages.providers import Providers
 from app.worker import executor
 
@@ -413,7 +414,7 @@ def _finish_agent_batch(orch: Orchestrator, claims: list[Claim], results: list, 
     hb.__exit__(None, None, None)  # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if r is not None and not isinstance(r, StageError)]
     landed: list[Claim] = []
-    hints = orch.complete_tasks(done, landed) if done else []
+    hints = complete_isolated(orch, done, landed)
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
@@ -455,12 +456,39 @@ def run_batch(
         results = _compute_isolated(orch, lane, claims, providers)
     # terminal writes after the heartbeat stopped (see execute_claim)
     done = [(c, r) for c, r in zip(claims, results, strict=True) if not isinstance(r, StageError)]
-    hints = orch.complete_tasks(done) if done else []
+    hints = complete_isolated(orch, done)
     for claim, result in zip(claims, results, strict=True):
         if isinstance(result, StageError):
             hints += orch.fail_task(claim, result)
     publisher.publish(hints)
     return len(claims)
+
+
+#: The code of a result the database refused, by lane: the provider's output was bad.
+_UNSTORABLE_CODE = {Lane.AGENT: "agent_bad_output"}
+
+
+def complete_isolated(orch: Orchestrator, done: list[tuple[Claim, object]],
+                      landed: list[Claim] | None = None) -> list[Hint]:
+    """``orch.complete_tasks(done, landed)``; should the database refuse a value of one result
+    (``UnstorableResult``: the transaction wrote nothing), each claim is completed alone, and the
+    one refused fails with its provider's bad output — never its batch-mates (SPEC §10), whose
+    results (an agent's paid answer) are kept. The providers' checks keep such values out
+    (``executor.checked_vector``, the agents' parsers); this is the net behind them."""
+    if not done:
+        return []
+    try:
+        return orch.complete_tasks(done, landed)
+    except UnstorableResult as exc:
+        if len(done) == 1:
+            claim = done[0][0]
+            log.warning("the database refused a %s result", claim.lane, extra={"task_id": claim.task_id},
+                        exc_info=exc)
+            return orch.fail_task(claim, PermanentError(
+                "the provider's output cannot be stored", code=_UNSTORABLE_CODE.get(claim.lane, "provider_bad_output")))
+        log.warning("the database refused a value of a %s batch of %d; completing each alone",
+                    done[0][0].lane, len(done))
+    return [hint for item in done for hint in complete_isolated(orch, [item], landed)]
 
 
 def _compute_isolated(orch: Orchestrator, lane: str, claims: list[Claim], providers: Providers) -> list:

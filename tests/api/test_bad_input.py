@@ -13,6 +13,7 @@ from sqlalchemy import text
 from app.api import create_app
 from app.auth import LocalScopeResolver
 from tests.api.conftest import png_bytes, upload
+from tests.unit.stages.test_images import truncated_animated_gif
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -45,6 +46,8 @@ def unchanged(engine, settings):
 UPLOAD_CASES = [
     ("zero bytes", b"", {}, 422, "invalid_image"),
     ("truncated png", png_bytes()[:40], {}, 422, "invalid_image"),
+    # its first frame decodes, but the pipeline's decoder counts every frame (and fails)
+    ("truncated animated gif", truncated_animated_gif(), {}, 422, "invalid_image"),
     ("text named .png", b"hello, I am not an image\n" * 4, {}, 415, "unsupported_media_type"),
     ("png bomb", png_bomb(), {}, 422, "invalid_image"),
     ("bad policy", png_bytes(), {"reverse_image_policy": "always"}, 422, "invalid_reverse_image_policy"),
@@ -234,3 +237,17 @@ def test_deeply_nested_json_is_400(client, unchanged):
         for body in deep:
             r = getattr(client, method)(path, data=body, content_type="application/json")
             assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())
+
+
+def test_a_json_integer_longer_than_int_converts_is_400(client, unchanged):
+    """json.loads raises a plain ValueError (not the JSONDecodeError webargs catches) for an
+    integer of more than 4300 digits: a 400, not a 500."""
+    big, some = "9" * 5000, uuid.uuid4()
+    for method, path, body in [
+        ("patch", f"/api/v1/images/{some}", f'{{"display_name": {big}}}'),
+        ("post", f"/api/v1/images/{some}/process", f'{{"force_stages": [{big}]}}'),
+        ("post", "/api/v1/batches", f'{{"all": true, "x": {big}}}'),
+        ("post", "/api/v1/webhooks", f'{{"url": "https://example.com/h", "n": -{big}}}'),
+    ]:
+        r = getattr(client, method)(path, data=body, content_type="application/json")
+        assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (path, r.get_json())

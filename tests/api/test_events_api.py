@@ -51,8 +51,11 @@ def test_invalid_query_is_422(client, query):
         assert resp.get_json()["error"] == "invalid_after"
 
 
-def test_invalid_last_event_id_is_422(client):
-    resp = client.get("/api/v1/events", headers={"Accept": "text/event-stream", "Last-Event-ID": "x1"})
+# '²' travels as one latin-1 byte (0xB2) in a header: str.isdigit() says True, int() refuses it;
+# 5000 digits are more than int() converts
+@pytest.mark.parametrize("value", ["x1", "²", "1²", "³", "9" * 5000, str(2**63)])
+def test_invalid_last_event_id_is_422(client, value):
+    resp = client.get("/api/v1/events", headers={"Accept": "text/event-stream", "Last-Event-ID": value})
     assert resp.status_code == 422 and resp.get_json()["error"] == "invalid_after"
 
 

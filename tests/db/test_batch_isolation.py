@@ -195,3 +195,88 @@ def _documents_per_call(engine, calls: list[list[int]]) -> list[list[str]]:
     by_length = {len(r["document"]): r["document"] for r in _rows(engine, "SELECT document FROM text_embeddings")}
     assert len(by_length) == 8
     return [[by_length[n] for n in sizes] for sizes in calls]
+
+
+# --- output the database refuses: the item's own failure, not its batch's ----------------------
+
+
+def test_a_vector_the_database_refuses_fails_its_own_item_only(engine, settings):
+    """A NaN vector for one image of a mixed-scope batch: that task fails (provider_bad_output,
+    permanent), the six others succeed on their first attempt — the completion is not aborted."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonVectorVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "provider_bad_output"
+    assert [len(sizes) for _, sizes, _ in poison.CALLS] == [7]  # one provider call, no bisection
+
+
+def test_a_document_vector_past_float4_fails_only_its_task(engine, settings):
+    """1e39 is a finite float but overflows pgvector's float4: the poisoned document fails alone."""
+    settings = settings.replace(text_provider="tests.support.poison:PoisonVectorText", text_document_version="1")
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    for i, scope in enumerate(["tenant-a"] * 3 + ["tenant-b"] * 2):
+        _ingest(orch, pub, scope, 40 + i, display_name=f"meme {i}")
+    _ingest(orch, pub, "tenant-b", 50, display_name=f"{poison.POISON_WORD} meme")
+    _run(orch, providers, pub, {"visual", "agent"})
+    assert sum(_run(orch, providers, pub, {"embedding"})) == 6
+    tasks = _rows(engine, "SELECT i.display_name, t.status, t.attempt_count, t.error FROM tasks t"
+                          " JOIN images i ON i.id = t.image_id WHERE t.lane = 'embedding'")
+    good = [t for t in tasks if poison.POISON_WORD not in t["display_name"]]
+    bad = [t for t in tasks if poison.POISON_WORD in t["display_name"]]
+    assert [(t["status"], t["attempt_count"], t["error"]) for t in good] == [("succeeded", 1, None)] * 5
+    assert [(t["status"], t["attempt_count"], t["error"]["code"]) for t in bad] == [("failed", 1, "provider_bad_output")]
+    assert _rows(engine, "SELECT count(*) AS n FROM text_embeddings")[0]["n"] == 5
+
+
+def test_an_unstorable_openai_compatible_answer_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
+        engine, settings):
+    """A remote agent batch of two paid calls; the answer for the poisoned image holds NUL in its
+    title. The parser refuses it (agent_bad_output, that task alone); the other answer lands."""
+    from tests.unit.stages.test_openai_compatible import FakeServer
+
+    fake = FakeServer()
+    fake.thread.start()
+    try:
+        settings = settings.replace(agent_provider="openai-compatible", agent_base_url=f"{fake.url}/poisoned/v1",
+                                    agent_model="test-vlm", agent_timeout_s=5, agent_batch_size=2)
+        orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+        providers = Providers(settings)
+        _ingest(orch, pub, "tenant-a", 1)
+        _ingest(orch, pub, "tenant-a", 2, POISONED)
+        _run(orch, providers, pub, {"visual"})
+        assert _run(orch, providers, pub, {"agent"})[0] == 2  # both paid calls in one batch
+    finally:
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
+    assert len(fake.requests) == 2
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+
+
+def test_an_agent_answer_the_database_refuses_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
+        engine, settings):
+    """A provider whose answer holds NUL (no parser of its own caught it): the batch's completion
+    is refused, so each claim is completed alone — the good answer lands, the bad one fails."""
+    settings = settings.replace(agent_provider="tests.support.poison:PoisonOutputAgent", agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 1)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    assert _run(orch, providers, pub, {"agent"})[0] == 2  # both paid calls in one batch
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+
+
+def _assert_agent_batch_mate_kept(engine, is_bad) -> None:
+    """One agent task failed (agent_bad_output, its attempt closed as failed), the other succeeded,
+    its context written; neither is left running or unknown."""
+    tasks = _rows(engine, "SELECT i.width, i.context, t.status, t.attempt_count, t.error, a.state"
+                          " FROM tasks t JOIN images i ON i.id = t.image_id"
+                          " JOIN task_attempts a ON a.task_id = t.id WHERE t.lane = 'agent'")
+    bad = [t for t in tasks if is_bad(t)]
+    good = [t for t in tasks if not is_bad(t)]
+    assert len(bad) == 1 and len(good) == 1, tasks
+    assert (bad[0]["status"], bad[0]["attempt_count"], bad[0]["error"]["code"], bad[0]["state"]) \
+        == ("failed", 1, "agent_bad_output", "failed")
+    assert bad[0]["context"] is None
+    assert (good[0]["status"], good[0]["attempt_count"], good[0]["error"]) == ("succeeded", 1, None)
+    assert good[0]["context"]["title"] and good[0]["state"] == "completed"

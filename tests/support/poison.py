@@ -1,4 +1,5 @@
-"""Providers that fail on one poisoned input, for the batch-isolation tests. Loaded by the
+"""Providers that fail on one poisoned input (or answer it with output the database refuses), for
+the batch-isolation tests. Loaded by the
 registry's ``module:Class`` names (``MEMEFLOW_VISUAL_PROVIDER=tests.support.poison:…``), so an
 in-process orchestrator test and a Celery worker process load them the same way.
 
@@ -13,6 +14,7 @@ import json
 import os
 import threading
 
+from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.errors import PermanentError
 from app.stages.images import DecodedImage
 from app.stages.text.deterministic import DeterministicTextProvider
@@ -82,3 +84,33 @@ class PoisonBatchText(DeterministicTextProvider):
         if poisoned:
             raise PermanentError(f"the model rejected a call of {len(documents)} documents", code="poisoned_document")
         return super().embed(documents)
+
+
+class PoisonVectorVisual(DeterministicVisualProvider):
+    """Answers a poisoned image with a NaN vector (as a broken model would): orjson writes NaN as
+    null, which pgvector refuses."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [[float("nan")] * len(v) if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
+class PoisonVectorText(DeterministicTextProvider):
+    """Answers a poisoned document with a vector holding 1e39: a finite float, past float4's range."""
+
+    def embed(self, documents: list[str]):
+        _record("embedding", [len(d) for d in documents], True)
+        vectors = super().embed(documents)
+        return [[1e39, *v[1:]] if POISON_WORD in d else v for d, v in zip(documents, vectors, strict=True)]
+
+
+class PoisonOutputAgent(DeterministicAgent):
+    """Answers a poisoned image with a title holding NUL, which no text or jsonb column stores
+    (a provider without the openai-compatible parser's checks)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["title"] = "poisoned \x00 title"
+        return result

@@ -79,6 +79,10 @@ def test_sign_in_form_is_csrf_protected(make_app, engine, token_for):
     foreign = client.post("/login", data={"csrf_token": csrf, "token": token}, headers={"Origin": "http://evil.example"})
     missing = client.post("/login", data={"token": token}, headers={"Origin": SAME_ORIGIN})
     assert foreign.status_code == 403 and missing.status_code == 403
+    # an Origin or Referer that does not parse names no origin, so not this one
+    for unparsable in ({"Origin": "http://["}, {"Referer": "http://[::1/x"}):
+        resp = client.post("/login", data={"csrf_token": csrf, "token": token}, headers=unparsable)
+        assert resp.status_code == 403, unparsable
     assert _sessions(engine) == []
 
 
@@ -160,6 +164,7 @@ def test_sign_out_from_another_site_is_refused(make_app, engine, token_for):
     _sign_in(client, token)
     csrf = page_csrf_token(client.get("/ops").get_data(as_text=True))
     assert client.post("/logout", data={"csrf_token": csrf}, headers={"Origin": "http://evil.example"}).status_code == 403
+    assert client.post("/logout", data={"csrf_token": csrf}, headers={"Origin": "http://["}).status_code == 403
     assert len(_sessions(engine)) == 1
 
 

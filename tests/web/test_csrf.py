@@ -36,6 +36,8 @@ REFUSED = {
     "Origin null": lambda tok: ({"csrf_token": tok}, {"Origin": "null"}),
     "foreign Referer, no Origin": lambda tok: ({"csrf_token": tok}, {"Referer": "http://evil.example/x"}),
     "neither Origin nor Referer": lambda tok: ({"csrf_token": tok}, {}),
+    "unparsable Origin": lambda tok: ({"csrf_token": tok}, {"Origin": "http://["}),
+    "unparsable Referer, no Origin": lambda tok: ({"csrf_token": tok}, {"Referer": "http://[::1/x"}),
     "cross-site fetch metadata": lambda tok: ({"csrf_token": tok}, {"Origin": SAME_ORIGIN,
                                                                   "Sec-Fetch-Site": "same-site"}),
     "no token": lambda tok: ({}, {"Origin": SAME_ORIGIN}),

@@ -63,9 +63,11 @@ def test_the_api_takes_the_session_only_from_this_sites_page(make_app, token_for
     # the same cookie from anywhere else: as if there were none
     for foreign in ({"Sec-Fetch-Site": "same-site", "Referer": "http://localhost:8080/"},
                     {"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://evil.example"},
-                    {"Referer": "http://localhost:8080/x"}, {}):
-        refused = client.get("/api/v1/images", headers=foreign)
-        assert refused.status_code == 401 and refused.get_json()["error"] == "unauthorized", foreign
+                    {"Referer": "http://localhost:8080/x"}, {},
+                    {"Origin": "http://["}, {"Referer": "http://[::1/x"}):  # unparsable: no origin at all
+        for path in ("/api/v1/images", "/api/v1/events"):
+            refused = client.get(path, headers=foreign)
+            assert refused.status_code == 401 and refused.get_json()["error"] == "unauthorized", (path, foreign)
     # writes also need the session's CSRF secret in X-CSRF-Token
     write = {"Origin": SAME_ORIGIN, "Sec-Fetch-Site": "same-origin"}
     for headers in ({}, {"X-CSRF-Token": "wrong"}):

@@ -25,6 +25,7 @@ import base64
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ from app.stages.images import DecodedImage
 
 VERSION = "openai-compatible-v1"
 _MAX_LEN = {"title": 200, "description": 4000, "ocr_text": 20000}
+# NUL and UTF-16 surrogates (a JSON "\ud800" escape decodes to one): PostgreSQL stores neither in
+# text or jsonb, and a completion that tried would fail its whole batch (as app.api.schemas.Text)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_MAX_ID_LEN = 200
 _MAX_TAGS, _MAX_TAG_LEN = 30, 64
 _FENCE = "```"
 READ_CHUNK = 64 * 1024
@@ -87,9 +92,10 @@ def parse_context(content: str) -> dict[str, Any]:
     context: dict[str, Any] = {}
     for key, limit in _MAX_LEN.items():
         value = data.get(key)
-        if not isinstance(value, str) or len(value) > limit:
+        if not isinstance(value, str) or len(value) > limit or _UNSTORABLE.search(value):
             raise PermanentError(
-                f"agent answer: {key!r} must be a string of at most {limit} characters",
+                f"agent answer: {key!r} must be a string of at most {limit} characters, without NUL "
+                "or unpaired surrogates",
                 code="agent_bad_output",
             )
         context[key] = value.strip()
@@ -97,10 +103,12 @@ def parse_context(content: str) -> dict[str, Any]:
     if (
         not isinstance(tags, list)
         or len(tags) > _MAX_TAGS
-        or not all(isinstance(t, str) and 0 < len(t.strip()) <= _MAX_TAG_LEN for t in tags)
+        or not all(isinstance(t, str) and 0 < len(t.strip()) <= _MAX_TAG_LEN and not _UNSTORABLE.search(t)
+                   for t in tags)
     ):
         raise PermanentError(
-            f"agent answer: 'tags' must be a list of at most {_MAX_TAGS} non-empty strings",
+            f"agent answer: 'tags' must be a list of at most {_MAX_TAGS} non-empty strings, without NUL "
+            "or unpaired surrogates",
             code="agent_bad_output",
         )
     context["tags"] = list(dict.fromkeys(t.strip().lower() for t in tags))
@@ -118,9 +126,15 @@ def parse_completion(body: Any) -> tuple[dict[str, Any], str | None, str | None]
         ) from exc
     if not isinstance(content, str):
         raise PermanentError("choices[0].message.content is not a string", code="agent_bad_output")
-    model = body.get("model") if isinstance(body.get("model"), str) else None
-    completion_id = body.get("id") if isinstance(body.get("id"), str) else None
-    return parse_context(content), model, completion_id
+    return parse_context(content), _storable_id(body.get("model")), _storable_id(body.get("id"))
+
+
+def _storable_id(value: Any) -> str | None:
+    """A provider-chosen name (model, completion or request id) fit to store, else None (the
+    caller falls back to its own): a name is provenance, not a reason to fail a paid answer."""
+    if isinstance(value, str) and 0 < len(value) <= _MAX_ID_LEN and not _UNSTORABLE.search(value):
+        return value
+    return None
 
 
 def _sent_nothing(exc: requests.ConnectionError) -> bool:
@@ -340,7 +354,7 @@ class OpenAICompatibleAgent:
             raise PermanentError("the agent's response body is not JSON", code="agent_bad_output") from exc
         context, model, completion_id = parse_completion(payload)
         context["facts"] = visual_facts(image) if image is not None else {}
-        request_id = answer.headers.get("x-request-id") or completion_id
+        request_id = _storable_id(answer.headers.get("x-request-id")) or completion_id
         return AgentResult(context=context, model=model or self.model, request_id=request_id)
 
     def lookup(self, attempt_id: str, *, image: DecodedImage | None = None) -> LookupResult:

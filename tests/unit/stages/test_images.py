@@ -72,9 +72,16 @@ def _truncated_png() -> bytes:
     return data[: len(data) // 2]
 
 
+def truncated_animated_gif() -> bytes:
+    """Three frames, the last one cut short: the first frame decodes, counting the frames fails."""
+    frames = [Image.new("RGB", (8, 8), (i * 40, 0, 0)) for i in range(3)]
+    return encode(frames[0], "GIF", save_all=True, append_images=frames[1:])[:-20]
+
+
 BAD_INPUTS = {
     "zero_bytes": lambda: b"",
     "truncated_png": _truncated_png,
+    "truncated_animated_gif": truncated_animated_gif,
     "bomb_30000x30000": lambda: _png_header_claiming(30000, 30000),
     "text_file": lambda: b"hello, this is not an image\n",
     "png_magic_then_garbage": lambda: b"\x89PNG\r\n\x1a\n" + b"garbage" * 10,

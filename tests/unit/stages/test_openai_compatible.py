@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
+import io
 import json
 import socket
 import threading
@@ -15,6 +17,7 @@ from PIL import Image
 
 from app.stages.agent.openai_compatible import OpenAICompatibleAgent, parse_context, unfence
 from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError
+from tests.support.poison import POISON_WIDTH
 
 from .helpers import decoded
 
@@ -30,6 +33,8 @@ GOOD_CONTEXT = {
 # reach the log only, never a task's error (which tenants see).
 PROVIDER_SECRET = "Incorrect API key provided: sk-ab***yz; upstream llm-gw-7.internal.corp:8443 failed"
 GZIP_BOMB = gzip.compress(b" " * (16 * 1024 * 1024), compresslevel=9)
+# an answer whose title holds NUL: valid JSON ("\u0000"), unstorable in PostgreSQL text or jsonb
+UNSTORABLE_CONTEXT = {**GOOD_CONTEXT, "title": "Sleepy\x00cat"}
 
 
 def completion(content: str) -> dict:
@@ -100,6 +105,14 @@ class FakeServer:
                     self._send(200, completion("```json\n" + json.dumps(GOOD_CONTEXT) + "\n```"))
                 elif mode == "malformed":
                     self._send(200, completion('{"title": "cut off'))
+                elif mode == "unstorable":
+                    self._send(200, completion(json.dumps(UNSTORABLE_CONTEXT)))
+                elif mode == "poisoned":  # the unstorable answer for a poisoned image only
+                    hostile = _sent_width(body) == POISON_WIDTH
+                    self._send(200, completion(json.dumps(UNSTORABLE_CONTEXT if hostile else GOOD_CONTEXT)))
+                elif mode == "hostileids":  # a good context under names no column should store
+                    self._send(200, {**completion(json.dumps(GOOD_CONTEXT)), "model": "served\x00model",
+                                     "id": "\ud800"}, {"x-request-id": "r" * 201})
                 elif mode == "wrongtypes":
                     self._send(200, completion(json.dumps({**GOOD_CONTEXT, "tags": "cat"})))
                 elif mode == "ratelimited":
@@ -144,6 +157,13 @@ class FakeServer:
     def agent(self, mode: str, **options) -> OpenAICompatibleAgent:
         options.setdefault("timeout_s", 5)
         return OpenAICompatibleAgent(base_url=f"{self.url}/{mode}/v1", model="test-vlm", **options)
+
+
+def _sent_width(body: dict) -> int:
+    """The width of the image a chat-completions request carries (as a data URL)."""
+    url = body["messages"][1]["content"][1]["image_url"]["url"]
+    with Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as im:
+        return im.width
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +220,32 @@ def test_bad_answer_is_permanent_agent_bad_output(server, image, mode):
     with pytest.raises(PermanentError) as info:
         _describe(server.agent(mode), image)
     assert info.value.code == "agent_bad_output"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("title", "a\x00b"), ("description", "\x00"), ("ocr_text", "line\ud800"),
+    ("tags", ["ok", "a\x00b"]), ("tags", ["\udfff"]),
+])
+def test_text_postgresql_cannot_store_is_agent_bad_output(field, value):
+    """NUL and lone surrogates (a JSON "\ud800" escape) would abort the completion that stores them."""
+    answer = json.dumps({**GOOD_CONTEXT, field: value})
+    with pytest.raises(PermanentError) as info:
+        parse_context(answer)
+    assert info.value.code == "agent_bad_output" and repr(field) in info.value.message
+
+
+def test_an_unstorable_answer_over_http_is_agent_bad_output(server, image):
+    with pytest.raises(PermanentError) as info:
+        _describe(server.agent("unstorable"), image)
+    assert info.value.code == "agent_bad_output"
+
+
+def test_unstorable_or_overlong_provider_names_fall_back_to_ours(server, image):
+    """The served model, completion id and request id are provenance: one that cannot be stored (or
+    runs past 200 characters) is dropped, the paid answer is kept."""
+    result = _describe(server.agent("hostileids"), image)
+    assert result.context["title"] == "Sleepy cat"
+    assert result.model == "test-vlm" and result.request_id is None
 
 
 def test_429_is_retryable_and_not_executed(server, image):
