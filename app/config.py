@@ -208,19 +208,19 @@ class Settings:
 
     @cached_property  # resolved once per Settings (a worker joins it to every stored file it reads)
     def storage_path(self) -> Path:
-        return (self.storage_dir or self.var_dir / "storage").resolve()
+        return Path(self.storage_dir or Path(self.var_dir) / "storage").resolve()
 
     @cached_property
     def agent_results_path(self) -> Path:
         """Where local agents keep their result records: shared by every worker, like the images
         (a record under one machine's var dir could not be adopted by another machine's worker)."""
-        return (self.agent_results_dir or self.storage_path / AGENT_RESULTS_DIR).resolve()
+        return Path(self.agent_results_dir or self.storage_path / AGENT_RESULTS_DIR).resolve()
 
     @cached_property
     def legacy_agent_results_path(self) -> Path:
         """Where versions before the shared location kept the records (``<var>/agent-results``):
         still read by lookups and pruned by ``memeflow gc``, never written."""
-        return (self.var_dir / "agent-results").resolve()
+        return (Path(self.var_dir) / "agent-results").resolve()
 
     @property
     def agent_is_local(self) -> bool:
