@@ -198,7 +198,9 @@ class Settings:
     webhook_backoff_max_s: float = 300.0
     webhook_lease_s: float = 30.0
     webhook_poll_s: float = 0.2  # a webhooks worker looks for subscriptions with new events this often
-    webhook_events_per_claim: int = 50
+    webhook_events_per_claim: int = 50  # then a claim hands over (docs/events.md "Sharing the lane")
+    webhook_claim_budget_s: float = 10.0  # a claim starts no delivery after this long: it hands over
+    webhook_fair_check_s: float = 0.2  # a claim looks this often whether a less-served scope waits
     webhooks_per_scope: int = 20
     # CIDRs a webhook URL may resolve to besides public addresses (e.g. "127.0.0.0/8" for a local
     # receiver); unset: loopback, private, link-local and other non-global addresses are refused.
@@ -332,7 +334,7 @@ class Settings:
             raise SettingsError("event stream limits, MEMEFLOW_WEBHOOK_MAX_ATTEMPTS and "
                                 "MEMEFLOW_WEBHOOK_EVENTS_PER_CLAIM must be >= 1")
         if min(self.event_poll_s, self.event_heartbeat_s, self.webhook_timeout_s, self.webhook_lease_s,
-               self.webhook_poll_s) <= 0:
+               self.webhook_poll_s, self.webhook_claim_budget_s, self.webhook_fair_check_s) <= 0:
             raise SettingsError("event and webhook intervals must be > 0")
         if self.webhook_lease_s <= 2 * self.webhook_timeout_s:
             # a delivery outliving its claim's lease could be overtaken by the next claim's

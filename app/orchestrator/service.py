@@ -234,6 +234,8 @@ class Orchestrator:
     webhook_delivered = webhooks.webhook_delivered
     webhook_failed = webhooks.webhook_failed
     release_webhook = webhooks.release_webhook
+    webhook_should_hand_over = webhooks.webhook_should_hand_over
+    hand_over_webhook = webhooks.hand_over_webhook
     webhook_hints = webhooks.webhook_hints
     any_webhook = webhooks.any_webhook
     recent_webhook_failures = webhooks.recent_webhook_failures

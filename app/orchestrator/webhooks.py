@@ -5,6 +5,10 @@ Subscriptions are per scope. The lane (``app.worker.webhooks``) claims one subsc
 here: delivered → cursor moves on; failed → back off with jitter (the claim is released), or after
 ``webhook_max_attempts`` give the event up (``webhook_failures``, shown on /ops) and move on. The
 event read is scoped by the subscription's own row, so one scope's events never reach another's.
+
+The lane is shared fairly between scopes (the rules are the store's: store/webhooks.py): a claim
+is refused while a scope with fewer deliveries in flight waits, hints take scopes in turn, and a
+claim hands over (``hand_over_webhook``) when its turn is up.
 """
 
 from __future__ import annotations
@@ -116,10 +120,14 @@ def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID
 
 # ---------------------------------------------------------------------------- the delivery lane
 def claim_webhook(orch: Orchestrator, subscription_id: uuid.UUID, owner: str) -> WebhookClaim | None:
-    """Claim a subscription that has an event due; None for a stale, duplicate or unknown hint."""
+    """Claim a subscription that has an event due; None for a stale, duplicate or unknown hint, or
+    a refused one (a scope with fewer deliveries in flight waits)."""
+    now = orch.now()
     with orch.engine.begin() as conn:
-        claimed = q.claim_txn(conn, subscription_id, owner, orch.now(), orch.settings.webhook_lease_s)
-    if not claimed.matched:  # stale, duplicate or unknown hint, or nothing due: nothing to do
+        claimed = q.claim_txn(conn, subscription_id, owner, now, orch.settings.webhook_lease_s)
+        if not claimed.matched:  # stale, duplicate or unknown hint, nothing due, or refused: the hint is spent
+            q.clear_hint_txn(conn, subscription_id, now)
+    if not claimed.matched:
         metrics.EMPTY_CLAIMS.labels(LANE).inc()
         return None
     row = claimed.row
@@ -169,9 +177,30 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
 
 
 def release_webhook(orch: Orchestrator, claim: WebhookClaim) -> None:
+    """End a claim with nothing left to deliver (fenced)."""
     with orch.engine.begin() as conn:
         # not matched: the lease was lost (expired and re-claimed) — nothing of ours to release
         q.release_txn(conn, claim.subscription_id, claim.owner, claim.generation)
+
+
+def webhook_should_hand_over(orch: Orchestrator, claim: WebhookClaim) -> bool:
+    """Whether the claim should hand over before its next delivery: a scope with at least two fewer
+    deliveries in flight than the claim's waits (store/webhooks.py FAIRER_SCOPE_WAITING)."""
+    with read_connection(orch.engine) as conn:
+        return q.fairer_scope_waiting_txn(conn, claim.scope_id, orch.now())
+
+
+def hand_over_webhook(orch: Orchestrator, claim: WebhookClaim) -> list[Hint]:
+    """End a claim whose turn is up while events are still due: release the subscription (due
+    again behind its scope's longer-waiting ones; fenced) and, in the same transaction, hint the
+    fairest unhinted waiting subscription — another scope's, a sibling, or this one again."""
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        # not matched: the lease was lost (expired and re-claimed) — the new claim delivers; the
+        # thread still goes to whoever is fairest
+        q.hand_over_txn(conn, claim.subscription_id, claim.owner, claim.generation, now)
+        due = q.due_for_hint_txn(conn, now, orch.settings.rehint_grace_s, 1)
+    return [Hint(LANE, i) for i in due.rows] if due.matched else []  # not matched: nobody unhinted waits
 
 
 def webhook_hints(orch: Orchestrator, limit: int | None = None) -> list[Hint]:

@@ -2,9 +2,12 @@
 
 ``deliver_subscription`` is what a ``memeflow.deliver_webhooks`` message (body: a subscription
 id) runs: claim the subscription (lease + fencing token), then deliver its events one by one, in
-id order, each outcome written fenced before the next is sent, at most
-``webhook_events_per_claim`` per claim (then it hints itself again so other subscriptions get a
-turn). A stale, duplicate or unknown id claims nothing.
+id order, each outcome written fenced before the next is sent, until its turn is up — after
+``webhook_events_per_claim`` events or ``webhook_claim_budget_s``, or as soon as a scope with at
+least two fewer deliveries in flight waits (looked up at most every ``webhook_fair_check_s``) —
+then it hands over: releases the subscription and hints the fairest waiting one, so one scope
+cannot keep the lane's threads (docs/events.md "Sharing the lane"). A stale, duplicate, unknown
+or refused id claims nothing.
 
 Who hints: every webhooks worker runs :class:`HintPoller`, a thread that every
 ``MEMEFLOW_WEBHOOK_POLL_S`` marks and hints subscriptions with an event due and nobody on it
@@ -20,12 +23,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 
 from app.netguard import allowed_networks
 from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.store import webhooks as webhooks_q
-from app.orchestrator.webhooks import LANE
+from app.orchestrator.webhooks import WebhookClaim
 from app.worker.webhook_sender import SendResult, send_event
 
 log = logging.getLogger(__name__)
@@ -42,7 +46,10 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
     s = orch.settings
     networks = allowed_networks(s.webhook_allowed_networks)
     attempts, cursor = claim.attempts, claim.cursor
-    for _ in range(s.webhook_events_per_claim):
+    turn = _Turn(orch, claim)
+    for n in range(s.webhook_events_per_claim):
+        if n and turn.is_up():
+            return orch.hand_over_webhook(claim)
         event = orch.next_webhook_event(claim, cursor)
         if event is None:
             orch.release_webhook(claim)
@@ -61,8 +68,27 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
         if outcome != "gave_up":
             return []  # retried after backoff (the poller or sweep hints it), or fenced
         cursor, attempts = event["id"], 0
-    orch.release_webhook(claim)
-    return [Hint(LANE, claim.subscription_id)]  # more may be due: come back after the others
+    return orch.hand_over_webhook(claim)  # more may be due: come back after the others
+
+
+class _Turn:
+    """Whether a claim's turn is up, asked between two deliveries: its ``webhook_claim_budget_s``
+    is spent, or (looked up at most every ``webhook_fair_check_s``) a less-served scope waits."""
+
+    def __init__(self, orch: Orchestrator, claim: WebhookClaim) -> None:
+        self.orch, self.claim = orch, claim
+        started = orch.now()
+        self.budget_ends = started + timedelta(seconds=orch.settings.webhook_claim_budget_s)
+        self.next_check = started
+
+    def is_up(self) -> bool:
+        now = self.orch.now()
+        if now >= self.budget_ends:
+            return True
+        if now < self.next_check:
+            return False
+        self.next_check = now + timedelta(seconds=self.orch.settings.webhook_fair_check_s)
+        return self.orch.webhook_should_hand_over(self.claim)
 
 
 class HintPoller:

@@ -120,6 +120,14 @@ def test_has_due_spells_out_has_pending():
     assert _words(webhooks.HAS_PENDING) in _words(webhooks.HAS_DUE)
 
 
+def test_the_webhook_fairness_statements_spell_out_waiting_and_in_flight():
+    from app.orchestrator.store import webhooks
+
+    for statement in (webhooks.CLAIM, webhooks.DUE_FOR_HINT, webhooks.FAIRER_SCOPE_WAITING):
+        assert _words(webhooks.WAITING) in _words(statement)
+        assert _words(webhooks.IN_FLIGHT) in _words(statement)
+
+
 #: Store modules whose statements take a part per stage from the stage declarations: the planner's
 #: validity facts (and the batched claims' cost CASE) — built once at import by the stage registry's
 #: design (docs/architecture.md "Stages: declared once"), not assembled by hand.

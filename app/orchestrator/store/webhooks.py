@@ -7,6 +7,13 @@ claim is conditioned on (id, lease_owner, claim_generation); zero rows = fencing
 Only one claim delivers at a time and the cursor moves only after an event's outcome is final, so
 a subscription's events go out in id order, the next only after the previous one succeeded or
 was given up.
+
+The lane is shared fairly between scopes (docs/events.md "Sharing the lane"): a subscription is
+*waiting* when it is due, unleased and has an event to deliver, and a scope's *in flight* is its
+count of live leases. A claim is admitted only while its scope has no more in flight than the
+least-served scope with a waiting subscription (CLAIM), hints go to the least-served scopes first,
+one subscription of each in turn (DUE_FOR_HINT), and a claim whose scope has two or more in flight
+above that hands over between deliveries (FAIRER_SCOPE_WAITING, HAND_OVER).
 """
 
 from __future__ import annotations
@@ -26,6 +33,18 @@ HAS_PENDING = (
     "EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
     " AND e.type = ANY(s.event_types))"
 )
+
+# Subscription w is waiting: due, unleased (or its lease expired), an event to deliver — what a claim
+# of it would find (CLAIM's own conditions); spelled out in CLAIM, DUE_FOR_HINT and
+# FAIRER_SCOPE_WAITING (tests/unit/test_transition_table.py).
+WAITING = (
+    "w.next_attempt_at <= :now AND (w.lease_expires_at IS NULL OR w.lease_expires_at < :now)"
+    " AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = w.scope_id AND e.id > w.cursor"
+    " AND e.type = ANY(w.event_types))"
+)
+
+# The deliveries in flight of w's scope: its subscriptions under a live lease (ix_webhook_subscriptions_scope_id).
+IN_FLIGHT = "(SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = w.scope_id AND l.lease_expires_at >= :now)"
 
 
 def lock_scope_txn(conn: Connection, scope_id: str) -> None:
@@ -102,16 +121,44 @@ UPDATE webhook_subscriptions s SET lease_owner = :o, lease_expires_at = :exp,
 WHERE s.id = :id AND s.next_attempt_at <= :now AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)
   AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor
               AND e.type = ANY(s.event_types))
+  AND ((SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = s.scope_id AND l.lease_expires_at >= :now) = 0
+       OR (SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = s.scope_id AND l.lease_expires_at >= :now)
+          <= (SELECT min((SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = w.scope_id
+                                                                        AND l.lease_expires_at >= :now))
+              FROM webhook_subscriptions w
+              WHERE w.next_attempt_at <= :now AND (w.lease_expires_at IS NULL OR w.lease_expires_at < :now)
+                AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = w.scope_id AND e.id > w.cursor
+                            AND e.type = ANY(w.event_types))))
 RETURNING s.*
 """)
 
 
 @transition
 def claim_txn(conn: Connection, sub_id: uuid.UUID, owner: str, now: datetime, lease_s: float) -> Outcome[RowMapping]:
-    """due, unleased (or lease expired), an event after its cursor → leased, generation + 1."""
+    """due, unleased (or lease expired), an event after its cursor, its scope no more in flight than
+    any scope waiting → leased, generation + 1.
+
+    The last condition is the lane's fairness: a scope with nothing in flight is always admitted
+    (the OR's first arm spares it the walk over waiting subscriptions); one with more than the
+    least-served waiting scope is refused. Not matched: a stale, duplicate or unknown hint, nothing
+    due, or refused."""
     return Outcome.of(conn.execute(
         CLAIM, {"id": sub_id, "o": owner, "now": now, "exp": now + timedelta(seconds=lease_s)}
     ).mappings().all())
+
+
+CLEAR_HINT = sql("""
+UPDATE webhook_subscriptions SET last_hint_at = NULL
+WHERE id IN (SELECT id FROM webhook_subscriptions WHERE id = :id
+             AND (lease_expires_at IS NULL OR lease_expires_at < :now) FOR UPDATE SKIP LOCKED)
+""")
+
+
+def clear_hint_txn(conn: Connection, sub_id: uuid.UUID, now: datetime) -> None:
+    """A hint naming ``sub_id`` was spent without a claim (refused, or nothing due): the
+    subscription waits unhinted, so the poller (or a hand-over) hints it again once it is its turn
+    — not only after ``rehint_grace_s``. A leased row, or one another transaction holds, is left."""
+    conn.execute(CLEAR_HINT, {"id": sub_id, "now": now})
 
 
 DELIVERED = sql("""
@@ -190,6 +237,42 @@ def release_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int
     return Outcome.count(conn.execute(RELEASE, {"id": sub_id, "o": owner, "g": generation}).rowcount)
 
 
+HAND_OVER = sql("""
+UPDATE webhook_subscriptions SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = :now
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g
+""")
+
+
+@transition
+def hand_over_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, now: datetime) -> Outcome[None]:
+    """leased → unleased with events still due, due since now (fenced).
+
+    ``next_attempt_at = now`` puts it behind the subscriptions of its scope that have waited longer
+    (DUE_FOR_HINT takes a scope's waiting subscriptions oldest due first). Not matched: the lease
+    was lost already."""
+    return Outcome.count(conn.execute(HAND_OVER, {"id": sub_id, "o": owner, "g": generation, "now": now}).rowcount)
+
+
+# -- fairer_scope_waiting: should a claim hand over between two deliveries --
+FAIRER_SCOPE_WAITING = sql("""
+SELECT CASE WHEN mine.n < 2 THEN false ELSE coalesce(
+  (SELECT min((SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = w.scope_id
+                                                            AND l.lease_expires_at >= :now))
+   FROM webhook_subscriptions w
+   WHERE w.next_attempt_at <= :now AND (w.lease_expires_at IS NULL OR w.lease_expires_at < :now)
+     AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = w.scope_id AND e.id > w.cursor
+                 AND e.type = ANY(w.event_types))) + 2 <= mine.n, false) END
+FROM (SELECT count(*) AS n FROM webhook_subscriptions l WHERE l.scope_id = :s AND l.lease_expires_at >= :now) mine
+""")
+
+
+def fairer_scope_waiting_txn(conn: Connection, scope_id: str, now: datetime) -> bool:
+    """Whether a scope with at least two fewer deliveries in flight than ``scope_id`` waits: then
+    one of ``scope_id``'s claims should hand over (two, so that handing over evens the two out
+    instead of swapping them). Scopes with fewer than two in flight answer without the walk."""
+    return bool(conn.execute(FAIRER_SCOPE_WAITING, {"s": scope_id, "now": now}).scalar_one())
+
+
 # -- has_due: does any subscription have an event to deliver now (the lane's "queued work") --
 HAS_DUE = sql("""
 SELECT EXISTS (SELECT 1 FROM webhook_subscriptions s WHERE s.next_attempt_at <= now()
@@ -205,23 +288,42 @@ def has_due_txn(conn: Connection) -> bool:
 
 
 # -- due_for_hint: subscriptions to wake (new events, backoff over, lease expired, hint lost) --
-DUE_FOR_HINT = sql(
-    "UPDATE webhook_subscriptions SET last_hint_at = :now WHERE id IN ("
-    " SELECT s.id FROM webhook_subscriptions s WHERE s.next_attempt_at <= :now"
-    "  AND (s.lease_expires_at IS NULL OR s.lease_expires_at < :now)"
-    "  AND (s.last_hint_at IS NULL OR s.last_hint_at < :stale)"
-    "  AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor"
-    "  AND e.type = ANY(s.event_types)) ORDER BY s.next_attempt_at LIMIT :n FOR UPDATE SKIP LOCKED)"
-    " RETURNING id"
+# Only the least-served scopes' (a scope with more in flight would be refused: CLAIM), in turns:
+# a scope's k-th waiting subscription (oldest due first) would be its (in flight + k)-th delivery,
+# and lower turns go first — one of each scope, then the second of each … — so one scope's many
+# subscriptions never queue every hint ahead of another's.
+DUE_FOR_HINT = sql("""
+WITH waiting AS MATERIALIZED (
+  SELECT w.id, w.next_attempt_at, w.last_hint_at,
+         (SELECT count(*) FROM webhook_subscriptions l WHERE l.scope_id = w.scope_id AND l.lease_expires_at >= :now)
+           AS in_flight,
+         row_number() OVER (PARTITION BY w.scope_id ORDER BY w.next_attempt_at, w.id) AS k
+  FROM webhook_subscriptions w
+  WHERE w.next_attempt_at <= :now AND (w.lease_expires_at IS NULL OR w.lease_expires_at < :now)
+    AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = w.scope_id AND e.id > w.cursor
+                AND e.type = ANY(w.event_types))
+), picked AS (
+  SELECT id, in_flight + k AS turn, next_attempt_at FROM waiting
+  WHERE (last_hint_at IS NULL OR last_hint_at < :stale) AND in_flight <= (SELECT min(in_flight) FROM waiting)
+  ORDER BY in_flight + k, next_attempt_at, id LIMIT :n
+), hinted AS (
+  UPDATE webhook_subscriptions s SET last_hint_at = :now FROM picked p
+  WHERE s.id = p.id AND s.id IN (SELECT h.id FROM webhook_subscriptions h WHERE h.id IN (SELECT id FROM picked)
+        AND (h.last_hint_at IS NULL OR h.last_hint_at < :stale)
+        AND (h.lease_expires_at IS NULL OR h.lease_expires_at < :now) FOR UPDATE SKIP LOCKED)
+  RETURNING s.id, p.turn, p.next_attempt_at
 )
+SELECT id FROM hinted ORDER BY turn, next_attempt_at, id
+""")
 
 
 @transition
 def due_for_hint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[uuid.UUID]:
-    """due, unleased, an event to deliver, hint older than the grace (or none) → hinted now.
+    """due, unleased, an event to deliver, hint older than the grace (or none), its scope among the
+    least served → hinted now.
 
-    ``rows``: the subscriptions to wake — never hinted since their last claim, or hinted longer
-    than ``grace_s`` ago (the hint was lost). Not matched: nothing to wake."""
+    ``rows``: the subscriptions to wake, in turns across scopes — never hinted since their last
+    claim, or hinted longer than ``grace_s`` ago (the hint was lost). Not matched: nothing to wake."""
     return Outcome.of(conn.execute(
         DUE_FOR_HINT, {"now": now, "stale": now - timedelta(seconds=grace_s), "n": limit}
     ).scalars().all())
