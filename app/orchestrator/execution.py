@@ -143,7 +143,9 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
     is named by a hint of its own or its group's — group members left out for lack of budget by a
     new hint naming the group, returned to publish right away. The hinted task is locked first
     (waiting for a task joining its group to commit), so the group claim sees every member that
-    joined.
+    joined. A hinted task whose lease lapsed (its worker died) is claimed alone, its group left
+    to a new hint: whatever killed the worker (a poisoned input) kills no other task's run again,
+    and a task is charged only for a death in a run of its own (SPEC §10; store/tasks.py).
     """
     if lane == Lane.AGENT:
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
@@ -177,10 +179,13 @@ def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int,
         rows = list(group.rows)
         if group.matched:  # fill fairly; the group's scope counts as served even when nothing is left to fill
             used = sum(r["batch_cost"] for r in rows)
-            room = n - len(rows) if not left_out and used < budget else 0
+            # a task whose run died is claimed alone (no fill): the death may be its own (SPEC §10)
+            alone = any(r["died"] for r in rows)
+            room = n - len(rows) if not left_out and not alone and used < budget else 0
             rows += tasks.claim_batch_txn(conn, lane, max(0, room), owner, now, orch.settings.lease_s,
                                           budget=max(0, budget - used), at_least_one=False,
-                                          served=sorted({r["scope_id"] for r in rows})).rows  # none: batch of the group
+                                          served=sorted({r["scope_id"] for r in rows}),
+                                          with_ids=[r["id"] for r in rows]).rows  # none: batch of the group
         # not matched: a stale, duplicate, wrong-lane or unknown hint — it claims nothing
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))

@@ -116,11 +116,11 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
             report.hints += end_abandoned_txn(orch, conn, _claim_of(r, open_attempt))
         exhausted = []
         for r in rows:
-            if r["attempt_count"] >= r["max_attempts"]:
+            if _spent(r):
                 open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
                 exhausted.append(_claim_of(r, open_attempt))
     report.counts["cancelled_abandoned"] = len(abandoned)
-    live = [r for r in rows if r["attempt_count"] < r["max_attempts"]]
+    live = [r for r in rows if not _spent(r)]
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
@@ -144,6 +144,13 @@ def _claim_of(r: RowMapping, open_attempt: RowMapping | None) -> Claim:
         generation=r["claim_generation"], attempt_count=r["attempt_count"], max_attempts=r["max_attempts"],
         payload=r["payload"], storage_key="", attempt_id=open_attempt["attempt_id"] if open_attempt else None,
     )
+
+
+def _spent(r: RowMapping) -> bool:
+    """The task's attempts are spent by deaths of its own: the run that died held it alone. A run
+    that died in a batch of several is not charged to any of them (SPEC §10): its claim is refunded
+    when the task is claimed again, alone (store/tasks.py), so it is re-hinted even at max_attempts."""
+    return r["attempt_count"] >= r["max_attempts"] and r["claimed_alone"]
 
 
 def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:

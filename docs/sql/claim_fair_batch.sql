@@ -34,6 +34,9 @@ WITH cand AS MATERIALIZED (
   WINDOW w AS (ORDER BY rk, served, seq, scope_id, id)
 ), pick AS (
   SELECT id FROM ranked WHERE total <= :budget OR (CAST(:at_least_one AS boolean) AND k = 1)
+), mate AS (
+  UPDATE tasks t SET claimed_alone = false
+  WHERE t.id = ANY(CAST(:with_ids AS uuid[])) AND t.claimed_alone AND EXISTS (SELECT FROM pick)
 ), fair AS (
   INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)
   SELECT :lane, '*', d.scope_id, nextval('lane_dispatch_seq') FROM (
@@ -43,6 +46,7 @@ WITH cand AS MATERIALIZED (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
+         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1,
          started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,

@@ -4,8 +4,9 @@ registry's ``module:Class`` names (``MEMEFLOW_VISUAL_PROVIDER=tests.support.pois
 in-process orchestrator test and a Celery worker process load them the same way.
 
 An image is poisoned when it is ``POISON_WIDTH`` pixels wide; a document when it contains
-``POISON_WORD``. Every call is recorded in ``CALLS`` (this process) and, when
-``MEMEFLOW_TEST_CALL_LOG`` names a file, appended to it as one line (other processes).
+``POISON_WORD``; ``CrashVisual`` and ``ExitVisual`` kill the worker on one instead of failing.
+Every call is recorded in ``CALLS`` (this process) and, when ``MEMEFLOW_TEST_CALL_LOG`` names a
+file, appended to it as one line (other processes).
 """
 
 from __future__ import annotations
@@ -114,3 +115,31 @@ class PoisonOutputAgent(DeterministicAgent):
         if is_poisoned(image):
             result.context["title"] = "poisoned \x00 title"
         return result
+
+
+class ProcessDied(BaseException):
+    """In-process stand-in for a worker process that dies mid-call: no handler catches it (not an
+    ``Exception``), so none of the batch's claims gets a terminal write, as after a real death."""
+
+
+class CrashVisual(DeterministicVisualProvider):
+    """Kills the worker whenever a poisoned image is in the call (a decoder or model segfault, an
+    OOM kill): here by raising ``ProcessDied`` through the caller."""
+
+    def embed(self, images: list[DecodedImage]):
+        poisoned = any(is_poisoned(im) for im in images)
+        _record("visual", [im.width * im.height for im in images], not poisoned)
+        if poisoned:
+            self.die()
+        return super().embed(images)
+
+    def die(self) -> None:
+        raise ProcessDied()
+
+
+class ExitVisual(CrashVisual):
+    """``CrashVisual`` for a real worker process: it exits at once (``os._exit``: no cleanup, no
+    exception handler, no acknowledgement), as a segfault would."""
+
+    def die(self) -> None:
+        os._exit(70)

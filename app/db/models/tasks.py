@@ -48,6 +48,10 @@ class Task(Base):
     claim_generation: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
     attempt_count: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     max_attempts: Mapped[int] = mapped_column(Integer, nullable=False)
+    # the current (or last) execution was claimed in a batch of one: if its worker dies, the death
+    # is this task's own and stays charged; a death in a batch of several is refunded at the next
+    # claim, which runs the task alone (SPEC §10: one item never charges another)
+    claimed_alone: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="true")
     last_hint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # the task whose hint also wakes this one (created together by a batched completion)
     hint_group: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))

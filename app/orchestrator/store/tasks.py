@@ -29,6 +29,15 @@ from app.orchestrator.store._sql import Outcome, sql, transition
 # (``lanes.lane_batch_budget``). The two batched claims (CLAIM_GROUP, CLAIM_FAIR_BATCH) take that
 # CASE from the registry, once at import; their rendered SQL is docs/sql/claim_group.sql and
 # docs/sql/claim_fair_batch.sql (tests/unit/test_stage_sql.py fails when they drift).
+#
+# A worker that dies (a decoder or model segfault, an OOM, a kill) leaves its claims running with a
+# lapsing lease; only a run that held the task alone says the death was that task's own (SPEC §10:
+# one item never charges another). So every claim records ``claimed_alone``, and the claim of a
+# task whose lease lapsed (``status = 'running'``: its previous run died) takes it alone — never
+# with its group or a fair fill, and no fill ever picks it (fills take queued tasks only) — and
+# refunds the attempt of a run that died in a batch of several (``attempt_count`` + 0, claimable
+# even at ``max_attempts``). A poisoned item thus dies alone next time and is charged for its own
+# deaths only; the sweep ends it ``max_attempts_exceeded`` once they are spent (sweep.py).
 
 INSERT_TASK = sql("""
 INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,
@@ -67,9 +76,11 @@ def insert_task_txn(conn: Connection, values: dict[str, Any], now: datetime) -> 
 CLAIM = sql("""
 WITH c AS (
   UPDATE tasks SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
-         claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         started_at = coalesce(started_at, :now), updated_at = :now
-  WHERE id = :id AND NOT cancel_requested AND attempt_count < max_attempts
+         claim_generation = claim_generation + 1,
+         attempt_count = attempt_count + CASE WHEN status = 'running' AND NOT claimed_alone THEN 0 ELSE 1 END,
+         claimed_alone = true, started_at = coalesce(started_at, :now), updated_at = :now
+  WHERE id = :id AND NOT cancel_requested
+    AND (attempt_count < max_attempts OR (status = 'running' AND NOT claimed_alone))
     AND (CAST(:lane AS text) IS NULL OR lane = :lane)
     AND ((status = 'queued' AND available_at <= :now) OR (status = 'running' AND lease_expires_at < :now))
   RETURNING id, scope_id, job_id, image_id, image_sha256, stage, lane, resource_key, claim_generation,
@@ -92,8 +103,9 @@ def claim_txn(
 ) -> Outcome[RowMapping]:
     """queued (due) or running (lease expired) → running, generation + 1: the one road into running.
 
-    The same statement moves the task's waiting stage(s) and a queued job to running. Not matched:
-    the hint was stale, a duplicate, or (with ``lane``) for another lane.
+    The same statement moves the task's waiting stage(s) and a queued job to running. A claim of
+    one task is a run alone (``claimed_alone``); a lapsed run that was not alone is not charged (see
+    above). Not matched: the hint was stale, a duplicate, or (with ``lane``) for another lane.
     """
     return Outcome.of(conn.execute(
         CLAIM, {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s), "lane": lane}
@@ -102,22 +114,23 @@ def claim_txn(
 
 CLAIM_GROUP = sql(f"""
 WITH cand AS MATERIALIZED (
-  SELECT t.id, t.id = :id AS hinted, t.priority, t.available_at,
+  SELECT t.id, t.id = :id AS hinted, t.status = 'running' AS died, t.priority, t.available_at,
          {BATCH_COST_CASE} AS cost
   FROM tasks t JOIN images i ON i.id = t.image_id
   WHERE (t.id = :id OR (t.hint_group = :id AND t.status = 'queued')) AND t.lane = :lane
-    AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
+    AND NOT t.cancel_requested AND (t.attempt_count < t.max_attempts OR (t.status = 'running' AND NOT t.claimed_alone))
     AND ((t.status = 'queued' AND t.available_at <= :now) OR (t.status = 'running' AND t.lease_expires_at < :now))
   FOR UPDATE OF t SKIP LOCKED
 ), ranked AS (
   SELECT id, row_number() OVER w AS k, sum(cost) OVER w AS total FROM cand
   WINDOW w AS (ORDER BY hinted DESC, priority DESC, available_at, id)
 ), pick AS (
-  SELECT id FROM ranked WHERE total <= :budget OR k = 1
+  SELECT id FROM ranked WHERE k = 1 OR (total <= :budget AND NOT EXISTS (SELECT FROM cand WHERE died))
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
-         claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         started_at = coalesce(started_at, :now), updated_at = :now
+         claim_generation = claim_generation + 1,
+         attempt_count = t.attempt_count + CASE WHEN t.status = 'running' AND NOT t.claimed_alone THEN 0 ELSE 1 END,
+         claimed_alone = (SELECT count(*) FROM pick) = 1, started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
             t.claim_generation, t.attempt_count, t.max_attempts, t.payload, t.input_fingerprint, t.grant_id,
@@ -130,7 +143,8 @@ WITH cand AS MATERIALIZED (
   UPDATE processing_jobs pj SET status = 'running', updated_at = :now
   FROM c WHERE pj.id = c.job_id AND pj.status = 'queued'
 )
-SELECT c.*, i.storage_key, cand.cost AS batch_cost, (SELECT count(*) FROM cand) - (SELECT count(*) FROM pick) AS left_out
+SELECT c.*, i.storage_key, cand.cost AS batch_cost, cand.died,
+       (SELECT count(*) FROM cand) - (SELECT count(*) FROM pick) AS left_out
 FROM c JOIN images i ON i.id = c.image_id JOIN cand ON cand.id = c.id
 """)
 
@@ -144,12 +158,13 @@ def claim_group_txn(
     The hinted task is claimable as in ``claim_txn``; members another claimer holds are skipped
     (SKIP LOCKED). The longest prefix — hinted task first, then priority, age — whose costs
     (BATCH_COST_CASE) sum within ``budget`` is claimed, and always at least one task (a huge image is
-    never starved). Returns the outcome (not matched: neither the task nor any member was
-    claimable) and how many due members were left out for lack of budget: they stay queued in the
-    group, and a new hint naming ``task_id`` claims them (the hinted task is running by then). A
-    group is otherwise claimed whole — it is at most its creator's batch size — so a claimer with
-    a smaller ``n`` leaves no member behind with its hint spent. Call ``lock_hinted_txn`` first,
-    in the same transaction.
+    never starved). A hinted task whose lease lapsed (its run died: ``died`` on its row) is
+    claimed alone, and its queued members count as left out. Returns the outcome (not matched:
+    neither the task nor any member was claimable) and how many due members were left out: they
+    stay queued in the group, and a new hint naming ``task_id`` claims them (the hinted task is
+    running by then). A group is otherwise claimed whole — it is at most its creator's batch
+    size — so a claimer with a smaller ``n`` leaves no member behind with its hint spent. Call
+    ``lock_hinted_txn`` first, in the same transaction.
     """
     rows = conn.execute(CLAIM_GROUP, {"id": task_id, "lane": lane, "owner": owner, "now": now,
                                       "exp": now + timedelta(seconds=lease_s), "budget": budget}).mappings().all()
@@ -217,6 +232,9 @@ WITH cand AS MATERIALIZED (
   WINDOW w AS (ORDER BY rk, served, seq, scope_id, id)
 ), pick AS (
   SELECT id FROM ranked WHERE total <= :budget OR (CAST(:at_least_one AS boolean) AND k = 1)
+), mate AS (
+  UPDATE tasks t SET claimed_alone = false
+  WHERE t.id = ANY(CAST(:with_ids AS uuid[])) AND t.claimed_alone AND EXISTS (SELECT FROM pick)
 ), fair AS (
   INSERT INTO lane_fairness (lane, resource_key, scope_id, last_dispatch_seq)
   SELECT :lane, '*', d.scope_id, nextval('lane_dispatch_seq') FROM (
@@ -226,6 +244,7 @@ WITH cand AS MATERIALIZED (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
+         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1,
          started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
@@ -247,20 +266,24 @@ FROM c JOIN images i ON i.id = c.image_id JOIN cand ON cand.id = c.id
 @transition
 def claim_batch_txn(
     conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float, *, budget: int,
-    at_least_one: bool = True, served: list[str] | tuple[str, ...] = (),
+    at_least_one: bool = True, served: list[str] | tuple[str, ...] = (), with_ids: list[uuid.UUID] | tuple = (),
 ) -> Outcome[RowMapping]:
     """queued → running: up to ``n`` due tasks of a batched lane within ``budget``, fairly across scopes.
 
     Round-robin over the least recently served scopes, so one scope's backlog delays another
     scope's task by at most ceil(waiting scopes / n) such claims. ``served``: scopes this
     transaction already claimed for (a hint's wake-up group) — served last, and recorded as
-    served with the claimed ones. One statement: pick (FOR UPDATE SKIP LOCKED), claim, stages and
-    jobs to running, fairness recorded; the rest stay queued for their own hints. Not matched:
-    nothing due (or nothing fits what is left of the budget).
+    served with the claimed ones. ``with_ids``: the tasks that group claim took — the batch the
+    fill joins (a lone one of them is no longer ``claimed_alone`` once the fill claims any). One
+    statement: pick (FOR UPDATE SKIP LOCKED), claim, stages and jobs to running, fairness
+    recorded; the rest stay queued for their own hints. Queued tasks only: a task whose run died
+    is never filled into a batch (see ``claim_group_txn``). Not matched: nothing due (or nothing
+    fits what is left of the budget).
     """
     return Outcome.of(conn.execute(CLAIM_FAIR_BATCH, {
         "lane": lane, "n": n, "owner": owner, "served": list(served), "now": now,
         "exp": now + timedelta(seconds=lease_s), "budget": budget, "at_least_one": at_least_one,
+        "with_ids": list(with_ids),
     }).mappings().all())
 
 
@@ -317,7 +340,7 @@ WITH pick AS (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         started_at = coalesce(started_at, :now), updated_at = :now
+         claimed_alone = true, started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
             t.claim_generation, t.attempt_count, t.max_attempts, t.payload, t.input_fingerprint, t.grant_id,
@@ -342,6 +365,8 @@ def claim_group_members_txn(
 
     One scope and resource key by construction (see advance._wake_groups); ``rows``: the claimed
     tasks, which the agent lane's slot assignment (``lanes.claim_group_txn``) zips with slots.
+    Each is ``claimed_alone``: an agent task's call is its own (an interrupted one ends by the
+    attempt protocol, SPEC §4.5, not by attempts spent).
     """
     return Outcome.of(conn.execute(CLAIM_GROUP_MEMBERS, {
         "id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s),
