@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -109,12 +111,13 @@ def list_webhooks(orch: Orchestrator, scope_id: str) -> list[dict[str, Any]]:
 
 
 def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID | str) -> None:
-    """Delete a subscription: no delivery starts after this returns (a claim in flight is fenced)."""
+    """Delete a subscription: no delivery to it is in flight or starts after this returns (it waits
+    for a POST in flight, ≤ ``webhook_timeout_s``; a claim between deliveries is fenced)."""
     sub = parse_uuid(subscription_id)
     if sub is None:
         raise NotFound("webhook not found")
     with orch.engine.begin() as conn:
-        if not q.delete_txn(conn, scope_id, sub).matched:
+        if not q.delete_txn(conn, scope_id, sub, orch.settings.webhook_timeout_s).matched:
             raise NotFound("webhook not found")  # not matched: none of this scope by that id
 
 
@@ -136,11 +139,16 @@ def claim_webhook(orch: Orchestrator, subscription_id: uuid.UUID, owner: str) ->
                         row["claim_generation"], row["attempts"], row["cursor"])
 
 
-def next_webhook_event(orch: Orchestrator, claim: WebhookClaim, after: int) -> dict[str, Any] | None:
-    """The claim's next event after ``after`` — of the subscription's own scope and types only."""
-    with orch.engine.connect() as conn:
-        rows = events_q.events_after_txn(conn, claim.scope_id, after, 1, claim.event_types)
-    return event_doc(rows[0]) if rows else None
+@contextmanager
+def next_webhook_event(orch: Orchestrator, claim: WebhookClaim, after: int) -> Iterator[dict[str, Any] | None]:
+    """The claim's next event after ``after`` — of the subscription's own scope and types only —
+    for a block that delivers it: read through the fence (None: nothing due, or the claim was
+    fenced out — deleted, lease lost), and the subscription cannot be deleted until the block
+    ends, so no delivery is in flight or starts once a DELETE returned. The block holds a
+    connection for the delivery (≤ ``webhook_timeout_s``)."""
+    with orch.engine.begin() as conn:
+        row = q.next_event_txn(conn, claim.subscription_id, claim.owner, claim.generation, after)
+        yield event_doc(row) if row is not None else None
 
 
 def webhook_delivered(orch: Orchestrator, claim: WebhookClaim, event_id: int) -> bool:

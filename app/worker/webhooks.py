@@ -50,12 +50,13 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
     for n in range(s.webhook_events_per_claim):
         if n and turn.is_up():
             return orch.hand_over_webhook(claim)
-        event = orch.next_webhook_event(claim, cursor)
-        if event is None:
+        with orch.next_webhook_event(claim, cursor) as event:  # a DELETE waits for this block
+            result = None if event is None else send(
+                claim.url, claim.secret, event, timeout_s=s.webhook_timeout_s,
+                max_response_bytes=s.webhook_max_response_bytes, networks=networks)
+        if event is None or result is None:  # nothing due, or fenced out (deleted, lease lost)
             orch.release_webhook(claim)
             return []
-        result = send(claim.url, claim.secret, event, timeout_s=s.webhook_timeout_s,
-                      max_response_bytes=s.webhook_max_response_bytes, networks=networks)
         if result.ok:
             if not orch.webhook_delivered(claim, event["id"]):
                 return []  # fenced out (deleted, or the lease was lost and re-claimed)

@@ -9,11 +9,12 @@ import uuid
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from app.orchestrator import Orchestrator
 from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks
 from app.orchestrator.store import events as events_q
-from app.worker.webhook_sender import send_event, verify
+from app.worker.webhook_sender import SendResult, send_event, verify
 from app.worker.webhooks import deliver_subscription
 from tests.conftest import poll_until
 from tests.support.receiver import Receiver
@@ -173,6 +174,52 @@ def test_deleting_a_subscription_stops_its_deliveries(orch, receiver):
     assert len(receiver.at("/ok")) == 1
     with pytest.raises(NotFound):
         orch.delete_webhook("local", hook["id"])
+
+
+def test_no_delivery_starts_after_the_delete_returned(orch, receiver):
+    """A claim between two deliveries reads its next event through the fence: once the DELETE
+    committed (the API's 204), the claim finds nothing and sends nothing more."""
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", receiver.url("/ok"))
+    emit(orch, "local", 3)
+    recorded, deleted = orch.webhook_delivered, []
+
+    def delivered_then_deleted(claim, event_id):
+        ok = recorded(claim, event_id)
+        if not deleted:  # the user's DELETE commits after the first delivery was recorded
+            orch.delete_webhook("local", hook["id"])
+            deleted.append(event_id)
+        return ok
+
+    orch.webhook_delivered = delivered_then_deleted
+    deliver_subscription(orch, uuid.UUID(hook["id"]), "w")
+    assert len(receiver.at("/ok")) == 1
+
+
+def test_a_delete_waits_for_the_delivery_in_flight(orch, engine):
+    """The delivery holds its subscription row FOR KEY SHARE across the POST: a DELETE cannot commit
+    (and the API cannot answer 204) while a delivery to it is in flight."""
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", "http://127.0.0.1:9/never")
+    emit(orch, "local", 1)
+    sqlstates: list[str | None] = []
+
+    def send(url, secret, event, **kw) -> SendResult:
+        with engine.connect() as c:
+            tx = c.begin()
+            try:
+                c.execute(text("SET LOCAL lock_timeout = '50ms'"))
+                c.execute(text("DELETE FROM webhook_subscriptions WHERE id = :id"), {"id": hook["id"]})
+                sqlstates.append(None)  # deleted mid-delivery (rolled back below)
+            except OperationalError as exc:
+                sqlstates.append(exc.orig.sqlstate)
+            finally:
+                tx.rollback()
+        return SendResult(True, 200)
+
+    deliver_subscription(orch, uuid.UUID(hook["id"]), "w", send=send)
+    assert sqlstates == ["55P03"]  # lock_not_available: the DELETE had to wait for the delivery
+    assert orch.list_webhooks("local")[0]["delivered_count"] == 1
 
 
 def test_one_scopes_events_never_reach_another_scopes_subscription(orch, receiver):

@@ -106,12 +106,17 @@ def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
 
 
 DELETE_SUBSCRIPTION = sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s")
+# A DELETE waits for a delivery in flight (NEXT_EVENT's row lock, held for at most the delivery
+# timeout): the transaction's lock_timeout must outlast it, whatever MEMEFLOW_WEBHOOK_TIMEOUT_S is.
+WAIT_FOR_DELIVERY = sql("SELECT set_config('lock_timeout', :ms, true)")
 
 
 @transition
-def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID) -> Outcome[None]:
-    """subscription of the scope → deleted; a claim in flight is fenced out by the row's absence.
-    Not matched: no such subscription in the scope."""
+def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID, delivery_timeout_s: float) -> Outcome[None]:
+    """subscription of the scope → deleted, after any delivery in flight to it ended (it holds the
+    row FOR KEY SHARE); a claim between deliveries is fenced out by the row's absence. Not matched:
+    no such subscription in the scope."""
+    conn.execute(WAIT_FOR_DELIVERY, {"ms": str(int((delivery_timeout_s + 10) * 1000))})
     return Outcome.count(conn.execute(DELETE_SUBSCRIPTION, {"id": sub_id, "s": scope_id}).rowcount)
 
 
@@ -159,6 +164,29 @@ def clear_hint_txn(conn: Connection, sub_id: uuid.UUID, now: datetime) -> None:
     subscription waits unhinted, so the poller (or a hand-over) hints it again once it is its turn
     — not only after ``rehint_grace_s``. A leased row, or one another transaction holds, is left."""
     conn.execute(CLEAR_HINT, {"id": sub_id, "now": now})
+
+
+# -- next_event: the claim's next event, read through the fence and holding the subscription --
+# Only while the claim still holds the subscription (id, lease_owner, claim_generation): a deleted
+# subscription or a lost lease reads nothing. FOR KEY SHARE OF s keeps the row from being deleted
+# until the caller's transaction ends (the delivery's POST runs inside it): a DELETE waits for a
+# delivery in flight. It blocks nothing else of the lane (its UPDATEs take FOR NO KEY UPDATE).
+NEXT_EVENT = sql("""
+SELECT e.id, e.scope_id, e.type, e.job_id, e.image_id, e.batch_id, e.payload, e.created_at
+FROM webhook_subscriptions s JOIN events e ON e.scope_id = s.scope_id AND e.id > :after
+ AND e.type = ANY(s.event_types)
+WHERE s.id = :id AND s.lease_owner = :o AND s.claim_generation = :g
+ORDER BY e.id LIMIT 1
+FOR KEY SHARE OF s
+""")
+
+
+def next_event_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, after: int
+                   ) -> RowMapping | None:
+    """The claim's first event after ``after`` (of the subscription's scope and types), the
+    subscription row share-locked against deletion to the end of the transaction; None when
+    nothing is due or the claim was fenced out (deleted, lease lost)."""
+    return conn.execute(NEXT_EVENT, {"id": sub_id, "o": owner, "g": generation, "after": after}).mappings().first()
 
 
 DELIVERED = sql("""
