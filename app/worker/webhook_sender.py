@@ -9,7 +9,9 @@ address.
   (TLS still verifies the certificate against the URL's host name): a DNS answer that changes
   between subscription and delivery, or between check and connect, cannot redirect it.
 * **Bounds**: one deadline for the whole exchange (a watchdog shuts the socket down when it
-  passes, so a receiver that trickles bytes cannot hold a worker), at most
+  passes, so a receiver that trickles bytes cannot hold a worker; the connect and the TLS
+  handshake, before there is a socket to shut, are bounded by what is left of it; an answer
+  completed after it is a timeout), at most
   ``max_response_bytes`` of the answer are read, redirects are not followed (a 3xx is a failure).
 """
 
@@ -59,27 +61,56 @@ class SendResult:
         return {"code": self.code, "message": self.message[:500], "status": self.status}
 
 
+class _Deadline:
+    """The exchange's absolute deadline, for the connection's own connect: the watchdog shuts a
+    socket down when the deadline passes, but while the connection is being made (TCP connect, TLS
+    handshake) there is no ``conn.sock`` to shut, so the connect bounds itself by what is left."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.at = time.monotonic() + timeout_s
+        self.expired = threading.Event()  # set by the watchdog when it fires
+
+    def left(self, timeout: float) -> float:
+        """The time an operation of the connect may take: ``timeout``, cut to the deadline."""
+        left = self.at - time.monotonic()
+        if left <= 0 or self.expired.is_set():
+            raise TimeoutError("the webhook deadline passed while connecting")
+        return min(timeout, left)
+
+    def check_connected(self, sock: socket.socket) -> None:
+        """After ``conn.sock`` is set: if the watchdog already fired it found no socket — fail now
+        (either the watchdog sees this socket, or this sees ``expired``)."""
+        if self.expired.is_set() or time.monotonic() >= self.at:
+            sock.close()
+            raise TimeoutError("the webhook deadline passed while connecting")
+
+
 class _PinnedHTTP(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, address: str, timeout: float, deadline: _Deadline) -> None:
         super().__init__(host, port, timeout=timeout)
-        self._address = address
+        self._address, self._deadline = address, deadline
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = socket.create_connection((self._address, self.port), self._deadline.left(self.timeout))
+        self.sock.settimeout(self.timeout)
+        self._deadline.check_connected(self.sock)
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, address: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, address: str, timeout: float, deadline: _Deadline) -> None:
         super().__init__(host, port, timeout=timeout)
-        self._address = address
+        self._address, self._deadline = address, deadline
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
+        sock = socket.create_connection((self._address, self.port), self._deadline.left(self.timeout))
         try:
+            sock.settimeout(self._deadline.left(self.timeout))  # CPython bounds the whole handshake by it
             self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+            self.sock.settimeout(self.timeout)
         except BaseException:
             sock.close()
             raise
+        self._deadline.check_connected(self.sock)
 
 
 def send_event(
@@ -102,8 +133,9 @@ def send_event(
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn_cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-    conn = conn_cls(host, port, addresses[0], timeout_s)
-    expired = threading.Event()
+    deadline = _Deadline(timeout_s)
+    conn = conn_cls(host, port, addresses[0], timeout_s, deadline)
+    expired = deadline.expired
 
     def _expire() -> None:  # the deadline covers the whole exchange, not each read
         expired.set()
@@ -129,6 +161,8 @@ def send_event(
     finally:
         watchdog.cancel()
         conn.close()
+    if expired.is_set():  # complete, but late: the exchange is bounded, so this counts as no answer
+        return SendResult(False, status, "timeout", f"no complete answer within {timeout_s:g}s")
     if 200 <= status < 300:
         return SendResult(True, status)
     if 300 <= status < 400:
