@@ -123,8 +123,10 @@ def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
 
 
 def prune_events(orch: Orchestrator) -> int:
-    """Sweep step: delete events older than ``events_retention_s`` (bounded per run)."""
-    cutoff = orch.now() - timedelta(seconds=orch.settings.events_retention_s)
+    """Sweep step: delete events older than ``events_retention_s`` (bounded per run); webhook
+    subscriptions that had not delivered them are told (``events_expired``), never skipped silently."""
+    now = orch.now()
+    cutoff = now - timedelta(seconds=orch.settings.events_retention_s)
     with orch.engine.begin() as conn:
-        pruned = q.prune_events_txn(conn, cutoff, PRUNE_LIMIT)
+        pruned = q.prune_events_txn(conn, cutoff, PRUNE_LIMIT, now)
     return pruned.affected if pruned.matched else 0  # not matched: nothing old enough

@@ -64,14 +64,47 @@ def last_batch_progress_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, 
     ).scalar()
 
 
-PRUNE_EVENTS = sql("DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT :n) AND created_at < :cut")
+# -- prune_events: the oldest expired events, and the subscriptions that had not delivered them --
+# A webhook subscription whose cursor had not reached some of them (of its types) is told in the
+# same statement: its cursor moves past them, failed_count counts them, last_error says
+# events_expired and one webhook_failures row records the range (event_id = its last). attempts
+# counts the failures of the first event of its types after the cursor; the prune is the only way
+# an event disappears, so resetting it here is what keeps a pruned event's attempts from being
+# charged to the next one. The rows are locked first (id order) so the counts are taken from
+# their current cursors, not the statement's snapshot.
+PRUNE_EVENTS = sql("""
+WITH gone AS (
+  DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT :n) AND created_at < :cut
+  RETURNING id, scope_id, type
+), subs AS (
+  SELECT s.id, s.scope_id, s.cursor, s.event_types, s.attempts FROM webhook_subscriptions s
+  WHERE s.scope_id IN (SELECT scope_id FROM gone) ORDER BY s.id FOR NO KEY UPDATE
+), missed AS (
+  SELECT s.id, s.scope_id, s.attempts, count(*) AS n, min(g.id) AS first_id, max(g.id) AS last_id
+  FROM subs s JOIN gone g ON g.scope_id = s.scope_id AND g.id > s.cursor AND g.type = ANY(s.event_types)
+  GROUP BY s.id, s.scope_id, s.attempts
+), told AS (
+  UPDATE webhook_subscriptions w SET cursor = m.last_id, attempts = 0, failed_count = w.failed_count + m.n,
+         last_error = jsonb_build_object('code', 'events_expired', 'status', NULL, 'count', m.n,
+           'first_event_id', m.first_id, 'last_event_id', m.last_id,
+           'message', m.n || ' event(s) expired (MEMEFLOW_EVENTS_RETENTION_S) before they were delivered')
+  FROM missed m WHERE w.id = m.id
+  RETURNING w.id, w.scope_id, w.last_error, m.attempts, m.last_id
+), recorded AS (
+  INSERT INTO webhook_failures (scope_id, subscription_id, event_id, attempts, error, failed_at)
+  SELECT scope_id, id, last_id, attempts, last_error, :now FROM told
+)
+SELECT count(*) FROM gone
+""")
 
 
 @transition
-def prune_events_txn(conn: Connection, cutoff: datetime, limit: int) -> Outcome[None]:
+def prune_events_txn(conn: Connection, cutoff: datetime, limit: int, now: datetime) -> Outcome[None]:
     """committed, created before ``cutoff`` → deleted: up to ``limit`` of the oldest events
-    (primary-key order); ``affected``: how many. Not matched: the oldest are younger."""
-    return Outcome.count(conn.execute(PRUNE_EVENTS, {"n": limit, "cut": cutoff}).rowcount)
+    (primary-key order); ``affected``: how many. A subscription that had not delivered some of
+    them → cursor past them, attempts 0, counted failed, ``events_expired`` recorded. Not matched:
+    the oldest are younger."""
+    return Outcome.count(conn.execute(PRUNE_EVENTS, {"n": limit, "cut": cutoff, "now": now}).scalar_one())
 
 
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
