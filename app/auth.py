@@ -95,6 +95,14 @@ class TokenScopeResolver:
         return row.scope_id
 
 
+def token_usable(engine: Engine, digest: str) -> bool:
+    """Whether the token with this sha256 is still usable (known, not revoked, not expired): what
+    a long stream opened with it asks again while it runs (one index probe)."""
+    with engine.connect() as conn:
+        row = conn.execute(RESOLVE_TOKEN, {"d": digest}).first()
+    return row is not None and bool(row.usable)
+
+
 def resolver_for(settings: Any, engine: Engine) -> ScopeResolver:
     """The resolver selected by ``MEMEFLOW_AUTH``."""
     if settings.auth == "token":

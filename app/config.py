@@ -189,6 +189,7 @@ class Settings:
     event_poll_s: float = 0.1  # a waiting stream looks for new events this often
     event_heartbeat_s: float = 15.0  # SSE comment line while idle (also detects a gone client)
     event_stream_max_s: float = 300.0  # an SSE response ends after this; EventSource reconnects
+    event_auth_check_s: float = 5.0  # a waiting stream asks again whether its token/session is still valid
     event_max_wait_s: float = 30.0  # the largest ``wait`` a long-poll may ask for
     events_retention_s: float = 7 * 86400.0  # the sweep prunes older events
     webhook_timeout_s: float = 5.0  # one delivery, connect to last byte read
@@ -333,7 +334,7 @@ class Settings:
                self.webhook_events_per_claim) < 1:
             raise SettingsError("event stream limits, MEMEFLOW_WEBHOOK_MAX_ATTEMPTS and "
                                 "MEMEFLOW_WEBHOOK_EVENTS_PER_CLAIM must be >= 1")
-        if min(self.event_poll_s, self.event_heartbeat_s, self.webhook_timeout_s, self.webhook_lease_s,
+        if min(self.event_poll_s, self.event_heartbeat_s, self.event_auth_check_s, self.webhook_timeout_s, self.webhook_lease_s,
                self.webhook_poll_s, self.webhook_claim_budget_s, self.webhook_fair_check_s) <= 0:
             raise SettingsError("event and webhook intervals must be > 0")
         if self.webhook_lease_s <= 2 * self.webhook_timeout_s:

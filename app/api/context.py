@@ -16,10 +16,30 @@ log = logging.getLogger("memeflow.api")
 
 
 @dataclass(frozen=True)
+class Credential:
+    """What authenticated a request — a bearer token or a browser session, by digest — so that a
+    response that outlives the request's check (an event stream) can ask again."""
+
+    kind: str  # "token" | "session"
+    digest: str  # the token's sha256, or the session cookie's
+
+    def still_valid(self, engine: Any) -> bool:
+        """Not revoked, expired or signed out (one indexed read)."""
+        if self.kind == "token":
+            from app.auth import token_usable
+
+            return token_usable(engine, self.digest)
+        from app.web.sessions import session_live
+
+        return session_live(engine, self.digest)
+
+
+@dataclass(frozen=True)
 class RequestContext:
     """Immutable per-request facts from trusted sources only (never body/query/path)."""
 
     scope_id: str
+    credential: Credential | None = None  # None: nothing to revoke (MEMEFLOW_AUTH=none, the local app)
 
 
 @dataclass
@@ -44,17 +64,28 @@ def scope_id() -> str:
     return g.memeflow_context.scope_id
 
 
+def credential() -> Credential | None:
+    """The credential that authenticated the current request (None: nothing that can be revoked)."""
+    return g.memeflow_context.credential
+
+
 def resolve_request_scope() -> str:
-    """The scope of this request: the trusted resolver's answer (bearer token, or ``local``); when
-    it refuses, a browser session of this site's own page script (:mod:`app.web.page_auth`), else
-    the resolver's 401 stands. A page write without its CSRF header is 403 ``csrf_rejected``."""
-    from app.auth import Unauthorized
+    """The scope of this request (see :func:`resolve_request`)."""
+    return resolve_request().scope_id
+
+
+def resolve_request() -> RequestContext:
+    """This request's scope and credential: the trusted resolver's answer (bearer token, or
+    ``local``); when it refuses, a browser session of this site's own page script
+    (:mod:`app.web.page_auth`), else the resolver's 401 stands. A page write without its CSRF
+    header is 403 ``csrf_rejected``."""
+    from app.auth import TokenScopeResolver, Unauthorized, hash_token
     from app.web.csrf import CsrfRejected
     from app.web.page_auth import page_session
 
     svc = services()
     try:
-        return svc.scope_resolver.resolve(request.headers)
+        scope = svc.scope_resolver.resolve(request.headers)
     except Unauthorized:
         try:
             session = page_session(svc.engine)
@@ -64,7 +95,11 @@ def resolve_request_scope() -> str:
             raise ApiError(403, CsrfRejected.code, str(exc)) from None
         if session is None:
             raise
-        return session.scope_id
+        return RequestContext(validate_scope_id(session.scope_id), Credential("session", session.id_sha256))
+    if isinstance(svc.scope_resolver, TokenScopeResolver):  # it accepted the bearer token
+        token = request.headers.get("Authorization", "").partition(" ")[2].strip()
+        return RequestContext(validate_scope_id(scope), Credential("token", hash_token(token)))
+    return RequestContext(validate_scope_id(scope))
 
 
 def protect(blp: Blueprint) -> Blueprint:
@@ -72,7 +107,7 @@ def protect(blp: Blueprint) -> Blueprint:
 
     @blp.before_request
     def _resolve_scope() -> None:
-        g.memeflow_context = RequestContext(scope_id=validate_scope_id(resolve_request_scope()))
+        g.memeflow_context = resolve_request()
 
     return blp
 

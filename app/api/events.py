@@ -23,8 +23,9 @@ from flask.views import MethodView
 from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, scope_id, services
+from app.api.context import Credential, credential, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
+from app.auth import Unauthorized
 from app.orchestrator.errors import TooManyStreams
 
 blp = protect(Blueprint("events", __name__, url_prefix="/api/v1/events", description="Events (outbox stream)"))
@@ -65,6 +66,25 @@ class _HeldStream:
                 self._sem.release()
 
 
+class _CredentialCheck:
+    """Asks again, at most every ``event_auth_check_s``, whether the credential that opened a
+    waiting stream is still valid: a revoked or expired token, or a signed-out or expired browser
+    session, ends the stream (the request's own check happened once, at its start)."""
+
+    def __init__(self, orch: Any, engine: Any, cred: Credential | None) -> None:
+        self.engine, self.cred, self.every = engine, cred, float(orch.settings.event_auth_check_s)
+        self.next_at = time.monotonic() + self.every
+
+    def still_valid(self) -> bool:
+        if self.cred is None or time.monotonic() < self.next_at:
+            return True
+        self.next_at = time.monotonic() + self.every
+        return self.cred.still_valid(self.engine)  # one indexed read
+
+
+REVOKED = "the token or session of this stream was revoked or has expired"
+
+
 def _wants_sse() -> bool:
     """Only an Accept header that names ``text/event-stream`` itself (EventSource does) gets a
     stream; ``*/*`` (curl, most clients) gets JSON."""
@@ -102,21 +122,23 @@ class Events(MethodView):
         orch, scope = svc.orchestrator, scope_id()
         sse = _wants_sse()
         after = args["after"] or 0
+        auth = _CredentialCheck(orch, svc.engine, credential())
         if sse:  # an EventSource reconnects to the same URL with Last-Event-ID: resume from there
             after = max(after, _last_event_id() or 0)
-            return _sse_response(orch, scope, after, args["limit"])
+            return _sse_response(orch, auth, scope, after, args["limit"])
         events = orch.list_events(scope, after, args["limit"])
         wait = min(float(args["wait"]), float(orch.settings.event_max_wait_s))
         if not events and wait > 0:
             held = _HeldStream(orch, scope)
             try:
-                events = _long_poll(orch, held, scope, after, args["limit"], wait)
+                events = _long_poll(orch, held, auth, scope, after, args["limit"], wait)
             finally:
                 held.release()
         return {"events": events, "last_id": events[-1]["id"] if events else after}
 
 
-def _long_poll(orch: Any, held: _HeldStream, scope: str, after: int, limit: int, wait: float) -> list[dict]:
+def _long_poll(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str, after: int, limit: int,
+               wait: float) -> list[dict]:
     s = orch.settings
     deadline = time.monotonic() + wait
     renew_at = time.monotonic() + s.event_heartbeat_s
@@ -125,6 +147,8 @@ def _long_poll(orch: Any, held: _HeldStream, scope: str, after: int, limit: int,
         if remaining <= 0:
             return []
         time.sleep(min(s.event_poll_s, remaining))
+        if not auth.still_valid():
+            raise Unauthorized(REVOKED)
         events = orch.list_events(scope, after, limit)
         if events:
             return events
@@ -156,13 +180,17 @@ def sse_message(event: dict[str, Any]) -> str:
     return f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
-def _sse_chunks(orch: Any, held: _HeldStream, scope: str, after: int, limit: int) -> Iterator[str]:
+def _sse_chunks(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str, after: int, limit: int
+                ) -> Iterator[str]:
     s = orch.settings
     started = time.monotonic()
     beat_at = started + s.event_heartbeat_s
     yield f"retry: 2000\n: connected, after {after}\n\n"
     cursor = after
     while time.monotonic() - started < s.event_stream_max_s:
+        if not auth.still_valid():  # EventSource reconnects and gets 401: it stops
+            yield ": credential revoked or expired\n\n"
+            return
         events = orch.list_events(scope, cursor, limit)
         for event in events:
             yield sse_message(event)
@@ -177,9 +205,9 @@ def _sse_chunks(orch: Any, held: _HeldStream, scope: str, after: int, limit: int
             time.sleep(s.event_poll_s)
 
 
-def _sse_response(orch: Any, scope: str, after: int, limit: int) -> Response:
+def _sse_response(orch: Any, auth: _CredentialCheck, scope: str, after: int, limit: int) -> Response:
     held = _HeldStream(orch, scope)  # 429 before any byte is streamed
-    body = _SseBody(_sse_chunks(orch, held, scope, after, limit), held)
+    body = _SseBody(_sse_chunks(orch, held, auth, scope, after, limit), held)
     resp = Response(body, mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"
     resp.headers["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once

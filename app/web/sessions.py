@@ -55,6 +55,7 @@ class BrowserSession:
     scope_id: str
     csrf_token: str
     token_sha256: str = ""  # the token's digest: a session shares its token's rate-limit window
+    id_sha256: str = ""  # the cookie's digest (the row's key): to ask later whether it is still live
 
 
 def _digest(cookie_value: str) -> str:
@@ -78,7 +79,7 @@ def open_session(engine: Engine, token: str, ttl_s: float) -> tuple[str, Browser
     if row is None:
         return None
     return cookie_value, BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token,
-                                        token_sha256=digest)
+                                        token_sha256=digest, id_sha256=_digest(cookie_value))
 
 
 def session_for_cookie(engine: Engine, cookie_value: str | None) -> BrowserSession | None:
@@ -92,7 +93,14 @@ def session_for_cookie(engine: Engine, cookie_value: str | None) -> BrowserSessi
     if row is None or not hmac.compare_digest(row.id_sha256, sid):
         return None
     return BrowserSession(token_id=row.token_id, scope_id=row.scope_id, csrf_token=row.csrf_token,
-                          token_sha256=row.token_sha256)
+                          token_sha256=row.token_sha256, id_sha256=row.id_sha256)
+
+
+def session_live(engine: Engine, id_sha256: str) -> bool:
+    """Whether the session with this cookie digest is still live (not signed out or expired, its
+    token not revoked or expired): what a long stream opened with it asks again while it runs."""
+    with engine.connect() as conn:
+        return conn.execute(LIVE_SESSION, {"sid": id_sha256}).first() is not None
 
 
 def close_session(engine: Engine, cookie_value: str | None) -> bool:

@@ -188,3 +188,74 @@ def test_auth_none_refuses_another_sites_streams_and_long_polls(client, settings
     finally:
         for r in foreign:
             r.close()
+
+
+@pytest.fixture()
+def checking_app(settings, engine, publisher, store):
+    """Token mode, the stream's credential re-checked every 0.1 s."""
+    from app.auth import TokenScopeResolver
+
+    s = settings.replace(event_auth_check_s=0.1, event_stream_max_s=10.0)
+    return create_app(scope_resolver=TokenScopeResolver(engine), settings=s, orchestrator=Orchestrator(engine, s),
+                      engine=engine, publisher=publisher, store=store, cursor_secret_key="test-secret")
+
+
+def _read_to_end(resp, timeout: float = 20.0) -> str:
+    out, deadline = "", time.monotonic() + timeout
+    for chunk in resp.response:
+        out += chunk.decode()
+        assert time.monotonic() < deadline, f"the stream did not end: {out!r}"
+    return out
+
+
+def _revoke(engine, how: str, cookie: str | None) -> None:
+    from app.auth import revoke_token
+    from app.web.sessions import close_session
+
+    if how == "sign-out":
+        assert close_session(engine, cookie)
+    else:
+        assert revoke_token(engine, "alpha-key", "alpha")
+
+
+@pytest.mark.parametrize(("how", "by"), [("revoke", "token"), ("revoke", "session"), ("sign-out", "session")])
+def test_an_open_stream_ends_when_its_credential_does(checking_app, tokens, engine, how, by):
+    """The credential that opened a stream is asked again every ``event_auth_check_s``: revoking the
+    token, or signing the browser session out, ends the stream (EventSource's reconnect gets 401)."""
+    client = checking_app.test_client()
+    headers = {"Accept": "text/event-stream"}
+    cookie = None
+    if by == "token":
+        headers["Authorization"] = f"Bearer {tokens['alpha']}"
+    else:
+        cookie, _ = open_session(engine, tokens["alpha"], 600)
+        client.set_cookie(SESSION_COOKIE, cookie)
+        headers.update(OWN_PAGE)
+    resp = client.get("/api/v1/events", headers=headers, buffered=False)
+    assert resp.status_code == 200
+    try:
+        first = next(iter(resp.response)).decode()
+        assert first.startswith("retry:")  # open, credential checked once
+        _revoke(engine, how, cookie)
+        rest = _read_to_end(resp)
+    finally:
+        resp.close()
+    assert rest.endswith(": credential revoked or expired\n\n")
+    assert client.get("/api/v1/events", headers=headers).status_code == 401
+
+
+def test_a_long_poll_ends_401_when_its_token_is_revoked(checking_app, tokens, engine):
+    client = checking_app.test_client()
+    alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+    got: list = []
+    poll = threading.Thread(target=lambda: got.append(client.get("/api/v1/events?wait=10", headers=alpha)))
+    poll.start()
+    from sqlalchemy import text
+
+    from tests.conftest import poll_until
+
+    with engine.connect() as c:  # the long-poll waits in its stream slot
+        poll_until(lambda: c.execute(text("SELECT count(*) FROM event_stream_slots")).scalar(), what="a waiting poll")
+    _revoke(engine, "revoke", None)
+    poll.join(20)
+    assert got and got[0].status_code == 401 and got[0].get_json()["error"] == "unauthorized"
