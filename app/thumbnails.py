@@ -21,7 +21,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,17 +118,20 @@ class ThumbnailCache:
                     yield ns_dir.name, m.group("sha"), f
 
     def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
-              dry_run: bool = False) -> list[Path]:
+              dry_run: bool = False, namespaces: Container[str] | None = None) -> list[Path]:
         """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
         sha256) of every image row), those of an older rendering version, and temp files of crashed
         writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
-        thumbnail is derived, so a request that finds it gone makes it again."""
+        thumbnail is derived, so a request that finds it gone makes it again. ``namespaces``: only
+        those namespace directories are considered (the scopes of the database ``live_versions``
+        was read from)."""
         live = {(str(ns), sha) for ns, sha in live_versions}
         now = time.time() if now is None else now
         gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
         if self.root.is_dir():
             gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
-        gone = [p for p in gone if _age_s(p, now) >= min_age_s]
+        gone = [p for p in gone if _age_s(p, now) >= min_age_s
+                and (namespaces is None or p.parent.name in namespaces)]
         if not dry_run:
             for p in gone:
                 p.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ and agent result records no attempt in flight needs)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,11 +37,17 @@ class GcReport:
     temp_files: list[Path] = field(default_factory=list)
     bytes: int = 0
     kept_young: int = 0
+    foreign: list[str] = field(default_factory=list)  # namespace directories no scope of the database owns
 
 
-def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None
-                    ) -> GcReport:
+def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None,
+                    owned: Collection[str] | None = None) -> GcReport:
     """Remove files no ``images.storage_key`` references, and stale temp files, older than ``min_age_s``.
+
+    Only in the namespace directories of this database's scopes (``owned``; read from it when not
+    given): the rows of a database that does not own the storage directory (a wrong
+    MEMEFLOW_DATABASE_URL, a fresh or restored database) reference none of its files, so every other
+    directory is left alone and listed in ``foreign``.
 
     Each candidate file is decided under its storage key's lock (``orchestrator.files``): the
     references are re-read there and an upload of the same bytes holds that lock from its file
@@ -48,7 +55,7 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
     upload refreshes an existing file's mtime, so ``min_age_s`` counts from the latest upload and
     also keeps uploads of older versions (which wrote the file before locking) safe.
     """
-    from app.orchestrator.files import referenced_keys, remove_unreferenced_file
+    from app.orchestrator.files import owned_namespaces, referenced_keys, remove_unreferenced_file
     from app.storage import FileStore
 
     store = FileStore(storage_dir)
@@ -61,7 +68,12 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
         except FileNotFoundError:
             return False
 
-    keys = list(store.iter_keys())
+    owned = owned_namespaces(orch) if owned is None else owned
+    all_keys, all_temps = list(store.iter_keys()), store.stale_temp_files()
+    keys = [k for k in all_keys if k.split("/", 1)[0] in owned]
+    temps = [p for p in all_temps if p.parent.name in owned]
+    seen = {k.split("/", 1)[0] for k in all_keys} | {p.parent.name for p in all_temps}
+    report.foreign = sorted(seen - set(owned))
     referenced = referenced_keys(orch, keys)  # a lock-free first filter; each removal re-checks
     for key in keys:
         if key in referenced:
@@ -73,7 +85,7 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
         if removed is not None:
             report.orphans.append(store.path(key))
             report.bytes += removed
-    for path in store.stale_temp_files():
+    for path in temps:
         if not old(path):
             report.kept_young += 1
             continue
@@ -94,17 +106,25 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
 @friendly_errors
 def gc(dry_run: bool, min_age_s: float) -> None:
     """Remove storage files no image references, temp files left by crashed writes, local agent
-    result records whose attempt is no longer in flight, and thumbnails of versions no image has."""
+    result records whose attempt is no longer in flight, and thumbnails of versions no image has —
+    each only in the storage namespaces of this database's scopes."""
+    from app.orchestrator.files import owned_namespaces
     from app.stages.agent import records
     from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions
 
     with connected() as ctx:
         storage = ctx.settings.storage_path
-        report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run)
+        owned = owned_namespaces(ctx.orch)
+        report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run, owned=owned)
         results_dirs = list(dict.fromkeys((ctx.settings.agent_results_path, ctx.settings.legacy_agent_results_path)))
-        pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run)
+        pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run,
+                                   namespaces=owned)
                   for d in results_dirs}
-        thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run)
+        thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run,
+                                               namespaces=owned)
+    if report.foreign:
+        click.echo(f"warning: {storage} has namespaces not owned by this database, left alone: "
+                   f"{', '.join(report.foreign)} (is MEMEFLOW_DATABASE_URL this storage's database?)", err=True)
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc {storage}: {verb} {len(report.orphans)} unreferenced files and {len(report.temp_files)} "
                f"temp files ({report.bytes} bytes); kept {report.kept_young} younger than {min_age_s:g}s")

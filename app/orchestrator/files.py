@@ -77,6 +77,12 @@ def release_file(orch: Orchestrator, files: FileStore | None, storage_key: str) 
         log.warning("could not remove an unreferenced file; memeflow gc will", exc_info=True)
 
 
+def owned_namespaces(orch: Orchestrator) -> set[str]:
+    """The storage namespaces this database's scopes own (gc decides over those alone)."""
+    with orch.engine.connect() as conn:
+        return images.storage_namespaces_txn(conn)
+
+
 def referenced_keys(orch: Orchestrator, storage_keys: list[str]) -> set[str]:
     """Which of ``storage_keys`` some image row references now (a first, lock-free filter for gc)."""
     with orch.engine.connect() as conn:

@@ -28,7 +28,8 @@ def decide_retry(
     error: StageError, *, attempt: int, max_attempts: int, now: datetime, base_s: float, max_s: float,
     rand: random.Random | None = None, paid_call: bool = False,
 ) -> RetryDecision:
-    """Retryable errors back off until ``max_attempts``; permanent and unknown outcomes stop.
+    """Retryable errors back off until ``max_attempts`` (then fail ``max_attempts_exceeded``, or the
+    error's ``exhausted_code``); permanent and unknown outcomes stop.
 
     For a paid external call (``paid_call``) only an error that proves the call did not happen
     (``RetryableError.not_executed``) is retried; any other transient error leaves the outcome
@@ -40,8 +41,8 @@ def decide_retry(
         return RetryDecision(retry=False, code=error.code)
     if paid_call and not error.not_executed:
         return RetryDecision(retry=False, code=error.code, unknown=True)
-    if attempt >= max_attempts:
-        return RetryDecision(retry=False, code="max_attempts_exceeded")
+    if attempt >= max_attempts:  # getattr: an error unpickled from an older worker has no exhausted_code
+        return RetryDecision(retry=False, code=getattr(error, "exhausted_code", None) or "max_attempts_exceeded")
     delay = backoff_delay(attempt, base_s, max_s, rand)
     return RetryDecision(retry=True, available_at=now + timedelta(seconds=delay), code=error.code)
 

@@ -32,11 +32,15 @@ class RetryableError(StageError):
         code: str | None = None,
         not_executed: bool = True,
         retry_after_s: float | None = None,
+        exhausted_code: str | None = None,
     ) -> None:
         super().__init__(message, code=code)
         # True only when the call provably did not happen (safe to re-send a paid request).
         self.not_executed = not_executed
         self.retry_after_s = retry_after_s
+        # The code to fail with once max_attempts are spent, when a condition that persists is its
+        # own diagnosis (a stored file still missing); None: ``max_attempts_exceeded``.
+        self.exhausted_code = exhausted_code
 
 
 class PermanentError(StageError):

@@ -90,11 +90,16 @@ def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
 
 
 def load_image(settings: Settings, claim: Claim) -> DecodedImage:
+    """The claimed image's stored file, decoded. A missing file is retryable: a content replace or
+    revert racing this task may have removed it a moment ago and put it back (each claim reads the
+    image's current key), and nothing was called yet, so a paid stage may retry too. A file that
+    stays missing fails ``file_missing`` once the attempts are spent."""
     path = settings.storage_path / claim.storage_key
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise PermanentError(f"stored file {claim.storage_key} is missing", code="file_missing") from None
+        raise RetryableError(f"stored file {claim.storage_key} is missing", code="file_missing",
+                             not_executed=True, exhausted_code="file_missing") from None
     return decode_image(data, max_pixels=settings.max_image_pixels)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
+from app.stages.errors import StageError
 from app.stages.providers import Providers
 from app.worker import executor
 from tests.support.clock import FakeClock
@@ -121,6 +123,40 @@ def test_content_replaced_mid_run_writes_no_artifact_and_new_version_proceeds(en
     assert _scalar(engine, "SELECT image_sha256 FROM visual_embeddings") == sha
     assert orch.get_job("local", res.job["id"])["status"] == "target_changed"
 
+
+def test_a_file_missing_while_a_replace_is_reverted_is_retried_not_failed(engine, settings):
+    """A → B removes A's file while a worker holds A's visual task; B → A (a quick revert) stores
+    it again and links the new job's stage to that same running task. The worker's read that
+    found no file is retried under a fresh claim, which reads the file back: the job runs on."""
+    import hashlib
+
+    from app.storage import FileStore, storage_key
+    from app.worker.run import run_task
+
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings, clock=clock)
+    files = FileStore(settings.storage_path)
+    ns = orch.ensure_scope("local")
+
+    def put(data: bytes):
+        sha = hashlib.sha256(data).hexdigest()
+        return orch.replace_content("local", res.image["id"], sha256=sha, media_type="image/png", extension=".png",
+                                    size_bytes=len(data), width=48, height=40,
+                                    storage_key=storage_key(ns, sha, ".png"), files=files, data=data)
+
+    res = store_and_ingest(orch, "local", png_bytes(31))
+    claim = orch.claim_task(visual_task(res).task_id, "w1")
+    put(png_bytes(32))  # A → B: A's file goes
+    with pytest.raises(StageError) as missing:
+        executor.load_image(settings, claim)  # the worker reads A's file now
+    reverted = put(png_bytes(31))  # B → A: A's file is back, the new job waits on the running task
+    assert reverted.job["stages"][0]["task_id"] == str(claim.task_id)
+    orch.fail_task(claim, missing.value)
+    assert orch.get_job("local", reverted.job["id"])["status"] != "failed"
+    assert _scalar(engine, "SELECT status FROM tasks WHERE id = :t", t=claim.task_id) == "queued"
+    clock.advance(3600)
+    assert run_task(orch, claim.task_id, "w2", Providers(settings), RecordingPublisher()) == "succeeded"
+    assert orch.get_job("local", reverted.job["id"])["stages"][0]["status"] == "succeeded"
 
 def test_text_completion_from_old_metadata_hash_writes_nothing(engine, settings):
     orch = Orchestrator(engine, settings)

@@ -193,3 +193,29 @@ def test_exhausted_retries_fail_with_max_attempts_exceeded(engine, settings):
         assert run_task(orch, visual_task(res).task_id, "w", providers, RecordingPublisher()) == "failed"
     job = orch.get_job("local", res.job["id"])
     assert job["status"] == "failed" and job["error"]["code"] == "max_attempts_exceeded"
+
+
+def test_a_stored_file_that_stays_missing_fails_file_missing_once_attempts_are_spent(engine, settings):
+    """A missing file may be a content replace racing the task, so it is retried (read before any
+    provider call: nothing ran); one that stays missing ends the job ``file_missing``, not
+    ``max_attempts_exceeded`` — the operator's cue to restore it."""
+    from app.worker.run import run_task
+
+    clock = FakeClock()
+    calls = Calls()
+    providers = counting_providers(settings, calls)
+    orch = Orchestrator(engine, settings.replace(max_attempts=3), clock=clock)
+    res = store_and_ingest(orch, "local", png_bytes(24))
+    task = visual_task(res).task_id
+    [(key,)] = _q(engine, "SELECT storage_key FROM images WHERE id = :i", i=res.image["id"])
+    (settings.storage_path / key).unlink()
+    states = []
+    for _ in range(3):
+        clock.advance(3600)
+        run_task(orch, task, "w", providers, RecordingPublisher())
+        [(status, error)] = _q(engine, "SELECT status, error FROM tasks WHERE id = :t", t=task)
+        states.append((status, error["code"]))
+    assert states == [("queued", "file_missing"), ("queued", "file_missing"), ("failed", "file_missing")]
+    job = orch.get_job("local", res.job["id"])
+    assert job["status"] == "failed" and job["error"]["code"] == "file_missing", job["error"]
+    assert calls.by_stage["visual"] == 0  # no provider call for a file it could not read

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import datetime, timezone
 
 from sqlalchemy import event, text
 
@@ -158,6 +159,62 @@ def test_old_history_goes_and_everything_protected_stays(engine, settings):
     assert [tuple(m) for m in models] == [(text_model, "m0"), (text_model, "m2")]
 
 
+
+def test_a_replaced_job_stays_while_a_newer_jobs_stage_points_at_its_task(engine, settings):
+    """Dedupe links a newer job's stage to a task the replaced job owns (``tasks.job_id``): the
+    replaced job is kept with it, or its delete would cascade to the task the newer stage reads."""
+    from app.stages.providers import Providers
+    from app.worker import executor
+    from tests.support.agents import Clock
+    from tests.support.pipeline import visual_task
+
+    clock = Clock(datetime(2030, 1, 1, 12, 0, tzinfo=timezone.utc))
+    s = settings.replace(**AGES)
+    orch = Orchestrator(engine, s, clock=clock)
+    res = store_and_ingest(orch, "local", png_bytes(11))
+    claim = orch.claim_task(visual_task(res).task_id, "w1")  # the visual task runs …
+    assert claim is not None
+    edited = orch.edit_context("local", uuid.UUID(res.image["id"]), display_name="renamed")  # … a context edit
+    newer = uuid.UUID(str(edited.job["id"]))  # supersedes the job; the new one's visual stage links that task
+    with engine.connect() as conn:
+        linked = conn.execute(text("SELECT task_id FROM job_stages WHERE job_id = :j AND stage = 'visual'"),
+                              {"j": newer}).scalar()
+    assert newer != uuid.UUID(str(res.job["id"])) and linked == claim.task_id
+    orch.complete_task(claim, executor.execute_visual(s, Providers(s), claim))
+
+    clock.advance(days=31)  # the replaced job and the shared task are past every age
+    assert orch.sweep().counts["retention_errors"] == 0
+    with engine.connect() as conn:
+        assert _ids(conn, "processing_jobs") >= {uuid.UUID(str(res.job["id"])), newer}
+        assert claim.task_id in _ids(conn, "tasks")
+    assert orch.get_task("local", claim.task_id)["status"] == "succeeded"
+
+
+def test_an_attempt_whose_outcome_is_open_keeps_its_task_and_job(engine, settings):
+    """A prepared, external_started or unknown_execution attempt is never deleted — not by the
+    attempts walk, nor by the cascade of its task's or its job's delete."""
+    orch = Orchestrator(engine, settings.replace(**AGES))
+    store_and_ingest(orch, "local", png_bytes(12), process=False)  # the scope
+    with engine.begin() as conn:
+        img = _image(conn, "f" * 64)
+        latest = _job(conn, img, 10, "succeeded", 40)
+        keep, drop = set(), set()
+        for n, state in enumerate(("prepared", "external_started", "unknown_execution", "failed"), start=1):
+            replaced = _job(conn, img, n, "cancelled", 40)  # a replaced job's own task (jobs walk)
+            own = _task(conn, replaced, "failed", 40, stage_ref=True)
+            loose = _task(conn, latest, "failed", 40)  # a task no stage points at (tasks walk)
+            attempts = {_attempt(conn, own, 1, state, 40), _attempt(conn, loose, 1, state, 40)}
+            (drop if state == "failed" else keep).update(attempts)
+    report = orch.sweep()
+    assert report.counts["retention_errors"] == 0 and report.counts["pruned_jobs"] == 1
+    with engine.connect() as conn:
+        attempts = _ids(conn, "task_attempts", "attempt_id")
+        assert keep <= attempts and not drop & attempts
+        kept = conn.execute(text("SELECT count(*) FROM tasks t JOIN processing_jobs j ON j.id = t.job_id"
+                                 " WHERE j.image_id = :i"), {"i": img}).scalar()
+    assert kept == 6  # three open attempts' tasks under replaced jobs, three under the latest
+
+
 def test_a_model_the_scopes_search_serving_names_is_never_an_old_model(engine, settings):
     """A model change (app/orchestrator/serving.py): the model a scope replaced stays for a rollback
     within MEMEFLOW_SEARCH_ROLLBACK_WINDOW_S (and while pinned), then goes like any old model."""
@@ -259,6 +316,9 @@ def test_retention_statements_are_index_driven(engine, settings):
             "INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state,"
             " input_digest, target_sha256, updated_at) SELECT id::text, scope_id, id, 1, 1, 'completed', 'd', 's',"
             " completed_at FROM tasks WHERE completed_at IS NOT NULL"))
+        conn.execute(text(  # each job's stage points at its task (the probes of a task's other references)
+            "INSERT INTO job_stages (job_id, stage, scope_id, position, status, task_id)"
+            " SELECT job_id, 'visual', scope_id, 0, 'succeeded', id FROM tasks WHERE completed_at IS NOT NULL"))
         conn.execute(text("INSERT INTO ops_counters (bucket, name, count) SELECT date_trunc('minute', now())"
                           " - make_interval(mins => g), 'rehint', 1 FROM generate_series(1, 40000) g"))
         conn.execute(text(
@@ -285,5 +345,6 @@ def test_retention_statements_are_index_driven(engine, settings):
     with engine.connect() as conn:
         for statement, parameters in captured:
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
-            assert not re.search(r"Seq Scan on (tasks|processing_jobs|task_attempts|ops_counters|text_embeddings|images)",
+            assert not re.search(r"Seq Scan on (tasks|processing_jobs|task_attempts|job_stages|ops_counters|"
+                                 r"text_embeddings|images)",
                                  plan), (statement, plan)

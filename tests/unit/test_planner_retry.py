@@ -91,6 +91,10 @@ def test_retry_decisions():
     assert capped.available_at <= NOW + timedelta(seconds=60)
     assert decide_retry(RetryableError("x"), attempt=3, max_attempts=3, now=NOW, base_s=1, max_s=1).code == \
         "max_attempts_exceeded"
+    missing = RetryableError("x", code="file_missing", exhausted_code="file_missing")
+    assert decide_retry(missing, attempt=2, max_attempts=3, now=NOW, base_s=1, max_s=1).retry
+    spent = decide_retry(missing, attempt=3, max_attempts=3, now=NOW, base_s=1, max_s=1)
+    assert not spent.retry and spent.code == "file_missing"
     perm = decide_retry(PermanentError("x", code="invalid_image"), attempt=1, max_attempts=3, now=NOW, base_s=1, max_s=1)
     assert not perm.retry and perm.code == "invalid_image"
     unk = decide_retry(OutcomeUnknownError("x"), attempt=1, max_attempts=3, now=NOW, base_s=1, max_s=1)

@@ -212,6 +212,12 @@ def lock_storage_key_txn(conn: Connection, storage_key: str) -> None:
     conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": f"file:{storage_key}"})
 
 
+def storage_namespaces_txn(conn: Connection) -> set[str]:
+    """The storage namespaces of this database's scopes: the only directories of the storage root
+    whose files its rows can say anything about."""
+    return {str(ns) for ns in conn.execute(sql("SELECT storage_namespace FROM scopes")).scalars()}
+
+
 def referenced_storage_keys_txn(conn: Connection, storage_keys: list[str]) -> set[str]:
     """Which of ``storage_keys`` an image row (any scope) references."""
     if not storage_keys:

@@ -39,7 +39,8 @@ from app.orchestrator.store._sql import Outcome, sql, transition
 # delete; the result: (rows read, rows deleted) — written out whole in each statement.
 
 # Ended tasks no job stage points at (a retried stage's earlier tasks, tasks of a replaced job),
-# except those of a job that is active or waits for a human.
+# except those of a job that is active or waits for a human and those with an attempt whose outcome
+# is open (the delete would cascade to it). Probes: ix_job_stages_task, uq_task_attempts_task_id_attempt_no.
 PRUNE_TASKS = sql("""
 WITH scan AS MATERIALIZED (SELECT ctid AS k FROM tasks
                            WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
@@ -48,6 +49,8 @@ doomed AS (
   WHERE t.ctid = ANY(ARRAY(SELECT k FROM scan))
     AND t.status IN ('succeeded', 'failed', 'cancelled') AND t.completed_at < :cutoff
     AND (SELECT true FROM job_stages s WHERE s.task_id = t.id LIMIT 1) IS NULL
+    AND (SELECT true FROM task_attempts a WHERE a.task_id = t.id
+         AND a.state IN ('prepared', 'external_started', 'unknown_execution') LIMIT 1) IS NULL
     AND (SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id)
         NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
   LIMIT :n FOR UPDATE OF t SKIP LOCKED),
@@ -73,8 +76,12 @@ SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS de
 
 # Ended jobs a newer job of the same image replaced (superseded, target_changed, and any other
 # ended one that is not the latest), with their stages, tasks and attempts (FK cascades); never
-# one waiting for a human, one with a task still queued or running, or one of a batch that is
-# active or ended within the age. The image's latest revision: its unique index, backwards.
+# one waiting for a human, one with a task still queued or running, one with a task another job's
+# stage points at (dedupe links a newer job's stage to the running task of the one it replaced;
+# ``job_stages.task_id`` has no FK, so the cascade would leave that stage pointing at nothing), one
+# with an attempt whose outcome is open, or one of a batch that is active or ended within the age.
+# The image's latest revision: its unique index, backwards; the task probes: ix_tasks_job, then
+# ix_job_stages_task and uq_task_attempts_task_id_attempt_no per task.
 PRUNE_JOBS = sql("""
 WITH scan AS MATERIALIZED (SELECT ctid AS k FROM processing_jobs
                            WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
@@ -85,6 +92,10 @@ doomed AS (
     AND j.revision < (SELECT max(n.revision) FROM processing_jobs n
                       WHERE n.scope_id = j.scope_id AND n.image_id = j.image_id)
     AND (SELECT true FROM tasks t WHERE t.job_id = j.id AND t.status IN ('queued', 'running') LIMIT 1) IS NULL
+    AND (SELECT true FROM tasks t JOIN job_stages s ON s.task_id = t.id
+         WHERE t.job_id = j.id AND s.job_id <> j.id LIMIT 1) IS NULL
+    AND (SELECT true FROM tasks t JOIN task_attempts a ON a.task_id = t.id
+         WHERE t.job_id = j.id AND a.state IN ('prepared', 'external_started', 'unknown_execution') LIMIT 1) IS NULL
     AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
                                 FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))
   LIMIT :n FOR UPDATE OF j SKIP LOCKED),
@@ -193,7 +204,8 @@ def _step(row: Row) -> Outcome[Row]:
 
 @transition
 def prune_tasks_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
-    """ended before ``cutoff``, no stage points at it, its job neither active nor waiting → deleted.
+    """ended before ``cutoff``, no stage points at it, no open attempt, its job neither active nor
+    waiting → deleted.
 
     One step of the tasks walk (heap pages [page, page + pages), at most ``n``); ``row``: (scanned,
     deleted). Not matched: nothing prunable in the window."""
@@ -210,7 +222,8 @@ def prune_attempts_txn(conn: Connection, page: int, pages: int, n: int, *, cutof
 
 @transition
 def prune_jobs_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
-    """ended before ``cutoff``, not its image's latest, no active task or batch → deleted (cascades).
+    """ended before ``cutoff``, not its image's latest, no active task or batch, no task another job's
+    stage points at, no open attempt → deleted (cascades).
 
     One step of the jobs walk, as ``prune_tasks_txn``."""
     return _step(conn.execute(PRUNE_JOBS, {**_window(page, pages, n), "cutoff": cutoff}).one())

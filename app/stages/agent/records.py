@@ -40,7 +40,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 
 from app.atomic import fsync_dir, write_atomic, write_temp
@@ -276,11 +276,13 @@ def discard(results_dir: str | os.PathLike[str], namespace: str, attempt_ids: It
 
 def prune(
     results_dir: str | os.PathLike[str], still_open: Callable[[list[str]], set[str]], *, min_age_s: float,
-    dry_run: bool = False,
+    dry_run: bool = False, namespaces: Container[str] | None = None,
 ) -> list[Path]:
     """Remove records older than ``min_age_s`` whose attempt may no longer be adopted:
     ``still_open(ids)`` returns those of ``ids`` still in flight (their records are kept). Also
-    removes stale temp files of interrupted writes. Returns the paths removed (or, dry, removable)."""
+    removes stale temp files of interrupted writes. Returns the paths removed (or, dry, removable).
+    ``namespaces``: only those namespace directories are considered (the scopes of the database
+    ``still_open`` asks: another's attempts are unknown to it, never "in flight")."""
     root = Path(results_dir)
     if not root.is_dir():
         return []
@@ -292,6 +294,8 @@ def prune(
             if now - path.stat().st_mtime < min_age_s:
                 continue
         except FileNotFoundError:
+            continue
+        if namespaces is not None and path.parent != root and path.parent.name not in namespaces:
             continue
         if path.suffix == ".tmp":
             temps.append(path)
