@@ -451,9 +451,11 @@ def mark_unknown_execution(orch: Orchestrator, claim: Claim) -> list[Hint]:
 
 
 def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> list[Hint]:
-    """The sweep, in its transaction (the task row locked by its pick): end a cancel-requested task
-    whose lease expired and that no open stage waits on — no claim can ever take it, so its dead
-    worker's execution would stay ``running`` (and active for dedupe) forever.
+    """The sweep, in a transaction of its own after its pick committed: end a cancel-requested task
+    whose lease expired and that no open stage waited on — no claim can ever take it, so its dead
+    worker's execution would stay ``running`` (and active for dedupe) forever. Fenced on the
+    execution the pick saw, still cancel-requested and expired: a job that took the task meanwhile
+    withdrew the request, and then nothing is ended.
 
     Recorded as ``abandon_task`` records a worker's stop, but honestly for a death: an agent
     attempt still open had its paid call in flight with an outcome no one can prove, so it ends
@@ -463,8 +465,9 @@ def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> lis
     and its open attempt, if any. Returns the hints to publish after commit."""
     now = orch.now()
     if not tasks.end_abandoned_txn(conn, claim.task_id, claim.owner, claim.generation, now).matched:
-        # not matched: that execution is no longer the task's — nothing of it to end
-        log.warning("abandoned task not ended", extra={"task_id": claim.task_id, "generation": claim.generation})
+        # not matched: that execution is no longer the task's, or a job took it meanwhile (request
+        # withdrawn) — nothing of it to end
+        log.info("abandoned task not ended", extra={"task_id": claim.task_id, "generation": claim.generation})
         return []
     if claim.attempt_id:
         err = {"code": "unknown_execution", "message": "the worker died during a paid call of a cancelled task"}

@@ -100,10 +100,13 @@ def _rehint(orch: Orchestrator, report: SweepReport) -> None:
 def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
     """2. running with an expired lease: claimable again; re-hint, or end it if attempts are spent.
 
-    A cancel-requested one nobody waits on any more is ended in this transaction
-    (``end_abandoned_txn``): no claim could ever take it, and left running it would stay active for
-    dedupe (a later job of its image would wait on it for ever) and come back here at every grace,
-    filling this step's LIMIT ahead of genuinely dead workers' tasks."""
+    A cancel-requested one nobody waits on any more is ended (``end_abandoned_txn``): no claim
+    could ever take it, and left running it would stay active for dedupe (a later job of its image
+    would wait on it for ever) and come back here at every grace, filling this step's LIMIT ahead of
+    genuinely dead workers' tasks. Each is ended in a transaction of its own after this step's
+    commit, fenced on the execution seen here (like the exhausted ones): freeing its slot and
+    hinting the fairest waiter takes other rows' locks, which must not be taken while this step
+    holds up to ``sweep_batch_limit`` task rows (a claim takes a task, then slots, then tasks)."""
     s = orch.settings
     with orch.engine.begin() as conn:
         expired = q.lease_expired_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
@@ -111,14 +114,18 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
         abandoned = [r for r in rows if r["abandon"]]
         rows = [r for r in rows if not r["abandon"]]
         counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+        ending = []
         for r in abandoned:
             open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
-            report.hints += end_abandoned_txn(orch, conn, _claim_of(r, open_attempt))
+            ending.append(_claim_of(r, open_attempt))
         exhausted = []
         for r in rows:
             if _spent(r):
                 open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
                 exhausted.append(_claim_of(r, open_attempt))
+    for claim in ending:  # not matched inside: a job took the task meanwhile (its request withdrawn)
+        with orch.engine.begin() as conn:
+            report.hints += end_abandoned_txn(orch, conn, claim)
     report.counts["cancelled_abandoned"] = len(abandoned)
     live = [r for r in rows if not _spent(r)]
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
