@@ -251,7 +251,11 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
         hints, outcome = orch.mark_unknown_execution(claim), "unknown"
     else:
         landed: list[Claim] = []
-        hints = orch.complete_tasks([(claim, result)], landed)
+        try:
+            hints = orch.complete_tasks([(claim, result)], landed)
+        except UnstorableResult:  # a value the database refuses: its provider's bad output
+            publisher.publish(complete_isolated(orch, [(claim, result)]))
+            return "failed"
         outcome = "cancelled" if hb.stop_requested.is_set() else "succeeded"
         publisher.publish(hints)  # the next stage's hints first: the records' cleanup can wait
         _discard_records(orch, landed)

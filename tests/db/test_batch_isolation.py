@@ -266,6 +266,25 @@ def test_an_agent_answer_the_database_refuses_fails_alone_and_its_batch_mate_kee
     _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
 
 
+def test_a_single_task_run_whose_answer_the_database_refuses_fails_with_its_code(engine, settings):
+    """``run_task`` (one claim, no batch) takes the same net: the refused completion fails the
+    task with its provider's bad output instead of raising out of the worker (which would leave it
+    running until its lease expired, to die the same way at every attempt)."""
+    from app.worker.run import run_task
+
+    settings = settings.replace(agent_provider="tests.support.poison:PoisonOutputAgent")
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    (hint,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert run_task(orch, hint.task_id, "w", providers, pub) == "failed"
+    (task,) = _rows(engine, "SELECT t.status, t.attempt_count, t.error, a.state FROM tasks t"
+                            " JOIN task_attempts a ON a.task_id = t.id WHERE t.lane = 'agent'")
+    assert (task["status"], task["attempt_count"], task["error"]["code"], task["state"]) \
+        == ("failed", 1, "agent_bad_output", "failed")
+
+
 def _assert_agent_batch_mate_kept(engine, is_bad) -> None:
     """One agent task failed (agent_bad_output, its attempt closed as failed), the other succeeded,
     its context written; neither is left running or unknown."""
