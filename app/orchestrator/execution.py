@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, RowMapping
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 def retry_on_disconnect(fn):
     """Run a worker-side transaction again once if the connection was found broken (e.g. after
     a PostgreSQL restart). Safe: a claim is conditional and every later write is fenced, so a
-    transaction that did commit before the connection broke is rejected, not applied twice."""
+    transaction that did commit before the connection broke is rejected, not applied twice. Where
+    that rejection would lose work, the function recognises its own commit: agent claims through
+    ``_resumable_claim``, completions through ``tasks.finished_as_txn`` (docs/architecture.md)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -96,25 +99,60 @@ def _refused(orch: Orchestrator, hinted: uuid.UUID, lane: str) -> None:
     metrics.EMPTY_CLAIMS.labels(lane).inc()
 
 
-@retry_on_disconnect
+def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[list[str]], list[Claim]]) -> list[Claim]:
+    """Run ``claim(attempt_ids)`` — a claim transaction that starts any agent attempt under the next
+    of ``attempt_ids`` — and once more if the connection was found broken, as
+    ``retry_on_disconnect``; but first recognise a claim that did commit, its reply lost between
+    COMMIT and the worker: the attempts started under those ids, still external_started, on tasks
+    ``owner`` holds at that generation with a live lease. Those claims are returned to run: their
+    paid call was never made — the attempt row says started by this owner, who holds the lease —
+    so making it now keeps SPEC §4.5. A blind retry would find the tasks running, claim nothing,
+    and leave them to a recovery that can prove nothing (``unknown_execution``).
+
+    A claim that started no attempt (another lane, or an agent task recovering an interrupted
+    attempt) is not recognised: its tasks wait for their lease to expire and are claimed again."""
+    ids = attempts.new_attempt_ids(n)
+    try:
+        return claim(ids)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        log.warning("database connection lost; looking for this claim's attempts, then retrying once",
+                    extra={"code": "claim"})
+    with orch.engine.begin() as conn:
+        found = {r["attempt_id"]: r for r in attempts.started_claims(conn, ids, owner, orch.now())}
+    if not found:  # nothing of the first try committed (or it started no attempt): claim again
+        return claim(attempts.new_attempt_ids(n))
+    log.info("claim committed before the connection broke; running it", extra={"code": "claim"})
+    metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(found))
+    return [_claim_from_row(found[a], owner, a) for a in ids if a in found]
+
+
 def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
-    to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop)."""
+    to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop).
+    Retried once on a broken connection (``_resumable_claim``)."""
+    claims = _resumable_claim(orch, owner, 1, lambda ids: _claim_task(orch, task_id, owner, lane, ids))
+    return claims[0] if claims else None
+
+
+def _claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None, attempt_ids: list[str]) -> list[Claim]:
+    """``claim_task``'s transaction; an agent task's attempt starts under ``attempt_ids[0]``."""
     try:
         with orch.engine.begin() as conn:
             claimed = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane)
             if not claimed.matched:  # stale, duplicate or wrong-lane hint: nothing to do
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
-                return None
+                return []
             row = claimed.row
             _admit_txn(orch, conn, row)
-            claim = (_agent_attempts_txn(orch, conn, [row], owner)[0] if row["lane"] == Lane.AGENT
+            claim = (_agent_attempts_txn(orch, conn, [row], owner, attempt_ids)[0] if row["lane"] == Lane.AGENT
                      else _claim_from_row(row, owner))
     except _Refused as refused:
         _refused(orch, task_id, refused.lane)
-        return None
+        return []
     metrics.CLAIMS.labels(claim.lane).inc()
-    return claim
+    return [claim]
 
 
 @retry_on_disconnect
@@ -194,12 +232,17 @@ def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int,
     return BatchClaim([_claim_from_row(r, owner) for r in rows], [Hint(lane, task_id)] if left_out else [])
 
 
-@retry_on_disconnect
 def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str) -> list[Claim]:
     """The agent lane's claim for a hint: the hinted task — or, when it is no longer claimable, one
     due member of its wake-up group — through the full admission (fairness, slots; refused →
     nothing, as ``claim_task``), then up to ``n - 1`` more of the group while free slots last.
-    Each claim commits its external_started attempt in this transaction."""
+    Each claim commits its external_started attempt in this transaction. Retried once on a broken
+    connection, recognising its own committed claims (``_resumable_claim``)."""
+    return _resumable_claim(orch, owner, n, lambda ids: _claim_agent_batch(orch, task_id, n, owner, ids))
+
+
+def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, attempt_ids: list[str]) -> list[Claim]:
+    """``claim_agent_batch``'s transaction; the attempts start under ``attempt_ids``."""
     now, lease_s = orch.now(), orch.settings.lease_s
     try:
         with orch.engine.begin() as conn:
@@ -221,7 +264,7 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
             if n > 1 and not generic:
                 tasks.generic_plans_txn(conn)
             rows = [row] + (lanes.claim_group_txn(orch, conn, group, row, n - 1, owner) if n > 1 else [])
-            claims = _agent_attempts_txn(orch, conn, rows, owner)
+            claims = _agent_attempts_txn(orch, conn, rows, owner, attempt_ids)
     except _Refused as refused:
         _refused(orch, task_id, refused.lane)
         return []
@@ -229,9 +272,11 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     return claims
 
 
-def _agent_attempts_txn(orch: Orchestrator, conn: Connection, rows: list[RowMapping], owner: str) -> list[Claim]:
-    """Commit an external_started attempt with each claim (one statement for all) — or surface an
-    interrupted one to recover."""
+def _agent_attempts_txn(
+    orch: Orchestrator, conn: Connection, rows: list[RowMapping], owner: str, attempt_ids: list[str]
+) -> list[Claim]:
+    """Commit an external_started attempt with each claim (one statement for all), under the next
+    of ``attempt_ids`` — or surface an interrupted one to recover."""
     recovering: dict[uuid.UUID, Claim] = {}
     for row in rows:
         # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
@@ -242,7 +287,7 @@ def _agent_attempts_txn(orch: Orchestrator, conn: Connection, rows: list[RowMapp
     started = attempts.start_attempts_txn(conn, [
         {"scope_id": r["scope_id"], "task_id": r["id"], "generation": r["claim_generation"],
          "input_digest": r["input_fingerprint"], "target_sha256": r["image_sha256"]} for r in fresh
-    ], orch.now())
+    ], attempt_ids, orch.now())
     new = {r["id"]: _claim_from_row(r, owner, a) for r, a in zip(fresh, started, strict=True)}
     return [recovering.get(r["id"]) or new[r["id"]] for r in rows]
 
@@ -311,13 +356,19 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
                 "err": {"code": reason, "message": "the target changed while the task ran"} if reason else None,
                 "res": None if reason else _result_summary(artifact),
             })
-        finished = dict(tasks.finish_many_txn(conn, rows, now).rows)  # a claim missing from it: fenced out
-        landed = []
+        finished = dict(tasks.finish_many_txn(conn, rows, now).rows)  # a claim missing from it: fenced out…
+        # …unless this completion already landed: its COMMIT's reply was lost and retry_on_disconnect
+        # runs it again (only then can a claim's own execution be finished exactly so)
+        missed = [r for r in rows if r["id"] not in finished]
+        already = dict(tasks.finished_as_txn(conn, missed)) if missed else {}
+        landed, relanded = [], []
         for claim, artifact in ordered:
-            if claim.task_id not in finished:
-                _rejected_txn(orch, conn, claim, "complete")
-            else:
+            if claim.task_id in finished:
                 landed.append((claim, artifact))
+            elif claim.task_id in already:
+                relanded.append(claim)
+            else:
+                _rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
         paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]]
         locked.update(_write_agent_results_txn(orch, conn, paid, locked))
@@ -326,11 +377,22 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
             (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
         ])
         hints += lanes.next_fair_hints_txn(orch, conn, results[0][0], len(landed))
-    for claim, _ in landed:
+        hints += _rehint_relanded_txn(orch, conn, [j for c in relanded for j in already[c.task_id]])
+    for claim in [c for c, _ in landed] + relanded:
         metrics.COMPLETIONS.labels(claim.lane, "stale" if stale[claim.task_id] else "succeeded").inc()
     if landed_out is not None:
-        landed_out.extend(c for c, _ in landed)
+        landed_out.extend([c for c, _ in landed] + relanded)
     return hints
+
+
+def _rehint_relanded_txn(orch: Orchestrator, conn: Connection, job_ids: list[uuid.UUID]) -> list[Hint]:
+    """The hints a completion whose reply was lost would have returned, as far as they can be
+    derived: the due queued tasks its jobs' open stages wait on (one per wake-up group whose
+    leader is among them). Hints of the lane's fairness for the slots it freed cannot be told
+    apart: the sweep re-hints those once their grace passes."""
+    rows = tasks.hint_queued_of_jobs_txn(conn, job_ids, orch.now())
+    ids = {r["id"] for r in rows}
+    return [Hint(r["lane"], r["id"]) for r in rows if r["hint_group"] not in ids]
 
 
 def _stale_reason(claim: Claim, image: RowMapping | None, artifact: Any) -> str | None:

@@ -37,20 +37,46 @@ FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g big
 """)
 
 
+def new_attempt_ids(n: int) -> list[str]:
+    """``n`` unguessable attempt ids, drawn by the claimer before its transaction: a claimer whose
+    COMMIT reply was lost finds its own attempts by them (``started_claims``)."""
+    return [secrets.token_hex(16) for _ in range(n)]
+
+
 @transition
-def start_attempts_txn(conn: Connection, rows: list[dict], now: datetime) -> list[str]:
+def start_attempts_txn(conn: Connection, rows: list[dict], ids: list[str], now: datetime) -> list[str]:
     """— → external_started, one attempt per claimed agent task, committed before any paid call.
 
-    ``rows``: scope_id, task_id, generation, input_digest, target_sha256. Each gets an
-    unguessable attempt id; returns the ids in order (an insert cannot be "not matched").
+    ``rows``: scope_id, task_id, generation, input_digest, target_sha256; each takes the next of
+    ``ids`` (``new_attempt_ids``, at least one per row). Returns the ids used, in order (an insert
+    cannot be "not matched").
     """
-    ids = [secrets.token_hex(16) for _ in rows]
+    assert len(ids) >= len(rows), "an attempt id per started attempt"
+    ids = ids[: len(rows)]
     if rows:
         conn.execute(START_ATTEMPTS, {"rows": dumps([
             {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
              "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
         ]), "now": now})
     return ids
+
+
+STARTED_CLAIMS = sql("""
+SELECT t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.claim_generation,
+       t.attempt_count, t.max_attempts, t.payload, t.grant_id, i.storage_key, a.attempt_id
+FROM task_attempts a
+JOIN tasks t ON t.id = a.task_id AND t.claim_generation = a.claim_generation
+JOIN images i ON i.id = t.image_id
+WHERE a.attempt_id = ANY(:ids) AND a.state = 'external_started'
+  AND t.status = 'running' AND t.lease_owner = :owner AND t.lease_expires_at > :now
+""")
+
+
+def started_claims(conn: Connection, attempt_ids: list[str], owner: str, now: datetime) -> list[RowMapping]:
+    """The claims ``owner`` still holds (running, lease live, same generation) whose attempt is one
+    of ``attempt_ids`` and still external_started — its paid call not yet closed; the claim row's
+    columns plus ``attempt_id``, in no particular order."""
+    return list(conn.execute(STARTED_CLAIMS, {"ids": list(attempt_ids), "owner": owner, "now": now}).mappings())
 
 
 FINISH_ATTEMPT = sql("""

@@ -606,3 +606,45 @@ def finish_many_txn(
         (task_id, list(job_ids))
         for task_id, job_ids in conn.execute(FINISH_MANY, {"rows": doc, "ids": [r["id"] for r in rows], "now": now})
     )
+
+
+FINISHED_AS = sql("""
+WITH r AS (
+  SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+    AS r(id uuid, owner text, gen int, st text, sst text, err jsonb, res jsonb)
+)
+SELECT t.id, ARRAY(SELECT js.job_id FROM job_stages js WHERE js.task_id = t.id ORDER BY js.job_id) AS job_ids
+FROM tasks t JOIN r ON t.id = r.id
+WHERE t.id = ANY(:ids) AND t.lease_owner = r.owner AND t.claim_generation = r.gen AND t.status = r.st
+  AND t.error IS NOT DISTINCT FROM r.err AND t.result IS NOT DISTINCT FROM r.res
+""")
+
+
+def finished_as_txn(conn: Connection, rows: list[dict[str, Any]]) -> list[tuple[uuid.UUID, list[uuid.UUID]]]:
+    """Those of ``rows`` (as ``finish_many_txn`` takes them) whose task that very execution (owner,
+    generation) already finished exactly so — status, error and result: a completion that
+    committed but whose reply was lost, not a fencing rejection. (task id, ids of the jobs whose
+    stages it finished)."""
+    if not rows:
+        return []
+    return [(task_id, list(job_ids)) for task_id, job_ids in
+            conn.execute(FINISHED_AS, {"rows": dumps(rows), "ids": [r["id"] for r in rows]})]
+
+
+HINT_QUEUED_OF_JOBS = sql("""
+UPDATE tasks SET last_hint_at = :now
+WHERE id IN (
+  SELECT t.id FROM job_stages js JOIN tasks t ON t.id = js.task_id
+  WHERE js.job_id = ANY(:jobs) AND js.status = 'queued' AND t.status = 'queued' AND t.available_at <= :now
+  ORDER BY t.id FOR UPDATE OF t SKIP LOCKED)
+RETURNING id, lane, hint_group
+""")
+
+
+def hint_queued_of_jobs_txn(conn: Connection, job_ids: list[uuid.UUID], now: datetime) -> list[RowMapping]:
+    """The due queued tasks that open stages of ``job_ids`` wait on, marked hinted now (the caller
+    publishes after commit); (id, lane, hint_group). Rows another transaction holds are skipped:
+    it is claiming or hinting them."""
+    if not job_ids:
+        return []
+    return list(conn.execute(HINT_QUEUED_OF_JOBS, {"jobs": list(job_ids), "now": now}).mappings())
