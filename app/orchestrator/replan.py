@@ -32,7 +32,7 @@ from app import metrics
 from app.db.enums import ACTIVE_JOB_STATUSES, AttemptState, JobStatus, TaskStatus
 from app.orchestrator import grants, lanes
 from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
-from app.orchestrator.execution import _rejected_txn, retry_on_disconnect
+from app.orchestrator.execution import rejected_txn, retry_on_disconnect
 from app.orchestrator.hints import Hint
 from app.orchestrator.store import attempts, batches, images, jobs, tasks
 from app.orchestrator.types import Claim
@@ -72,7 +72,7 @@ def replan_for_config(orch: Orchestrator, claim: Claim, error: ProviderConfigMis
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
                                        status=TaskStatus.CANCELLED, error=err)
         if not done.matched:  # fenced out: another claim owns the task; nothing written
-            _rejected_txn(orch, conn, claim, "replan")
+            rejected_txn(orch, conn, claim, "replan")
             return []
         if claim.attempt_id:  # checked before the call: this attempt provably never called out
             if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, now,
