@@ -65,7 +65,8 @@ def replan_for_config(orch: Orchestrator, claim: Claim, error: ProviderConfigMis
             return None
         if job["config_hash"] == configs.hash:
             return None  # this worker's provider is not its own configuration's: a replan cannot help
-        if jobs.config_replans_in_a_row_txn(conn, image["id"], job["id"], MAX_CONFIG_REPLANS) >= MAX_CONFIG_REPLANS:
+        replans = jobs.config_replans_in_a_row_txn(conn, claim.scope_id, image["id"], job["id"], MAX_CONFIG_REPLANS)
+        if replans >= MAX_CONFIG_REPLANS:
             log.warning("configuration replans exhausted", extra={"job_id": job["id"], "scope_id": claim.scope_id,
                                                                    "stage": claim.stage, "code": error.code})
             return None
