@@ -175,8 +175,8 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
             done = q.gave_up_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, attempts,
                                  error, now, s.webhook_lease_s)
         else:
-            done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, attempts,
-                                     decision.available_at, error)
+            done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id,
+                                     attempts, decision.available_at, error)
         if not done.matched:
             _rejected_txn(orch, conn)
             return "fenced"
