@@ -107,16 +107,21 @@ def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
 
 DELETE_SUBSCRIPTION = sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s")
 # A DELETE waits for a delivery in flight (NEXT_EVENT's row lock, held for at most the delivery
-# timeout): the transaction's lock_timeout must outlast it, whatever MEMEFLOW_WEBHOOK_TIMEOUT_S is.
+# timeout: the name is resolved before the lock, and everything under it is bounded by the
+# exchange's deadline): the transaction's lock_timeout outlasts it, whatever
+# MEMEFLOW_WEBHOOK_TIMEOUT_S is, by DELETE_WAIT_MARGIN_S (a pause, a slow commit). Past it the
+# DELETE is answered WebhookDeliveryInFlight (app/orchestrator/webhooks.py).
 WAIT_FOR_DELIVERY = sql("SELECT set_config('lock_timeout', :ms, true)")
+DELETE_WAIT_MARGIN_S = 10.0
 
 
 @transition
 def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID, delivery_timeout_s: float) -> Outcome[None]:
     """subscription of the scope → deleted, after any delivery in flight to it ended (it holds the
     row FOR KEY SHARE); a claim between deliveries is fenced out by the row's absence. Not matched:
-    no such subscription in the scope."""
-    conn.execute(WAIT_FOR_DELIVERY, {"ms": str(int((delivery_timeout_s + 10) * 1000))})
+    no such subscription in the scope. A delivery still holding the row after ``delivery_timeout_s``
+    + ``DELETE_WAIT_MARGIN_S`` raises the driver's lock_not_available (55P03)."""
+    conn.execute(WAIT_FOR_DELIVERY, {"ms": str(max(1, int((delivery_timeout_s + DELETE_WAIT_MARGIN_S) * 1000)))})
     return Outcome.count(conn.execute(DELETE_SUBSCRIPTION, {"id": sub_id, "s": scope_id}).rowcount)
 
 
