@@ -395,7 +395,7 @@ def create_or_reuse_job_txn(
             "an active job for this image uses a different reverse_image_policy or configuration",
             job_id=str(active["id"]),
         )
-    latest = jobs.latest_job_txn(conn, image["id"])
+    latest = jobs.latest_job_txn(conn, image["scope_id"], image["id"])
     p = plan_for_txn(conn, image, configs, policy, force)
     if mode == JobMode.AUTO and latest is not None and target_matches(latest, image, chash, policy):
         if latest["status"] in NEEDS_HUMAN_JOB_STATUSES:

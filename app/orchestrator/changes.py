@@ -82,7 +82,7 @@ def ingest_image(
                 job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO,
                                                         policy=reverse_image_policy, new_image=created)
             elif not created:
-                job = jobs.latest_job_txn(conn, image["id"])
+                job = jobs.latest_job_txn(conn, scope_id, image["id"])
             # read in the transaction: a delete committing right after this one cannot turn the
             # upload's answer into a 404
             job_doc = reads.get_job_txn(conn, scope_id, job["id"]) if job else None
@@ -178,7 +178,7 @@ def edit_context(
                     "previous": (image["context_provenance"] or {}).get("attempt_id")}
         mhash = fp.metadata_hash(name, ctx) if ctx is not None else None
         if name == image["display_name"] and ctx == image["context"]:
-            job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
+            job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, scope_id, image_id)
             return ImageJobResult(image=orch.get_image(scope_id, image_id),
                                   job=orch.get_job(scope_id, job["id"]) if job else None)
         image = images.edit_context_txn(conn, image_id, display_name=name, context=ctx, context_status=status,
@@ -216,7 +216,7 @@ def replace_content(
                 raise NotFound("image not found")
             old_key = image["storage_key"]
             if image["sha256"] == sha256:
-                job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, image_id)
+                job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, scope_id, image_id)
                 return ImageJobResult(image=orch.get_image(scope_id, image_id),
                                       job=orch.get_job(scope_id, job["id"]) if job else None)
             active = jobs.active_job_txn(conn, image_id)

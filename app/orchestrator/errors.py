@@ -108,6 +108,13 @@ class TooManyWebhooks(OrchestratorError):
     status = 409
 
 
+class WebhookDeliveryInFlight(OrchestratorError):
+    """A delivery to this webhook is in flight; retry the delete in a few seconds."""
+
+    code = "webhook_delivery_in_flight"
+    status = 409
+
+
 class ServingStateConflict(OrchestratorError):
     """The scope's search serving state does not allow this change now."""
 

@@ -299,13 +299,14 @@ def heartbeat(orch: Orchestrator, claim: Claim) -> bool:
         beat = tasks.heartbeat_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
                                    orch.settings.lease_s)
         if not beat.matched:  # fenced out: lease lost, re-claimed or finished
-            _rejected_txn(orch, conn, claim, "heartbeat")
+            rejected_txn(orch, conn, claim, "heartbeat")
             return False
         lanes.extend_slot_txn(orch, conn, claim)
     return not beat.row["cancel_requested"]
 
 
-def _rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation: str) -> None:
+def rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation: str) -> None:
+    """Count a fencing rejection of ``claim`` (metric, counter, log) in the caller's transaction."""
     metrics.FENCING_REJECTIONS.labels(operation).inc()
     counters.bump_txn(conn, "fencing_rejection", orch.now())
     log.warning(
@@ -368,7 +369,7 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
             elif claim.task_id in already:
                 relanded.append(claim)
             else:
-                _rejected_txn(orch, conn, claim, "complete")
+                rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
         paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]]
         locked.update(_write_agent_results_txn(orch, conn, paid, locked))
@@ -476,7 +477,7 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
             done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
                                            status=TaskStatus.FAILED, error=err)
         if not done.matched:  # fenced out: nothing was written; count the rejection
-            _rejected_txn(orch, conn, claim, "fail")
+            rejected_txn(orch, conn, claim, "fail")
             return []
         if claim.attempt_id:
             state = AttemptState.UNKNOWN_EXECUTION if decision.unknown else AttemptState.FAILED

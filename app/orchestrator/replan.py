@@ -32,7 +32,7 @@ from app import metrics
 from app.db.enums import ACTIVE_JOB_STATUSES, AttemptState, JobStatus, TaskStatus
 from app.orchestrator import grants, lanes
 from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
-from app.orchestrator.execution import _rejected_txn, retry_on_disconnect
+from app.orchestrator.execution import rejected_txn, retry_on_disconnect
 from app.orchestrator.hints import Hint
 from app.orchestrator.store import attempts, batches, images, jobs, tasks
 from app.orchestrator.types import Claim
@@ -65,14 +65,15 @@ def replan_for_config(orch: Orchestrator, claim: Claim, error: ProviderConfigMis
             return None
         if job["config_hash"] == configs.hash:
             return None  # this worker's provider is not its own configuration's: a replan cannot help
-        if jobs.config_replans_in_a_row_txn(conn, image["id"], job["id"], MAX_CONFIG_REPLANS) >= MAX_CONFIG_REPLANS:
+        replans = jobs.config_replans_in_a_row_txn(conn, claim.scope_id, image["id"], job["id"], MAX_CONFIG_REPLANS)
+        if replans >= MAX_CONFIG_REPLANS:
             log.warning("configuration replans exhausted", extra={"job_id": job["id"], "scope_id": claim.scope_id,
                                                                    "stage": claim.stage, "code": error.code})
             return None
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
                                        status=TaskStatus.CANCELLED, error=err)
         if not done.matched:  # fenced out: another claim owns the task; nothing written
-            _rejected_txn(orch, conn, claim, "replan")
+            rejected_txn(orch, conn, claim, "replan")
             return []
         if claim.attempt_id:  # checked before the call: this attempt provably never called out
             if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, now,

@@ -20,13 +20,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import OperationalError
+
 from app import metrics
 from app.db.engine import read_connection
 from app.db.enums import EventType
 from app.ids import parse_uuid
 from app.netguard import OutboundRefused, allowed_networks, check_outbound_url
-from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks
+from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks, WebhookDeliveryInFlight
 from app.orchestrator.events import event_doc
+from app.orchestrator.execution import LOCK_NOT_AVAILABLE
 from app.orchestrator.hints import Hint
 from app.orchestrator.retry import decide_delivery_retry
 from app.orchestrator.store import counters
@@ -112,13 +115,19 @@ def list_webhooks(orch: Orchestrator, scope_id: str) -> list[dict[str, Any]]:
 
 def delete_webhook(orch: Orchestrator, scope_id: str, subscription_id: uuid.UUID | str) -> None:
     """Delete a subscription: no delivery to it is in flight or starts after this returns (it waits
-    for a POST in flight, ≤ ``webhook_timeout_s``; a claim between deliveries is fenced)."""
+    for a POST in flight, ≤ ``webhook_timeout_s``; a claim between deliveries is fenced).
+    ``WebhookDeliveryInFlight`` (409) when a delivery still holds it after that wait: retry."""
     sub = parse_uuid(subscription_id)
     if sub is None:
         raise NotFound("webhook not found")
-    with orch.engine.begin() as conn:
-        if not q.delete_txn(conn, scope_id, sub, orch.settings.webhook_timeout_s).matched:
-            raise NotFound("webhook not found")  # not matched: none of this scope by that id
+    try:
+        with orch.engine.begin() as conn:
+            if not q.delete_txn(conn, scope_id, sub, orch.settings.webhook_timeout_s).matched:
+                raise NotFound("webhook not found")  # not matched: none of this scope by that id
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        raise WebhookDeliveryInFlight("a delivery to this webhook is in flight; retry in a few seconds") from None
 
 
 # ---------------------------------------------------------------------------- the delivery lane
@@ -175,8 +184,8 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
             done = q.gave_up_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, attempts,
                                  error, now, s.webhook_lease_s)
         else:
-            done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, attempts,
-                                     decision.available_at, error)
+            done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id,
+                                     attempts, decision.available_at, error)
         if not done.matched:
             _rejected_txn(orch, conn)
             return "fenced"

@@ -33,7 +33,9 @@ class WorkerRuntime:
 
         self.settings = settings
         # each of a threads pool's ``concurrency`` task threads and the heartbeat thread hold one
-        # connection at a time (a claim, a completion), so a big box's pool never makes them queue;
+        # connection at a time (a claim, a completion; a webhook delivery across its POST, its
+        # fenced write after the POST released it), so a big box's pool never makes them queue;
+        # the spare one serves a webhooks worker's hint poller (its LISTEN connection is its own);
         # the agent's completion thread (settings.agent_completes_async, app/worker/run.py) one
         # more, so it never waits for (or makes wait) a call thread's claim
         overflow = max(4, (concurrency or 1) + 2) + (1 if settings.agent_completes_async else 0)

@@ -252,3 +252,8 @@ def _preload_from_env(concurrency: int | None = None) -> None:
             preload(lanes, concurrency)
         except Exception:
             log.exception("preloading providers failed", extra={"lane": ",".join(lanes)})
+    elif concurrency:
+        # No provider to load (a webhooks worker), but the runtime is sized here, where the pool's
+        # threads are known: built later (the poller at worker_ready, the first task) it would get
+        # the default pool, fewer connections than delivery threads that each hold one per POST.
+        get_runtime(concurrency)

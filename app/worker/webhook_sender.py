@@ -5,9 +5,12 @@ address.
   with ``Memeflow-Timestamp``, ``Memeflow-Event-Id``, ``Memeflow-Event-Type`` and
   ``Idempotency-Key: <event id>`` (a redelivery carries the same id: at-least-once).
 * **SSRF**: the URL is checked and resolved again right before each delivery
-  (:func:`app.netguard.check_outbound_url`) and the connection goes to one of the checked addresses
-  (TLS still verifies the certificate against the URL's host name): a DNS answer that changes
-  between subscription and delivery, or between check and connect, cannot redirect it.
+  (:func:`resolve_receiver`, :func:`app.netguard.check_outbound_url`) and the connection goes to
+  one of the checked addresses (TLS still verifies the certificate against the URL's host name): a
+  DNS answer that changes between subscription and delivery, or between check and connect, cannot
+  redirect it. The lane resolves before it takes the subscription's row lock and hands the
+  checked target in (``target=``), so a slow resolver never makes a DELETE wait; with the target
+  given, everything :func:`send_event` does is bounded by the exchange's deadline.
 * **Bounds**: one deadline for the whole exchange (a watchdog shuts the socket down when it
   passes, so a receiver that trickles bytes cannot hold a worker; the connect and the TLS
   handshake, before there is a socket to shut, are bounded by what is left of it; an answer
@@ -113,15 +116,32 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         self._deadline.check_connected(self.sock)
 
 
-def send_event(
-    url: str, secret: str, event: dict[str, Any], *, timeout_s: float, max_response_bytes: int,
-    networks: tuple = (), now: float | None = None,
-) -> SendResult:
-    """Deliver ``event`` to ``url`` once. 2xx = delivered; anything else is a failure to retry."""
+#: A checked receiver: (scheme, host, port, the allowed addresses it resolved to).
+Target = tuple[str, str, int, list[str]]
+
+
+def resolve_receiver(url: str, networks: tuple = ()) -> Target | SendResult:
+    """Check and resolve ``url`` for one delivery: its :data:`Target`, or the failed
+    :class:`SendResult` a refused or unresolvable URL is recorded as (not bounded by the exchange's
+    deadline: the resolver's own timeouts apply, so call it holding no lock)."""
     try:
-        scheme, host, port, addresses = check_outbound_url(url, networks)
+        return check_outbound_url(url, networks)
     except OutboundRefused as exc:
         return SendResult(False, None, exc.code, str(exc))
+
+
+def send_event(
+    url: str, secret: str, event: dict[str, Any], *, timeout_s: float, max_response_bytes: int,
+    networks: tuple = (), now: float | None = None, target: Target | None = None,
+) -> SendResult:
+    """Deliver ``event`` to ``url`` once. 2xx = delivered; anything else is a failure to retry.
+    ``target``: ``url`` checked and resolved already (:func:`resolve_receiver`); without it this
+    resolves first."""
+    if target is None:
+        target = resolve_receiver(url, networks)
+        if isinstance(target, SendResult):
+            return target
+    scheme, host, port, addresses = target
     body = json.dumps(event, separators=(",", ":")).encode("utf-8")
     ts = int(now if now is not None else time.time())
     headers = {

@@ -30,7 +30,7 @@ from app.orchestrator.hints import Hint, HintPublisher
 from app.orchestrator.service import Orchestrator
 from app.orchestrator.store import webhooks as webhooks_q
 from app.orchestrator.webhooks import WebhookClaim
-from app.worker.webhook_sender import SendResult, send_event
+from app.worker.webhook_sender import SendResult, resolve_receiver, send_event
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,12 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
     for n in range(s.webhook_events_per_claim):
         if n and turn.is_up():
             return orch.hand_over_webhook(claim)
+        # resolved before the row lock: a DELETE waits only for what the exchange's deadline bounds
+        target = resolve_receiver(claim.url, networks)
         with orch.next_webhook_event(claim, cursor) as event:  # a DELETE waits for this block
-            result = None if event is None else send(
+            result = None if event is None else target if isinstance(target, SendResult) else send(
                 claim.url, claim.secret, event, timeout_s=s.webhook_timeout_s,
-                max_response_bytes=s.webhook_max_response_bytes, networks=networks)
+                max_response_bytes=s.webhook_max_response_bytes, networks=networks, target=target)
         if event is None or result is None:  # nothing due, or fenced out (deleted, lease lost)
             orch.release_webhook(claim)
             return []

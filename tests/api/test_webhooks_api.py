@@ -57,3 +57,27 @@ def test_bad_input_is_422_with_a_stable_code(hook_app, tokens, body, code):
 def test_loopback_is_refused_without_the_explicit_setting(client):
     resp = client.post("/api/v1/webhooks", json={"url": "http://127.0.0.1:8080/hook"})
     assert resp.status_code == 422 and resp.get_json()["error"] == "webhook_url_forbidden"
+
+
+def test_a_delete_that_outwaits_a_delivery_in_flight_is_409_not_500(settings, engine, publisher, store, tokens,
+                                                                     monkeypatch):
+    """A delivery holding the subscription longer than a DELETE waits (webhook_timeout_s + a margin,
+    here 0.2 s + 0): a stable 409 the client retries, never a 500."""
+    from sqlalchemy import text
+
+    from app.orchestrator.store import webhooks as webhooks_q
+
+    monkeypatch.setattr(webhooks_q, "DELETE_WAIT_MARGIN_S", 0.0)
+    s = settings.replace(webhook_allowed_networks="127.0.0.0/8", auth="token", webhook_timeout_s=0.2)
+    app = create_app(scope_resolver=TokenScopeResolver(engine), settings=s, orchestrator=Orchestrator(engine, s),
+                     engine=engine, publisher=publisher, store=store, cursor_secret_key="test-secret")
+    client = app.test_client()
+    alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+    hook_id = client.post("/api/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"}, headers=alpha
+                          ).get_json()["webhook"]["id"]
+    with engine.connect() as c, c.begin():  # a delivery in flight: the row share-locked
+        c.execute(text("SELECT 1 FROM webhook_subscriptions WHERE id = :i FOR KEY SHARE"), {"i": hook_id})
+        resp = client.delete(f"/api/v1/webhooks/{hook_id}", headers=alpha)
+    assert resp.status_code == 409, resp.get_data(as_text=True)
+    assert resp.get_json()["error"] == "webhook_delivery_in_flight"
+    assert client.delete(f"/api/v1/webhooks/{hook_id}", headers=alpha).status_code == 204

@@ -13,7 +13,14 @@ from sqlalchemy import event, text
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
-from tests.support.pipeline import big_finished_history, plan_nodes, png_bytes, store_and_ingest, visual_task
+from tests.support.pipeline import (
+    big_finished_history,
+    bulk_jobs_with_tasks,
+    plan_nodes,
+    png_bytes,
+    store_and_ingest,
+    visual_task,
+)
 
 BIG = r"Seq Scan on (tasks|processing_jobs|job_stages|task_attempts|operation_grants)"
 
@@ -85,4 +92,38 @@ def test_the_current_text_embedding_check_reads_one_row_when_statistics_are_stal
             assert reads, plan
             for node in reads:
                 assert node["Actual Rows"] + node.get("Rows Removed by Filter", 0) <= 1, (statement, node)
+        conn.rollback()
+
+
+def test_a_config_replan_reaches_the_images_earlier_jobs_by_index_on_a_big_history(engine, settings):
+    """A rolling model change replans every job planned under the old configuration
+    (app/orchestrator/replan.py); counting the image's earlier replans must read its newest jobs
+    through (scope_id, image_id, revision) — not scan every job of the library (PostgreSQL 17
+    cannot skip the index's leading scope_id)."""
+    old = settings.replace(visual_provider="deterministic")
+    new = settings.replace(visual_provider="perceptual-v1")
+    orch_old, orch_new = Orchestrator(engine, old), Orchestrator(engine, new)
+    for s in range(140, 143):
+        store_and_ingest(orch_old, "local", png_bytes(s))
+    with engine.begin() as conn:
+        bulk_jobs_with_tasks(conn, 20000, lane="agent", task_status="succeeded")  # 3 images × 20k ended jobs
+    res = store_and_ingest(orch_old, "local", png_bytes(143))  # planned under the old model
+    captured: list[tuple[str, dict]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "FROM processing_jobs" in statement and not executemany:
+            captured.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        handle_hint(orch_new, "visual", visual_task(res).task_id, "w", Providers(new), RecordingPublisher())
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert orch_new.get_job("local", res.job["id"])["status"] == "superseded"  # the replan ran
+    earlier = [s for s, _ in captured if "'running') ORDER BY revision DESC" in s]  # jobs.EARLIER_JOB_ENDS
+    assert earlier, captured
+    with engine.connect() as conn:
+        for statement, parameters in captured:
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+            assert "Seq Scan on processing_jobs" not in plan, (statement, plan)
         conn.rollback()

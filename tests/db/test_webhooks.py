@@ -4,6 +4,7 @@ deletion stops deliveries, scopes never mix, hostile receivers are bounded."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -352,3 +353,65 @@ def test_https_delivery_to_the_checked_address_verifies_the_certificate(tmp_path
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_slow_name_resolution_holds_no_lock_a_delete_waits_for(orch, engine, monkeypatch):
+    """The receiver's name is resolved and checked before the subscription row is share-locked:
+    a resolver that hangs (a dead nameserver) delays that delivery, never a DELETE — which then
+    fences the delivery out: nothing is sent."""
+    import socket as socket_module
+
+    from app import netguard
+
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", "http://127.0.0.1:9/x")
+    with engine.begin() as c:  # a name only after creation (creation resolves it too)
+        c.execute(text("UPDATE webhook_subscriptions SET url = 'http://slow-dns.example:9/x' WHERE id = :i"),
+                  {"i": hook["id"]})
+    emit(orch, "local", 1)
+    resolving, answer = threading.Event(), threading.Event()
+    real = socket_module.getaddrinfo
+
+    def slow_getaddrinfo(host, *a, **kw):
+        if host == "slow-dns.example":
+            resolving.set()
+            answer.wait(30)
+            return real("127.0.0.1", *a, **kw)
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(netguard.socket, "getaddrinfo", slow_getaddrinfo)
+    sent = []
+
+    def send(url, secret, event, **kw) -> SendResult:
+        sent.append(event["id"])
+        return send_event(url, secret, event, **kw)
+
+    delivery = threading.Thread(target=deliver_subscription, args=(orch, uuid.UUID(hook["id"]), "w"),
+                                kwargs={"send": send})
+    delivery.start()
+    try:
+        assert resolving.wait(10)
+        orch.delete_webhook("local", hook["id"])  # answers while the name is still being resolved
+    finally:
+        answer.set()
+        delivery.join()
+    assert sent == [] and orch.list_webhooks("local") == []
+
+
+def test_a_delete_that_outwaits_a_delivery_in_flight_is_a_stable_conflict(orch, engine, monkeypatch):
+    """A delivery holds the row past what a DELETE waits (webhook_timeout_s + a margin): the DELETE
+    answers WebhookDeliveryInFlight (409 webhook_delivery_in_flight), not a database error."""
+    from app.orchestrator.errors import WebhookDeliveryInFlight
+    from app.orchestrator.store import webhooks as webhooks_q
+
+    monkeypatch.setattr(webhooks_q, "DELETE_WAIT_MARGIN_S", 0.0)
+    fast = Orchestrator(engine, orch.settings.replace(webhook_timeout_s=0.2))
+    fast.ensure_scope("local")
+    hook, _ = fast.create_webhook("local", "http://127.0.0.1:9/x")
+    with engine.connect() as c, c.begin():  # a delivery in flight: the row share-locked
+        c.execute(text("SELECT 1 FROM webhook_subscriptions WHERE id = :i FOR KEY SHARE"), {"i": hook["id"]})
+        with pytest.raises(WebhookDeliveryInFlight) as err:
+            fast.delete_webhook("local", hook["id"])
+    assert (err.value.code, err.value.status) == ("webhook_delivery_in_flight", 409)
+    fast.delete_webhook("local", hook["id"])  # once it ended, the retry deletes
+    assert fast.list_webhooks("local") == []

@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from app.orchestrator import Orchestrator
 from app.orchestrator.events import prune_events
+from app.worker.webhook_sender import SendResult
 from app.worker.webhooks import deliver_subscription
 from tests.db.test_webhooks import emit
 from tests.support.clock import FakeClock
@@ -94,3 +95,83 @@ def test_attempts_spent_on_a_pruned_event_are_not_charged_to_the_next(orch, rece
     state = orch.list_webhooks("local")[0]
     assert state["delivered_count"] == 1 and state["failed_count"] == 1  # the pruned one
     assert state["last_error"] is None and state["cursor"] == second
+
+
+def _failing(url, secret, event, **kw) -> SendResult:
+    return SendResult(False, 500, "http_error", "HTTP 500")
+
+
+def _lease_and_rejections(engine, sub: uuid.UUID) -> tuple[object, int]:
+    with engine.connect() as c:
+        lease = c.execute(text("SELECT lease_owner FROM webhook_subscriptions WHERE id = :i"), {"i": sub}).scalar_one()
+        rejected = c.execute(text(
+            "SELECT coalesce(sum(count), 0) FROM ops_counters WHERE name = 'fencing_rejection'")).scalar_one()
+    return lease, rejected
+
+
+def test_a_prune_during_a_failing_post_does_not_charge_its_attempts_to_the_next_event(orch, engine, clock):
+    """The prune takes FOR NO KEY UPDATE, the POST holds FOR KEY SHARE: they do not wait for each
+    other. The failure written after the POST belongs to an event that is gone: the next event
+    starts at attempts 0."""
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", "http://127.0.0.1:9/x")
+    sub = uuid.UUID(hook["id"])
+    [first] = emit(orch, "local", 1)
+    deliver_subscription(orch, sub, "w", send=_failing)  # attempt 1: backoff
+    clock.advance(10)
+
+    def failing_while_pruned(url, secret, event, **kw) -> SendResult:
+        assert prune_after_retention(orch) == 1  # the sweep's prune, during this POST
+        return _failing(url, secret, event)
+
+    deliver_subscription(orch, sub, "w", send=failing_while_pruned)  # attempt 2; its event pruned meanwhile
+    [state] = orch.list_webhooks("local")
+    assert (state["cursor"], state["attempts"]) == (first, 0)
+    assert _lease_and_rejections(engine, sub) == (None, 0)
+
+
+def test_a_prune_during_a_successful_post_is_no_fencing_rejection(orch, engine, clock):
+    """The event delivered was pruned meanwhile (the cursor is past it already): the claim goes on
+    with the next event and ends released — not counted as fenced out, not left leased."""
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", "http://127.0.0.1:9/x")
+    sub = uuid.UUID(hook["id"])
+    [first] = emit(orch, "local", 1)
+    sent, later = [], []
+
+    def ok_while_pruned(url, secret, event, **kw) -> SendResult:
+        sent.append(event["id"])
+        if event["id"] == first:
+            assert prune_after_retention(orch) == 1
+            later.extend(emit(orch, "local", 1))
+        return SendResult(True, 200)
+
+    assert deliver_subscription(orch, sub, "w", send=ok_while_pruned) == []
+    assert sent == [first, *later]
+    [state] = orch.list_webhooks("local")
+    assert (state["cursor"], state["attempts"]) == (later[0], 0)
+    assert _lease_and_rejections(engine, sub) == (None, 0)
+
+
+def test_a_prune_during_the_last_failing_post_is_no_fencing_rejection(orch, engine, clock):
+    """Its last attempt fails while the event is pruned: the prune recorded it already (one
+    webhook_failures row, events_expired) and the claim ends released, not fenced out."""
+    orch.ensure_scope("local")
+    hook, _ = orch.create_webhook("local", "http://127.0.0.1:9/x")
+    sub = uuid.UUID(hook["id"])
+    [first] = emit(orch, "local", 1)
+    for _ in range(orch.settings.webhook_max_attempts - 1):
+        deliver_subscription(orch, sub, "w", send=_failing)
+        clock.advance(10)
+
+    def failing_while_pruned(url, secret, event, **kw) -> SendResult:
+        assert prune_after_retention(orch) == 1
+        return _failing(url, secret, event)
+
+    deliver_subscription(orch, sub, "w", send=failing_while_pruned)  # the last attempt
+    [state] = orch.list_webhooks("local")
+    assert (state["cursor"], state["attempts"], state["failed_count"]) == (first, 0, 1)
+    with engine.connect() as c:
+        codes = c.execute(text("SELECT error->>'code' FROM webhook_failures")).scalars().all()
+    assert codes == ["events_expired"]
+    assert _lease_and_rejections(engine, sub) == (None, 0)

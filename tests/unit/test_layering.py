@@ -78,3 +78,16 @@ def test_the_api_never_imports_the_worker_and_the_cli_only_its_broker_url():
 def test_a_violation_is_reported():
     # the checker itself can fail: the worker does import the orchestrator
     assert _violations("app.worker", ("app.orchestrator",)) != []
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A leading underscore means "this module's own": a name another module needs is public (and
+    documented as such), so a refactor of its module can tell who depends on it."""
+    found = []
+    for path in sorted(APP.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("app"):
+                found += [f"{_module_name(path)} imports {node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert found == []

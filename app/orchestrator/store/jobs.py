@@ -25,12 +25,15 @@ def active_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
     return conn.execute(ACTIVE_JOB_OF_IMAGE, {"i": image_id}).mappings().first()
 
 
-LATEST_JOB_OF_IMAGE = sql("SELECT * FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1")
+# (scope_id, image_id, revision) read backwards: scope_id leads the index (see EARLIER_JOB_ENDS)
+LATEST_JOB_OF_IMAGE = sql(
+    "SELECT * FROM processing_jobs WHERE scope_id = :s AND image_id = :i ORDER BY revision DESC LIMIT 1"
+)
 
 
-def latest_job_txn(conn: Connection, image_id: uuid.UUID) -> RowMapping | None:
+def latest_job_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> RowMapping | None:
     """The image's newest job revision, unlocked."""
-    return conn.execute(LATEST_JOB_OF_IMAGE, {"i": image_id}).mappings().first()
+    return conn.execute(LATEST_JOB_OF_IMAGE, {"s": scope_id, "i": image_id}).mappings().first()
 
 
 # The job and its pending stages (one per pipeline stage, in order) in one statement.
@@ -260,17 +263,21 @@ def complete_jobs_txn(conn: Connection, rows: list[tuple[uuid.UUID, str | None]]
 
 
 # The image's newest ended revisions before ``:j`` (newest first): how many config replans in a row.
+# scope_id leads the only full index over image_id (scope_id, image_id, revision): without it the
+# statement scans every job of the library (PostgreSQL 17 cannot skip a leading column).
 EARLIER_JOB_ENDS = sql("""
 SELECT status, error->>'code' AS code FROM processing_jobs
-WHERE image_id = :i AND id <> :j AND status NOT IN ('queued', 'running') ORDER BY revision DESC LIMIT :n
+WHERE scope_id = :s AND image_id = :i AND id <> :j AND status NOT IN ('queued', 'running') ORDER BY revision DESC LIMIT :n
 """)
 
 
-def config_replans_in_a_row_txn(conn: Connection, image_id: uuid.UUID, job_id: uuid.UUID, limit: int) -> int:
+def config_replans_in_a_row_txn(
+    conn: Connection, scope_id: str, image_id: uuid.UUID, job_id: uuid.UUID, limit: int
+) -> int:
     """How many of the image's newest ended jobs before ``job_id`` (up to ``limit``) were, one
     after another, superseded for a stage configuration no worker that claimed them had."""
     count = 0
-    for status, code in conn.execute(EARLIER_JOB_ENDS, {"i": image_id, "j": job_id, "n": limit}):
+    for status, code in conn.execute(EARLIER_JOB_ENDS, {"s": scope_id, "i": image_id, "j": job_id, "n": limit}):
         if status != "superseded" or code != "provider_config_mismatch":
             break
         count += 1

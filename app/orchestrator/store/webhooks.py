@@ -107,16 +107,21 @@ def list_txn(conn: Connection, scope_id: str) -> list[RowMapping]:
 
 DELETE_SUBSCRIPTION = sql("DELETE FROM webhook_subscriptions WHERE id = :id AND scope_id = :s")
 # A DELETE waits for a delivery in flight (NEXT_EVENT's row lock, held for at most the delivery
-# timeout): the transaction's lock_timeout must outlast it, whatever MEMEFLOW_WEBHOOK_TIMEOUT_S is.
+# timeout: the name is resolved before the lock, and everything under it is bounded by the
+# exchange's deadline): the transaction's lock_timeout outlasts it, whatever
+# MEMEFLOW_WEBHOOK_TIMEOUT_S is, by DELETE_WAIT_MARGIN_S (a pause, a slow commit). Past it the
+# DELETE is answered WebhookDeliveryInFlight (app/orchestrator/webhooks.py).
 WAIT_FOR_DELIVERY = sql("SELECT set_config('lock_timeout', :ms, true)")
+DELETE_WAIT_MARGIN_S = 10.0
 
 
 @transition
 def delete_txn(conn: Connection, scope_id: str, sub_id: uuid.UUID, delivery_timeout_s: float) -> Outcome[None]:
     """subscription of the scope → deleted, after any delivery in flight to it ended (it holds the
     row FOR KEY SHARE); a claim between deliveries is fenced out by the row's absence. Not matched:
-    no such subscription in the scope."""
-    conn.execute(WAIT_FOR_DELIVERY, {"ms": str(int((delivery_timeout_s + 10) * 1000))})
+    no such subscription in the scope. A delivery still holding the row after ``delivery_timeout_s``
+    + ``DELETE_WAIT_MARGIN_S`` raises the driver's lock_not_available (55P03)."""
+    conn.execute(WAIT_FOR_DELIVERY, {"ms": str(max(1, int((delivery_timeout_s + DELETE_WAIT_MARGIN_S) * 1000)))})
     return Outcome.count(conn.execute(DELETE_SUBSCRIPTION, {"id": sub_id, "s": scope_id}).rowcount)
 
 
@@ -189,10 +194,17 @@ def next_event_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: 
     return conn.execute(NEXT_EVENT, {"id": sub_id, "o": owner, "g": generation, "after": after}).mappings().first()
 
 
+# A delivered event whose cursor is past it already was pruned by retention during the POST
+# (events.PRUNE_EVENTS takes FOR NO KEY UPDATE, which the POST's FOR KEY SHARE does not block): the
+# prune accounted for it (events_expired, attempts 0 for the next event), so only the lease is
+# extended — the claim goes on, it is not fenced out.
 DELIVERED = sql("""
-UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, delivered_count = delivered_count + 1,
-       last_delivery_at = :now, last_error = NULL, lease_expires_at = :exp
-WHERE id = :id AND lease_owner = :o AND claim_generation = :g AND cursor < :e
+UPDATE webhook_subscriptions SET cursor = greatest(cursor, :e),
+       attempts = CASE WHEN cursor < :e THEN 0 ELSE attempts END,
+       delivered_count = delivered_count + CASE WHEN cursor < :e THEN 1 ELSE 0 END,
+       last_delivery_at = :now, last_error = CASE WHEN cursor < :e THEN NULL ELSE last_error END,
+       lease_expires_at = :exp
+WHERE id = :id AND lease_owner = :o AND claim_generation = :g
 """)
 
 
@@ -200,35 +212,48 @@ WHERE id = :id AND lease_owner = :o AND claim_generation = :g AND cursor < :e
 def delivered_txn(
     conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, now: datetime, lease_s: float
 ) -> Outcome[None]:
-    """leased → leased, cursor past the delivered event, lease extended (fenced). Not matched: fenced out."""
+    """leased → leased, cursor past the delivered event (unless a prune moved it past already),
+    lease extended (fenced). Not matched: fenced out."""
     return Outcome.count(conn.execute(DELIVERED, {
         "id": sub_id, "o": owner, "g": generation, "e": event_id, "now": now, "exp": now + timedelta(seconds=lease_s),
     }).rowcount)
 
 
+# attempts count the failures of the event after the cursor: a prune that moved the cursor past
+# the failed event during its POST reset them for the next one, and they stay reset.
 RETRY_LATER = sql("""
-UPDATE webhook_subscriptions SET attempts = :a, next_attempt_at = :at, last_error = CAST(:err AS jsonb),
-       lease_owner = NULL, lease_expires_at = NULL
+UPDATE webhook_subscriptions SET attempts = CASE WHEN cursor < :e THEN :a ELSE 0 END, next_attempt_at = :at,
+       last_error = CAST(:err AS jsonb), lease_owner = NULL, lease_expires_at = NULL
 WHERE id = :id AND lease_owner = :o AND claim_generation = :g
 """)
 
 
 @transition
 def retry_later_txn(
-    conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, attempts: int, at: datetime,
+    conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, attempts: int, at: datetime,
     error: dict[str, Any],
 ) -> Outcome[None]:
-    """leased → unleased, due again at ``at`` after a failed event; the cursor stays (fenced)."""
+    """leased → unleased, due again at ``at`` after event ``event_id`` failed ``attempts`` times;
+    the cursor stays (fenced). Not matched: fenced out."""
     return Outcome.count(conn.execute(RETRY_LATER, {
-        "id": sub_id, "o": owner, "g": generation, "a": attempts, "at": at, "err": canonical_json(error),
+        "id": sub_id, "o": owner, "g": generation, "e": event_id, "a": attempts, "at": at,
+        "err": canonical_json(error),
     }).rowcount)
 
 
+# The row is locked first so the cursor compared is its current one (a prune during the POST may
+# have moved it past the event: then the prune recorded the event, and this records nothing).
 GAVE_UP = sql("""
-UPDATE webhook_subscriptions SET cursor = :e, attempts = 0, failed_count = failed_count + 1,
-       last_error = CAST(:err AS jsonb), lease_expires_at = :exp
-WHERE id = :id AND lease_owner = :o AND claim_generation = :g AND cursor < :e
-RETURNING scope_id
+WITH b AS (
+  SELECT id, cursor FROM webhook_subscriptions WHERE id = :id AND lease_owner = :o AND claim_generation = :g
+  FOR NO KEY UPDATE
+)
+UPDATE webhook_subscriptions s SET cursor = greatest(b.cursor, :e),
+       attempts = CASE WHEN b.cursor < :e THEN 0 ELSE s.attempts END,
+       failed_count = s.failed_count + CASE WHEN b.cursor < :e THEN 1 ELSE 0 END,
+       last_error = CASE WHEN b.cursor < :e THEN CAST(:err AS jsonb) ELSE s.last_error END, lease_expires_at = :exp
+FROM b WHERE s.id = b.id
+RETURNING s.scope_id, b.cursor < :e AS recorded
 """)
 
 INSERT_FAILURE = sql("""
@@ -241,16 +266,18 @@ VALUES (:s, :id, :e, :a, CAST(:err AS jsonb), :now)
 def gave_up_txn(
     conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, event_id: int, attempts: int,
     error: dict[str, Any], now: datetime, lease_s: float,
-) -> Outcome[str]:
-    """leased → leased, the event recorded failed and the cursor past it (fenced). Not matched: fenced out."""
+) -> Outcome[bool]:
+    """leased → leased, the event recorded failed and the cursor past it (fenced); an event a prune
+    moved the cursor past during its POST is recorded already (events_expired): lease extended
+    only. ``row``: whether this recorded it. Not matched: fenced out."""
     moved = Outcome.of(conn.execute(GAVE_UP, {
         "id": sub_id, "o": owner, "g": generation, "e": event_id, "err": canonical_json(error),
         "exp": now + timedelta(seconds=lease_s),
-    }).scalars().all())
-    if moved.matched:
-        conn.execute(INSERT_FAILURE, {"s": moved.row, "id": sub_id, "e": event_id, "a": attempts,
+    }).mappings().all())
+    if moved.matched and moved.row["recorded"]:
+        conn.execute(INSERT_FAILURE, {"s": moved.row["scope_id"], "id": sub_id, "e": event_id, "a": attempts,
                                       "err": canonical_json(error), "now": now})
-    return moved
+    return Outcome.of(r["recorded"] for r in moved.rows)
 
 
 RELEASE = sql("""
