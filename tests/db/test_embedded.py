@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -42,3 +44,24 @@ def test_start_stop_restart_keeps_data_and_second_start_reuses():
         svc.stop()
     assert svc.urls() is None
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_redis_moves_off_a_remembered_port_that_something_else_took_since():
+    tmp_path = Path(tempfile.mkdtemp(prefix="memeflow-redisport-"))
+    svc = EmbeddedServices(tmp_path / "var")
+    squatter = socket.socket()
+    try:
+        svc.start_redis()
+        port = json.loads((tmp_path / "var/run/redis.json").read_text())["port"]
+        svc.stop_redis()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))  # any program may get an ephemeral port once it is free
+        squatter.listen()
+        url = svc.start_redis()
+        moved = json.loads((tmp_path / "var/run/redis.json").read_text())["port"]
+        assert moved != port and url == f"redis://127.0.0.1:{moved}/0"
+        assert redis.Redis.from_url(url).ping()
+    finally:
+        squatter.close()
+        svc.stop_redis()
+        shutil.rmtree(tmp_path, ignore_errors=True)
