@@ -44,6 +44,8 @@ CORES_PER_EMBEDDING_THREAD_LOCAL_AGENT = 4
 CORES_PER_EMBEDDING_THREAD = 2
 #: The agent result records' directory inside the storage root (not a storage namespace).
 AGENT_RESULTS_DIR = ".agent-results"
+#: How long a worker's warm shutdown waits for its queued agent completions to commit (s).
+COMPLETION_DRAIN_S = 30.0
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 

@@ -94,26 +94,23 @@ def _can_bind(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-#: How far a postmaster's process start may lie from the start time in its postmaster.pid (s).
-_PG_START_SLACK_S = 5.0
-
-
-def _postmaster_running(info) -> bool:
-    """Whether the postmaster that ``info`` (postmaster.pid) names runs: its pid is alive *and*
-    belongs to it — the unix socket it names accepts a connection, or the process started when
-    the file says. A pid alive alone is not enough: after an unclean stop (power loss, SIGKILL,
-    a container restart) the pid may belong to another process by now."""
+def _postmaster_running(info, pg_dir: Path) -> bool:
+    """Whether the postmaster that ``info`` (postmaster.pid) names runs: its pid is alive *and* is
+    a ``postgres`` process working in this data directory (a postmaster changes into it). A pid
+    alive alone is not enough: after an unclean stop (power loss, SIGKILL, a container restart)
+    the pid may belong to another process by now. When the process cannot be inspected (another
+    user's), it counts as running: a live server's pid file must never be removed."""
     if info is None or not info.is_running():
         return False
-    if info.socket_dir is not None and info.port:
-        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(1.0)
-            sock.connect(str(Path(info.socket_dir) / f".s.PGSQL.{info.port}"))
-            return True
-    try:  # no answer (still starting, or not a postmaster at all): compare start times
-        return abs(info.process.create_time() - info.start_time.timestamp()) <= _PG_START_SLACK_S
-    except Exception:  # noqa: BLE001 - the process is gone, or psutil cannot tell
+    import psutil
+
+    try:
+        proc = info.process
+        return proc.name() == "postgres" and Path(proc.cwd()).resolve() == pg_dir.resolve()
+    except psutil.NoSuchProcess:
         return False
+    except Exception:  # noqa: BLE001 - AccessDenied and the like: cannot tell, so assume it runs
+        return True
 
 
 def _redis_ping(port: int, timeout: float = 1.0) -> bool:
@@ -144,7 +141,7 @@ class EmbeddedServices:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with self._lock():
             database_url = self._start_postgres()
-            broker_url = self._start_redis()
+            broker_url = self._start_redis(may_move=True)
         return ServiceUrls(database_url=database_url, broker_url=broker_url)
 
     def stop(self) -> None:
@@ -164,14 +161,14 @@ class EmbeddedServices:
     # ------------------------------------------------------------------ postgres
     def postgres_url(self, database: str = DATABASE_NAME) -> str | None:
         info = self._postmaster_info()
-        if not _postmaster_running(info):
+        if not _postmaster_running(info, self.pg_dir):
             return None
         uri = info.get_uri(database=database)
         return uri.replace("postgresql://", "postgresql+psycopg2://", 1)
 
     def postgres_pid(self) -> int | None:
         info = self._postmaster_info()
-        return info.pid if _postmaster_running(info) else None
+        return info.pid if _postmaster_running(info, self.pg_dir) else None
 
     def _postmaster_info(self):
         if not (self.pg_dir / "postmaster.pid").exists():
@@ -206,7 +203,7 @@ class EmbeddedServices:
         old server live on."""
         pidfile = self.pg_dir / "postmaster.pid"
         info = self._postmaster_info()
-        if info is None or _postmaster_running(info):
+        if info is None or _postmaster_running(info, self.pg_dir):
             return
         log.warning("removing a stale postmaster.pid", extra={"pgdata": str(self.pg_dir)})
         if info.socket_dir is not None and info.port:  # its socket's lock file names the same pid
@@ -286,14 +283,18 @@ class EmbeddedServices:
         except (FileNotFoundError, ValueError):
             return None
 
-    def _start_redis(self, port: int | None = None) -> str:
+    def _start_redis(self, port: int | None = None, *, may_move: bool = False) -> str:
+        """Start Redis unless it answers. ``may_move``: a fresh start (nothing runs on the old
+        broker URL yet) may leave a remembered port that something else took since. Never when
+        the recorded server is still alive (loading its append-only file, stalled): a second
+        server on the same data dir would split the broker; then the start fails loudly."""
         existing = self.redis_url()
         if existing is not None:
             return existing
         state = self._read_redis_state() or {}
         explicit = port or self._requested_redis_port
         port = explicit or state.get("port") or _free_port()
-        if not explicit and not _can_bind(port):
+        if may_move and not explicit and not _pid_alive(state.get("pid")) and not _can_bind(port):
             # the remembered port is someone else's now: a new one (redis.json is rewritten below)
             log.warning("redis port %d is taken; choosing another", port)
             port = _free_port()
@@ -335,7 +336,8 @@ class EmbeddedServices:
             self._stop_redis()
 
     def start_redis(self) -> str:
-        """Start only Redis again, on its previous port unless that port is taken now."""
+        """Start only Redis again, on its previous port (the running processes' broker URL names
+        it: it never moves here)."""
         with self._lock():
             return self._start_redis()
 

@@ -8,6 +8,7 @@ the library page's URL → stop (or, with ``--keep``, leave the stack and the pa
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -224,6 +225,9 @@ def demo(keep: bool, n_images: int | None, timeout_s: float) -> None:
             stop_on_signals(stop)  # Ctrl-C, kill, and the terminal closing (SIGHUP)
             stack.supervise(stop)
     finally:
-        console.print("stopping …")
+        # once the terminal is gone (SIGHUP with --keep) printing fails; that must not skip the stop
+        with contextlib.suppress(OSError, ValueError):
+            console.print("stopping …")
         stack.stop()
-        console.print("stopped")
+        with contextlib.suppress(OSError, ValueError):
+            console.print("stopped")

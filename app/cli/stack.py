@@ -72,7 +72,7 @@ def agent_stop_grace_s(settings: Settings) -> float:
     """How long a stopping agent worker may take: a call in flight may run for ``agent_timeout_s``,
     then its completion is committed (at most ``COMPLETION_DRAIN_S``). Killing it sooner throws a
     paid result away (the job ends ``unknown_execution``)."""
-    from app.worker.run import COMPLETION_DRAIN_S
+    from app.config import COMPLETION_DRAIN_S
 
     return settings.agent_timeout_s + COMPLETION_DRAIN_S + AGENT_STOP_MARGIN_S
 

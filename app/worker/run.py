@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from app import metrics
+from app.config import COMPLETION_DRAIN_S  # how long a warm shutdown waits for handed-over completions
 from app.db.enums import Lane
 from app.orchestrator.errors import UnstorableResult
 from app.orchestrator.hints import Hint, HintPublisher
@@ -130,8 +131,6 @@ def _calls() -> ThreadPoolExecutor:
 
 #: Agent completions handed to the completion thread that may wait before a call thread blocks.
 COMPLETION_QUEUE = 4
-#: How long a warm shutdown waits for the handed-over completions to commit (seconds).
-COMPLETION_DRAIN_S = 30.0
 
 
 class _Completer:

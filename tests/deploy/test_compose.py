@@ -204,8 +204,7 @@ def test_default_services_are_the_spec_building_blocks_and_lane_workers_serve_ma
 def test_the_agent_worker_gets_time_to_finish_a_paid_call_on_stop(services):
     """A warm shutdown lets a call in flight finish (agent_timeout_s) and commit (COMPLETION_DRAIN_S);
     compose's default 10 s grace would SIGKILL it first and throw the paid result away."""
-    from app.config import Settings
-    from app.worker.run import COMPLETION_DRAIN_S
+    from app.config import COMPLETION_DRAIN_S, Settings
 
     grace = services["worker-agent"]["stop_grace_period"]
     seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from app.cli.stack import Stack, StackError
-from app.config import Settings
+from app.config import COMPLETION_DRAIN_S, Settings
 from app.embedded import ServiceUrls, _pid_alive
-from app.worker.run import COMPLETION_DRAIN_S
 from tests.conftest import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -77,7 +77,7 @@ def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: i
 # its lease expired its worker is gone for good. If an open stage still waits on it (a later job of
 # the image was deduplicated onto it) the request speaks for no one any more: it is withdrawn here
 # and the task is an ordinary expired lease. Otherwise ``abandon`` is true and the caller ends it
-# (tasks.end_abandoned_txn) in this transaction, while the row is locked.
+# (tasks.end_abandoned_txn) right after this step commits, fenced on the execution seen here.
 LEASE_EXPIRED = sql("""
 WITH pick AS (SELECT id, cancel_requested AND NOT EXISTS (
                   SELECT 1 FROM job_stages js WHERE js.task_id = tasks.id AND js.status IN ('queued', 'running')
