@@ -120,8 +120,9 @@ def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[li
         log.warning("database connection lost; looking for this claim's attempts, then retrying once",
                     extra={"code": "claim"})
     with orch.engine.begin() as conn:
-        found = {r["attempt_id"]: r for r in attempts.started_claims(conn, ids, owner, orch.now())}
-    if not found:  # nothing of the first try committed (or it started no attempt): claim again
+        resumed = attempts.resume_started_txn(conn, ids, owner, orch.now(), orch.settings.lease_s)
+        found = {r["attempt_id"]: r for r in (resumed.rows if resumed.matched else ())}
+    if not found:  # not matched: nothing of the first try committed (or it started no attempt): claim again
         return claim(attempts.new_attempt_ids(n))
     log.info("claim committed before the connection broke; running it", extra={"code": "claim"})
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(found))

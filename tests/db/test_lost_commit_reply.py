@@ -5,7 +5,7 @@ whose paid call was never made runs now, a completion that landed counts as land
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy.exc import OperationalError
 
@@ -116,6 +116,31 @@ def test_single_agent_claim_whose_reply_was_lost_runs_its_own_claim_once(engine,
     _run_to_end(orch, providers, pub, [claim])
     assert agent.calls["describe"] == 1
     assert orch.get_job("local", res.job["id"])["status"] == "succeeded"
+
+
+def test_a_resumed_claim_gets_a_fresh_lease(engine, settings):
+    """The reconnect took most of the lease: the resume renews it in the statement that finds the
+    claim, so another worker's recovery cannot end it unknown_execution before the call."""
+    orch, agent, providers, pub, res, hint = _setup(engine, settings, 5)
+
+    class SlowReconnect(LoseNextCommitReply):
+        """``LoseNextCommitReply``, and the reconnect takes all but a second of the lease."""
+
+        @contextlib.contextmanager
+        def begin(self):
+            try:
+                with super().begin() as conn:
+                    yield conn
+            except OperationalError:
+                orch.now.advance(seconds=settings.lease_s - 1)
+                raise
+
+    proxy = SlowReconnect(engine)
+    with through(orch, proxy):
+        claim = orch.claim_task(hint.task_id, "worker-a")
+    assert claim is not None
+    [(until,)] = rows(engine, "SELECT lease_expires_at FROM tasks WHERE id = :t", t=hint.task_id)
+    assert until == orch.now() + timedelta(seconds=settings.lease_s)
 
 
 def test_agent_claim_rolled_back_by_a_broken_connection_is_claimed_again(engine, settings):

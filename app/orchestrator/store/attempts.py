@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection, RowMapping
 
@@ -39,7 +39,7 @@ FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g big
 
 def new_attempt_ids(n: int) -> list[str]:
     """``n`` unguessable attempt ids, drawn by the claimer before its transaction: a claimer whose
-    COMMIT reply was lost finds its own attempts by them (``started_claims``)."""
+    COMMIT reply was lost finds its own attempts by them (``resume_started_txn``)."""
     return [secrets.token_hex(16) for _ in range(n)]
 
 
@@ -61,22 +61,37 @@ def start_attempts_txn(conn: Connection, rows: list[dict], ids: list[str], now: 
     return ids
 
 
-STARTED_CLAIMS = sql("""
-SELECT t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.claim_generation,
-       t.attempt_count, t.max_attempts, t.payload, t.grant_id, i.storage_key, a.attempt_id
-FROM task_attempts a
-JOIN tasks t ON t.id = a.task_id AND t.claim_generation = a.claim_generation
-JOIN images i ON i.id = t.image_id
-WHERE a.attempt_id = ANY(:ids) AND a.state = 'external_started'
-  AND t.status = 'running' AND t.lease_owner = :owner AND t.lease_expires_at > :now
+RESUME_STARTED = sql("""
+WITH mine AS (
+  SELECT t.id, a.attempt_id
+  FROM task_attempts a
+  JOIN tasks t ON t.id = a.task_id AND t.claim_generation = a.claim_generation
+  WHERE a.attempt_id = ANY(:ids) AND a.state = 'external_started'
+    AND t.status = 'running' AND t.lease_owner = :owner AND t.lease_expires_at > :now
+  FOR UPDATE OF t
+)
+UPDATE tasks t SET lease_expires_at = :until, updated_at = :now
+FROM mine, images i
+WHERE t.id = mine.id AND i.id = t.image_id
+RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.claim_generation,
+          t.attempt_count, t.max_attempts, t.payload, t.grant_id, i.storage_key, mine.attempt_id
 """)
 
 
-def started_claims(conn: Connection, attempt_ids: list[str], owner: str, now: datetime) -> list[RowMapping]:
-    """The claims ``owner`` still holds (running, lease live, same generation) whose attempt is one
-    of ``attempt_ids`` and still external_started — its paid call not yet closed; the claim row's
-    columns plus ``attempt_id``, in no particular order."""
-    return list(conn.execute(STARTED_CLAIMS, {"ids": list(attempt_ids), "owner": owner, "now": now}).mappings())
+@transition
+def resume_started_txn(
+    conn: Connection, attempt_ids: list[str], owner: str, now: datetime, lease_s: float,
+) -> Outcome[RowMapping]:
+    """running (``owner``'s, lease live, same generation as one of ``attempt_ids``, still
+    external_started: its paid call not yet made) → running with a fresh lease: the claim whose
+    COMMIT reply was lost, taken back by the worker that made it. Renewed in the same statement
+    that finds it, so the time lost to the broken connection cannot let the lease lapse before the
+    call (another worker's recovery would then end it ``unknown_execution``). Rows: the claim
+    row's columns plus ``attempt_id``. Not matched: nothing of the first try committed, or the
+    claim is no longer this worker's."""
+    return Outcome.of(list(conn.execute(RESUME_STARTED, {
+        "ids": list(attempt_ids), "owner": owner, "now": now, "until": now + timedelta(seconds=lease_s),
+    }).mappings()))
 
 
 FINISH_ATTEMPT = sql("""
