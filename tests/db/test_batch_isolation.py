@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
-from app.stages import registry
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
 from tests.support import poison
@@ -26,11 +25,9 @@ POISONED = (poison.POISON_WIDTH, 40)
 
 @pytest.fixture(autouse=True)
 def _fresh_calls():
-    poison.CALLS.clear()
-    registry.clear_cache()
+    poison.reset()
     yield
-    poison.CALLS.clear()
-    registry.clear_cache()
+    poison.reset()
 
 
 def _rows(engine, sql, **params):

@@ -17,7 +17,6 @@ import pytest
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
-from app.stages import registry
 from app.stages.providers import Providers
 from app.worker.run import handle_hint
 from tests.support import poison
@@ -31,11 +30,9 @@ CRASHING = "tests.support.poison:CrashVisual"
 
 @pytest.fixture(autouse=True)
 def _fresh_calls():
-    poison.CALLS.clear()
-    registry.clear_cache()
+    poison.reset()
     yield
-    poison.CALLS.clear()
-    registry.clear_cache()
+    poison.reset()
 
 
 def _ingest(orch, pub, scope, seed, size=SMALL):

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 
+from app.stages import registry
 from app.stages.agent.deterministic import DeterministicAgent
 from app.stages.errors import PermanentError
 from app.stages.images import DecodedImage
@@ -27,6 +28,12 @@ CALL_LOG_ENV = "MEMEFLOW_TEST_CALL_LOG"
 
 #: One entry per provider call in this process: (lane, [pixels or characters per item], ok).
 CALLS: list[tuple[str, list[int], bool]] = []
+
+
+def reset() -> None:
+    """Forget the recorded calls and the cached providers (before and after a test using them)."""
+    CALLS.clear()
+    registry.clear_cache()
 _lock = threading.Lock()
 
 
