@@ -25,7 +25,8 @@ def test_a_worker_killing_image_dies_alone_and_its_batch_mates_succeed(engine, i
     for scope, seed, size in [("tenant-a", 1, (poison.POISON_WIDTH, 40)), ("tenant-a", 2, (48, 40)),
                               ("tenant-b", 3, (48, 40)), ("tenant-b", 4, (48, 40))]:
         publisher.publish(store_and_ingest(orch, scope, png_bytes(seed, size)).hints)
-    workers = [cluster.worker("visual", MEMEFLOW_MAX_ATTEMPTS=str(MAX_ATTEMPTS))]
+    # not waited for as "ready": the queued poison may kill it before the harness sees it ready
+    workers = [cluster.worker("visual", wait=False, MEMEFLOW_MAX_ATTEMPTS=str(MAX_ATTEMPTS))]
 
     def terminal():
         if not workers[-1].alive:  # died: its supervisor starts another
