@@ -126,36 +126,37 @@ class Events(MethodView):
         if sse:  # an EventSource reconnects to the same URL with Last-Event-ID: resume from there
             after = max(after, _last_event_id() or 0)
             return _sse_response(orch, auth, scope, after, args["limit"])
-        events = orch.list_events(scope, after, args["limit"])
+        events, expired = orch.read_events(scope, after, args["limit"])
         wait = min(float(args["wait"]), float(orch.settings.event_max_wait_s))
-        if not events and wait > 0:
+        if not events and expired is None and wait > 0:
             held = _HeldStream(orch, scope)
             try:
-                events = _long_poll(orch, held, auth, scope, after, args["limit"], wait)
+                events, expired = _long_poll(orch, held, auth, scope, after, args["limit"], wait)
             finally:
                 held.release()
-        return {"events": events, "last_id": events[-1]["id"] if events else after}
+        return {"events": events, "last_id": events[-1]["id"] if events else after, "expired": expired}
 
 
 def _long_poll(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str, after: int, limit: int,
-               wait: float) -> list[dict]:
+               wait: float) -> tuple[list[dict], dict | None]:
+    """Wait for a first event (or retention passing the cursor); the page and ``expired``."""
     s = orch.settings
     deadline = time.monotonic() + wait
     renew_at = time.monotonic() + s.event_heartbeat_s
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return []
+            return [], None
         time.sleep(min(s.event_poll_s, remaining))
         if not auth.still_valid():
             raise Unauthorized(REVOKED)
-        events = orch.list_events(scope, after, limit)
-        if events:
-            return events
+        events, expired = orch.read_events(scope, after, limit)
+        if events or expired is not None:
+            return events, expired
         if time.monotonic() >= renew_at:
             renew_at = time.monotonic() + s.event_heartbeat_s
             if not held.slot.renew():
-                return []
+                return [], None
 
 
 class _SseBody:
@@ -180,18 +181,27 @@ def sse_message(event: dict[str, Any]) -> str:
     return f"id: {event['id']}\nevent: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
+def sse_expired(expired: dict[str, Any]) -> str:
+    """Retention passed the stream's cursor: an ``events.expired`` message without an ``id`` line
+    (the client's Last-Event-ID stays its own)."""
+    return f"event: events.expired\ndata: {json.dumps(expired, separators=(',', ':'))}\n\n"
+
+
 def _sse_chunks(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str, after: int, limit: int
                 ) -> Iterator[str]:
     s = orch.settings
     started = time.monotonic()
     beat_at = started + s.event_heartbeat_s
     yield f"retry: 2000\n: connected, after {after}\n\n"
-    cursor = after
+    cursor, told = after, 0
     while time.monotonic() - started < s.event_stream_max_s:
         if not auth.still_valid():  # EventSource reconnects and gets 401: it stops
             yield ": credential revoked or expired\n\n"
             return
-        events = orch.list_events(scope, cursor, limit)
+        events, expired = orch.read_events(scope, cursor, limit)
+        if expired is not None and expired["through"] > told:  # before the page: they may be missing before it
+            told = expired["through"]
+            yield sse_expired(expired)
         for event in events:
             yield sse_message(event)
             cursor = event["id"]

@@ -508,9 +508,19 @@ class EventSchema(Schema):
     created_at = fields.String(required=True)
 
 
+class EventsExpiredSchema(Schema):
+    code = fields.String(required=True, metadata={"description": "events_expired"})
+    after = fields.Integer(required=True, metadata={"description": "the cursor read from"})
+    through = fields.Integer(required=True,
+                             metadata={"description": "retention deleted this scope's events up to this id"})
+    message = fields.String(required=True)
+
+
 class EventPageSchema(Schema):
     events = fields.List(fields.Nested(EventSchema), required=True)
     last_id = fields.Integer(required=True)
+    expired = fields.Nested(EventsExpiredSchema, allow_none=True, required=True, metadata={
+        "description": "null, or: retention deleted events after `after` before this read — some may be missing"})
 
 
 class WebhookCreateSchema(StrictSchema):

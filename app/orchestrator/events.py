@@ -39,11 +39,26 @@ def event_doc(row: RowMapping) -> dict[str, Any]:
     }
 
 
-def list_events(orch: Orchestrator, scope_id: str, after: int, limit: int) -> list[dict[str, Any]]:
-    """The scope's events with id > ``after``, oldest first, at most ``limit``."""
+def read_events(orch: Orchestrator, scope_id: str, after: int, limit: int
+                ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The scope's events with id > ``after``, oldest first, at most ``limit``; and what the read
+    may have missed to retention (``expired``), or None.
+
+    ``expired`` when the prune has deleted ids of the scope above ``after``: events with ids in
+    (after, through] may be gone. The mark is read after the page, so a prune that commits between
+    the two is told (it may then warn about events the page did return: "may", never a silent
+    loss). A cursor of 0 means "from the oldest kept": it has missed nothing."""
     with orch.engine.connect() as conn:
         rows = q.events_after_txn(conn, scope_id, after, limit)
-    return [event_doc(r) for r in rows]
+        through = q.pruned_through_txn(conn, scope_id) if after > 0 else 0
+    expired = None
+    if through > after:
+        expired = {
+            "code": "events_expired", "after": after, "through": through,
+            "message": f"events of this scope with ids up to {through} were deleted (MEMEFLOW_EVENTS_RETENTION_S);"
+                       f" some after {after} may be missing: re-read the jobs, images and batches you follow",
+        }
+    return [event_doc(r) for r in rows], expired
 
 
 def last_event_id(orch: Orchestrator, scope_id: str) -> int:

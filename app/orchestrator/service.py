@@ -223,7 +223,7 @@ class Orchestrator:
             return open_attempt_ids_txn(conn, attempt_ids)
 
     # ------------------------------------------------------------------ events (issue 20)
-    list_events = events.list_events
+    read_events = events.read_events
     last_event_id = events.last_event_id
     stream_slot = events.stream_slot
     create_webhook = webhooks.create_webhook

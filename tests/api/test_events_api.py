@@ -39,7 +39,7 @@ def test_json_page_after_and_limit(client):
     page = client.get(f"/api/v1/events?after={first['id']}&limit=1").get_json()
     assert [e["image_id"] for e in page["events"]] == ids[1:]
     empty = client.get(f"/api/v1/events?after={body['last_id']}").get_json()
-    assert empty == {"events": [], "last_id": body["last_id"]}
+    assert empty == {"events": [], "last_id": body["last_id"], "expired": None}
 
 
 @pytest.mark.parametrize("query", ["after=-1", "after=abc", "after=1.5", "after=99999999999999999999999",
@@ -72,7 +72,7 @@ def test_long_poll_returns_an_event_committed_while_waiting(client, orch):
 
 def test_long_poll_without_events_returns_empty_after_wait(client):
     body = client.get("/api/v1/events?after=0&wait=0.3").get_json()
-    assert body == {"events": [], "last_id": 0}
+    assert body == {"events": [], "last_id": 0, "expired": None}
 
 
 @pytest.mark.parametrize("accept", ["*/*", "application/json", "application/json, text/event-stream;q=0.5", "text/*"])
@@ -148,7 +148,7 @@ def test_each_scope_sees_only_its_events_by_token_or_browser_session(token_app, 
     assert client.get("/api/v1/events").status_code == 401
     cookie, _ = open_session(engine, tokens["beta"], 60)
     client.set_cookie(SESSION_COOKIE, cookie)
-    assert client.get("/api/v1/events", headers=OWN_PAGE).get_json() == {"events": [], "last_id": 0}
+    assert client.get("/api/v1/events", headers=OWN_PAGE).get_json() == {"events": [], "last_id": 0, "expired": None}
     client.set_cookie(SESSION_COOKIE, open_session(engine, tokens["alpha"], 60)[0])
     assert len(client.get("/api/v1/events", headers=OWN_PAGE).get_json()["events"]) == 1
 

@@ -11,7 +11,15 @@ One module per entity group; importing this package registers every table on ``B
 
 from app.db.models.artifacts import TextEmbedding, VisualEmbedding
 from app.db.models.base import NAMING, SCOPE_ID_PATTERN, Base, status_check
-from app.db.models.events import EVENTS_ID_SEQ, Event, EventPending, EventStreamSlot, WebhookFailure, WebhookSubscription
+from app.db.models.events import (
+    EVENTS_ID_SEQ,
+    Event,
+    EventPending,
+    EventPruneMark,
+    EventStreamSlot,
+    WebhookFailure,
+    WebhookSubscription,
+)
 from app.db.models.images import Image
 from app.db.models.jobs import Batch, BatchItem, JobStage, ProcessingJob
 from app.db.models.ops import OpsCounter, RetentionWalk, SweepState, WorkerRegistration
@@ -51,6 +59,7 @@ __all__ = [
     "EVENTS_ID_SEQ",
     "Event",
     "EventPending",
+    "EventPruneMark",
     "EventStreamSlot",
     "WebhookSubscription",
     "WebhookFailure",

@@ -84,6 +84,18 @@ class EventStreamSlot(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     __table_args__ = (ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),)
 
+
+class EventPruneMark(Base):
+    """How far retention has pruned a scope's events: the highest id the prune deleted (migration
+    0023). A stream read from a cursor below it may have missed events (``expired`` in the page)."""
+
+    __tablename__ = "event_prune_marks"
+    scope_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pruned_through: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    pruned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    __table_args__ = (ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),)
+
+
 class WebhookSubscription(Base):
     """A scope's webhook: where to POST which event types, and its delivery cursor. The delivery
     lane claims a subscription like a task (lease + ``claim_generation``) and delivers its events

@@ -130,6 +130,9 @@
       onEvent(data, ev.type);
     };
     for (const type of EVENT_TYPES) source.addEventListener(type, onMessage);
+    // Retention passed the stream's cursor (a reconnect after a long absence): events may be
+    // missing, so ask for every tracked job now rather than at the next safety poll.
+    source.addEventListener('events.expired', () => pollTracked(tracked.size));
     source.onmessage = onMessage;
     source.onopen = () => setMode('live: event stream (SSE)', 'events');
     source.onerror = () => {

@@ -71,7 +71,9 @@ def last_batch_progress_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, 
 # counts the failures of the first event of its types after the cursor; the prune is the only way
 # an event disappears, so resetting it here is what keeps a pruned event's attempts from being
 # charged to the next one. The rows are locked first (id order) so the counts are taken from
-# their current cursors, not the statement's snapshot.
+# their current cursors, not the statement's snapshot. Each scope's prune mark (the highest id
+# deleted) moves up in the same statement: a stream read from a cursor below it is told that
+# events may be missing (``pruned_through_txn``).
 PRUNE_EVENTS = sql("""
 WITH gone AS (
   DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT :n) AND created_at < :cut
@@ -93,6 +95,11 @@ WITH gone AS (
 ), recorded AS (
   INSERT INTO webhook_failures (scope_id, subscription_id, event_id, attempts, error, failed_at)
   SELECT scope_id, id, last_id, attempts, last_error, :now FROM told
+), marked AS (
+  INSERT INTO event_prune_marks AS p (scope_id, pruned_through, pruned_at)
+  SELECT scope_id, max(id), :now FROM gone GROUP BY scope_id
+  ON CONFLICT (scope_id) DO UPDATE SET pruned_through = GREATEST(p.pruned_through, EXCLUDED.pruned_through),
+     pruned_at = EXCLUDED.pruned_at
 )
 SELECT count(*) FROM gone
 """)
@@ -102,9 +109,17 @@ SELECT count(*) FROM gone
 def prune_events_txn(conn: Connection, cutoff: datetime, limit: int, now: datetime) -> Outcome[None]:
     """committed, created before ``cutoff`` → deleted: up to ``limit`` of the oldest events
     (primary-key order); ``affected``: how many. A subscription that had not delivered some of
-    them → cursor past them, attempts 0, counted failed, ``events_expired`` recorded. Not matched:
-    the oldest are younger."""
+    them → cursor past them, attempts 0, counted failed, ``events_expired`` recorded; each scope's
+    prune mark → the highest id deleted. Not matched: the oldest are younger."""
     return Outcome.count(conn.execute(PRUNE_EVENTS, {"n": limit, "cut": cutoff, "now": now}).scalar_one())
+
+
+def pruned_through_txn(conn: Connection, scope_id: str) -> int:
+    """The highest event id of ``scope_id`` retention has deleted (0: none ever was). Events with
+    ids up to it may be gone, so a cursor below it may have missed some."""
+    return conn.execute(
+        sql("SELECT coalesce(max(pruned_through), 0) FROM event_prune_marks WHERE scope_id = :s"), {"s": scope_id}
+    ).scalar_one()
 
 
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
