@@ -86,12 +86,14 @@ def _raised_in_json_decoder(exc: BaseException) -> bool:
 class ApiError(Exception):
     """An error the API returns as-is: HTTP status, stable code, human message."""
 
-    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.details = dict(details) if details else None
+        self.headers = dict(headers) if headers else {}
 
 
 def error_response(status: int, code: str, message: str, details: Mapping[str, Any] | None = None):
@@ -153,7 +155,9 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(ApiError)
     def _api_error(exc: ApiError):
-        return error_response(exc.status, exc.code, exc.message, exc.details)
+        resp = error_response(exc.status, exc.code, exc.message, exc.details)
+        resp.headers.update(exc.headers)
+        return resp
 
     @app.errorhandler(Unauthorized)
     def _unauthorized(exc: Unauthorized):

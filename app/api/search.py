@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from flask import request
@@ -22,6 +25,33 @@ from app.stages.images import decode_image
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
+_searching: dict[str, int] = {}  # scope -> searches this process runs for it now
+_searching_lock = threading.Lock()
+
+
+@contextmanager
+def _search_slot(scope: str) -> Iterator[None]:
+    """One of the scope's ``searches_per_scope`` concurrent searches in this API process, or 429
+    ``too_many_searches``: a search holds a gunicorn thread for its embedding, ranking and (look-
+    alike) decodes, so one tenant's burst of costly searches must leave the others threads."""
+    limit = services().settings.searches_per_scope
+    with _searching_lock:
+        held = _searching.get(scope, 0)
+        if held >= limit:
+            raise ApiError(429, "too_many_searches",
+                           f"this scope already runs {limit} searches in this API process (MEMEFLOW_SEARCHES_PER_SCOPE);"
+                           " retry when one has answered", headers={"Retry-After": "1"})
+        _searching[scope] = held + 1
+    try:
+        yield
+    finally:
+        with _searching_lock:
+            left = _searching[scope] - 1
+            if left:
+                _searching[scope] = left
+            else:
+                del _searching[scope]
+
 
 def _text_provider() -> Any:
     """The same text provider (name and options) the embedding workers use."""
@@ -41,7 +71,7 @@ def _visual_provider() -> Any:
 class TextSearch(MethodView):
     @blp.arguments(S.TextSearchArgsSchema, location="query")
     @blp.response(200, S.TextSearchResultSchema)
-    @blp.doc(responses=error_docs({422: "validation_error / unknown_model"}))
+    @blp.doc(responses=error_docs({422: "validation_error / unknown_model", 429: "too_many_searches"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
         terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone.
@@ -49,14 +79,15 @@ class TextSearch(MethodView):
         the previous model until the scope's cutover)."""
         svc = services()
         scope = scope_id()
-        source = text_source(svc.engine, scope, _text_provider(), svc.settings)
-        try:
-            result = text_search.search_text(
-                svc.engine, source.provider, scope, args["q"], limit=args["limit"], mode=args["mode"],
-                model=args["model"],
-            )
-        except text_search.UnknownModel as exc:
-            raise ApiError(422, "unknown_model", str(exc)) from None
+        with _search_slot(scope):
+            source = text_source(svc.engine, scope, _text_provider(), svc.settings)
+            try:
+                result = text_search.search_text(
+                    svc.engine, source.provider, scope, args["q"], limit=args["limit"], mode=args["mode"],
+                    model=args["model"],
+                )
+            except text_search.UnknownModel as exc:
+                raise ApiError(422, "unknown_model", str(exc)) from None
         return {**result, "serving": source.info}
 
 
@@ -85,7 +116,8 @@ class VisualSearch(MethodView):
     @blp.doc(
         requestBody=_VISUAL_BODY,
         responses=error_docs({400: "missing_file", 404: "not_found", 413: "payload_too_large",
-                               415: "unsupported_media_type", 422: "validation_error / invalid_image"}),
+                               415: "unsupported_media_type", 422: "validation_error / invalid_image",
+                               429: "too_many_searches"}),
     )
     def post(self):
         """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``.
@@ -93,6 +125,10 @@ class VisualSearch(MethodView):
         The visual index's nearest images are re-ranked by a pixel comparison with the stored
         originals (``pixels``, ``lookalike``; app/search/lookalike.py); ``score`` stays the
         visual descriptor's cosine. Reads the scope's serving visual model (``serving``)."""
+        with _search_slot(scope_id()):
+            return self._search()
+
+    def _search(self) -> dict[str, Any]:
         svc = services()
         scope = scope_id()
         source = visual_source(svc.engine, scope, _visual_provider(), svc.settings)

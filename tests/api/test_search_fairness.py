@@ -1,0 +1,71 @@
+"""One tenant's burst of searches cannot take an API process's threads from the others: at most
+``searches_per_scope`` searches of a scope run at once in a process (text and look-alike alike),
+over it 429 ``too_many_searches`` with ``Retry-After`` — while another scope's search is served."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+
+from app.api import create_app
+from app.api import search as search_api
+from app.auth import TokenScopeResolver
+from app.search import service as text_search
+from tests.api.conftest import png_bytes
+
+
+@pytest.fixture()
+def capped(settings, engine, orch, publisher, store):
+    return create_app(
+        scope_resolver=TokenScopeResolver(engine), settings=settings.replace(searches_per_scope=2),
+        orchestrator=orch, engine=engine, publisher=publisher, store=store, cursor_secret_key="test-secret",
+    )
+
+
+def test_a_scope_runs_at_most_its_searches_at_once_and_others_are_served(capped, tokens, monkeypatch):
+    client = capped.test_client()
+    alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+    beta = {"Authorization": f"Bearer {tokens['beta']}"}
+    release, inside = threading.Event(), threading.Semaphore(0)
+    real = text_search.search_text
+
+    def slow_for_alpha(engine, provider, scope, *args, **kwargs):
+        if scope == "alpha":
+            inside.release()
+            assert release.wait(60)
+        return real(engine, provider, scope, *args, **kwargs)
+
+    monkeypatch.setattr(text_search, "search_text", slow_for_alpha)
+    answers: list[int] = []
+    held = [threading.Thread(target=lambda: answers.append(
+        client.get("/api/v1/search/text?q=cat", headers=alpha).status_code)) for _ in range(2)]
+    for t in held:
+        t.start()
+    try:
+        for _ in held:  # both of alpha's slots are taken, their searches in progress
+            assert inside.acquire(timeout=30)
+        over = client.get("/api/v1/search/text?q=cat", headers=alpha)
+        assert over.status_code == 429 and over.get_json()["error"] == "too_many_searches"
+        assert over.headers["Retry-After"] == "1"
+        looks = client.post("/api/v1/search/visual", headers=alpha, content_type="multipart/form-data",
+                            data={"file": (io.BytesIO(png_bytes()), "q.png")})
+        assert looks.status_code == 429  # the look-alike search counts in the same slots
+        assert client.get("/api/v1/search/text?q=cat", headers=beta).status_code == 200  # another tenant's: served
+    finally:
+        release.set()
+        for t in held:
+            t.join(60)
+    assert answers == [200, 200]
+    assert search_api._searching == {}  # every slot given back
+    assert client.get("/api/v1/search/text?q=cat", headers=alpha).status_code == 200
+
+
+def test_a_failing_search_gives_its_slot_back(capped, tokens):
+    client = capped.test_client()
+    alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+    for _ in range(3):  # more than the cap: each 422 released its slot
+        resp = client.get("/api/v1/search/text?q=cat&model=nope", headers=alpha)
+        assert resp.status_code == 422
+    assert search_api._searching == {}
