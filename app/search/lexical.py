@@ -159,8 +159,9 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | Non
     if not text or not wanted:
         return None
     norm = normalise(text)
-    # NFKC can change lengths (e.g. ligatures): only highlight texts it leaves aligned
-    source = text if len(norm) == len(text) else norm
+    # NFKC and lower case can change lengths (ligatures, combining accents, İ): spans found in the
+    # normalised text mark the original only where every character kept its index
+    source = text if _aligned(text, norm) else norm
     spans: list[list[int]] = []
     for tok in tokens(text):
         if tok.cjk:
@@ -191,6 +192,14 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | Non
     suffix = "…" if end < len(source) else ""
     shift = len(prefix)
     return {"text": prefix + snippet + suffix, "marks": [[s + shift, e + shift] for s, e in marks]}
+
+
+def _aligned(text: str, norm: str) -> bool:
+    """Whether ``norm`` (``normalise(text)``) has every character of ``text`` at the same index:
+    no character widens (ﬁ → fi, İ → i̇) and, the lengths being equal, none joins another (e + ◌́ → é)."""
+    if text.isascii():  # NFKC leaves ASCII as it is; lower case maps it one to one
+        return True
+    return len(norm) == len(text) and all(len(unicodedata.normalize("NFKC", ch).lower()) == 1 for ch in text)
 
 
 def has_cjk(text: str) -> bool:

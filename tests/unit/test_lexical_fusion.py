@@ -51,6 +51,16 @@ def test_highlight_window_of_a_long_text_keeps_the_match():
     assert hl["text"][start:end] == "deploy" and len(hl["text"]) <= 82
 
 
+def test_highlight_marks_the_match_when_normalising_shifts_characters_both_ways():
+    """NFKC widens a ligature (ﬁ → fi) and joins a combining accent (e + ◌́ → é): the text's
+    length is unchanged, yet the characters between the two moved. The marks must still cover
+    the matched word, in the text shown."""
+    for text in ["ﬁ cat e\u0301", "İ cat e\u0301", "Ⅻ cat"]:
+        hl = lexical.highlight(text, ["cat"])
+        (start, end), = hl["marks"]
+        assert hl["text"][start:end] == "cat", (text, hl)
+
+
 def test_lexical_score_weighs_rare_terms_more():
     df = {"monday": 40, "coffee": 2}
     assert fusion.lexical_score(["monday", "coffee"], ["monday", "coffee"], df, 100) == 1.0
