@@ -37,3 +37,27 @@ def test_a_file_name_that_is_not_utf8_still_names_its_directory(tmp_path, monkey
     monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))
     r = CliRunner().invoke(main, ["ingest", directory, "--help"])
     assert r.exit_code == 0 and "not valid UTF-8" not in r.output, r.output
+
+
+@pytest.mark.parametrize("scope", ["a/b", "..", "", "x" * 129, "tab\there"])
+@pytest.mark.parametrize("args", [
+    ["process-all", "--scope", "{}"],
+    ["ingest", "{dir}", "--scope", "{}"],
+    ["search", "cat", "--scope", "{}"],
+    ["status", "--scope", "{}"],
+    ["search-model", "status", "--scope", "{}"],
+    ["search-model", "cutover", "--scope", "{}"],
+    ["scopes", "limits", "{}", "--max-images", "5"],
+    ["tokens", "create", "{}", "--name", "n"],
+    ["tokens", "revoke", "n", "--scope", "{}"],
+    ["tokens", "list", "--scope", "{}"],
+])
+def test_an_invalid_scope_id_is_a_usage_error(args, scope, tmp_path, monkeypatch):
+    """A scope id the API would refuse is refused by every command that takes one (exit 2, the rule
+    named), before it reaches the database: it was an IntegrityError traceback from process-all."""
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))  # nothing runs there
+    argv = [a.format(scope, dir=tmp_path) for a in args]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, (argv, r.exit_code, r.output, r.exception)
+    assert "invalid scope id" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "var").exists()
