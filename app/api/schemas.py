@@ -355,7 +355,8 @@ class HighlightSchema(Schema):
     field = fields.String(required=True, metadata={"description": "ocr_text, title, description, display_name or tags"})
     text = fields.String(required=True, metadata={"description": "a short window of that field"})
     marks = fields.List(fields.List(fields.Integer()), required=True,
-                        metadata={"description": "[start, end) character spans of the matches in `text`"})
+                        metadata={"description": "[start, end) spans of the matches in `text`, in characters "
+                                                 "(Unicode code points, not UTF-16 units)"})
 
 
 class TextSearchHitSchema(SearchHitSchema):

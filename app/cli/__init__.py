@@ -2,14 +2,44 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import click
 
 from app.cli import db as _db
 from app.cli import processes as _processes
 from app.cli import services as _services
+from app.cli.safe_text import printable
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The root group: refuses command-line arguments that are not text before any command runs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:
+            if _SURROGATE.search(arg) and not os.path.lexists(arg):
+                # bytes that are not UTF-8 reach sys.argv as lone surrogates (surrogateescape): fine in a
+                # file name (the OS takes bytes), refused by the database driver and the terminal
+                # everywhere else — a usage error, not a traceback
+                raise click.UsageError(f"argument '{_shown(arg)}' is not valid UTF-8 text (check the terminal's "
+                                       "encoding)", ctx)
+        return super().parse_args(ctx, args)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _shown(arg: str) -> str:
+    """``arg`` with its undecodable bytes as ``\\xNN`` (other lone surrogates as ``\\udNNN``)."""
+    try:
+        raw = arg.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = arg.encode("utf-8", "backslashreplace")
+    return printable(raw.decode("utf-8", "backslashreplace"), max_len=200)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="memeflow")
 def main() -> None:
     """memeflow: images in, searchable knowledge out (PostgreSQL decides, Celery hints)."""

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import click
 
-from app.cli.common import database_url, friendly_errors
+from app.cli.common import database_url, friendly_errors, scope_param
 from app.cli.safe_text import printable
 
 
@@ -67,7 +67,7 @@ _LIMIT_HELP = "0 = unlimited, 'default' = back to the global MEMEFLOW_* setting"
 
 
 @scopes.command("limits")
-@click.argument("scope_id")
+@click.argument("scope_id", callback=scope_param)
 @click.option("--max-bytes", default=None, help=f"stored bytes of the scope ({_LIMIT_HELP})")
 @click.option("--max-images", default=None, help=f"images of the scope ({_LIMIT_HELP})")
 @click.option("--uploads-per-minute", default=None, help=f"uploads per minute, per token ({_LIMIT_HELP})")
@@ -102,7 +102,7 @@ def tokens() -> None:
 
 
 @tokens.command("create")
-@click.argument("scope_id")
+@click.argument("scope_id", callback=scope_param)
 @click.option("--name", "-n", required=True, help="A label for the token, unique in the scope.")
 @click.option("--expires-in", "expires_in", default=None, metavar="DURATION",
               help="Stop accepting the token after this long: 30d, 12h, 90m, 2w (default: never).")
@@ -128,7 +128,7 @@ def tokens_create(scope_id: str, name: str, expires_in: str | None) -> None:
 
 @tokens.command("revoke")
 @click.argument("id_or_name")
-@click.option("--scope", "scope_id", default=None,
+@click.option("--scope", "scope_id", default=None, callback=scope_param,
               help="The token's scope; required when the name exists in several scopes.")
 @friendly_errors
 def tokens_revoke(id_or_name: str, scope_id: str | None) -> None:
@@ -149,7 +149,7 @@ def tokens_revoke(id_or_name: str, scope_id: str | None) -> None:
 
 
 @tokens.command("list")
-@click.option("--scope", "scope_id", default=None)
+@click.option("--scope", "scope_id", default=None, callback=scope_param)
 @friendly_errors
 def tokens_list(scope_id: str | None) -> None:
     """List tokens (never the token values)."""

@@ -7,14 +7,15 @@ import time
 
 import click
 
-from app.cli.common import connected, friendly_errors
+from app.cli.common import connected, friendly_errors, scope_param
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus
 
 BAD_OUTCOMES = ("failed", "blocked", "unknown_execution")
 
 
 @click.command("process-all")
-@click.option("--scope", "scope_id", default="local", show_default=True, help="scope (tenant) to process")
+@click.option("--scope", "scope_id", default="local", show_default=True, callback=scope_param,
+              help="scope (tenant) to process")
 @click.option("--policy", type=click.Choice(["forbid", "auto"]), default="forbid", show_default=True,
               help="reverse_image_policy of the batch's jobs")
 @click.option("--wait", is_flag=True, help="show a progress bar until the batch completes")

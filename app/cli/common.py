@@ -55,6 +55,19 @@ def friendly_errors(fn):
     return wrapper
 
 
+def scope_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Click callback for a scope id argument or option: refused as the API refuses it (no '/',
+    '\\', control characters, '.' or '..'; 1..128 characters), before it reaches SQL; None passes."""
+    from app.scopes import InvalidScopeId, validate_scope_id
+
+    if value is None:
+        return None
+    try:
+        return validate_scope_id(value)
+    except InvalidScopeId as exc:
+        raise click.BadParameter(printable(exc), ctx, param) from None
+
+
 def database_url(start: bool = False) -> str:
     from app.runtime import resolve_urls
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from app.cli.common import cli_settings, friendly_errors
+from app.cli.common import cli_settings, friendly_errors, scope_param
 from app.cli.safe_text import printable
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
@@ -115,7 +115,8 @@ def existing_sha256(database_url: str, scope_id: str) -> set[str]:
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--policy", type=click.Choice(["forbid", "auto"]), default="forbid", show_default=True,
               help="reverse_image_policy for new jobs")
-@click.option("--scope", "scope_id", default="local", show_default=True, help="scope (tenant) to ingest into")
+@click.option("--scope", "scope_id", default="local", show_default=True, callback=scope_param,
+              help="scope (tenant) to ingest into")
 @friendly_errors
 def ingest(directory: Path, policy: str, scope_id: str) -> None:
     """Upload every image under DIRECTORY (re-running skips images already present)."""

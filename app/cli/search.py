@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import connected, friendly_errors
+from app.cli.common import connected, friendly_errors, scope_param
 from app.cli.safe_text import cell, printable
 
 
@@ -71,7 +71,8 @@ def hits_table(query: str, mode: str, result: dict) -> Any:
 @click.command()
 @click.argument("text")
 @click.option("--limit", type=click.IntRange(1, 100), default=5, show_default=True)
-@click.option("--scope", "scope_id", default="local", show_default=True, help="scope (tenant) to search")
+@click.option("--scope", "scope_id", default="local", show_default=True, callback=scope_param,
+              help="scope (tenant) to search")
 @click.option("--mode", type=click.Choice(["hybrid", "semantic", "lexical"]), default="hybrid", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print the API's JSON shape")
 @friendly_errors

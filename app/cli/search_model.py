@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import connected, friendly_errors
+from app.cli.common import connected, friendly_errors, scope_param
 from app.cli.safe_text import cell, printable
 from app.db.enums import ServingKind
 
@@ -58,7 +58,8 @@ KIND = click.option("--kind", type=click.Choice([k.value for k in ServingKind]),
 
 
 @search_model.command("status")
-@click.option("--scope", "scope_id", default=None, help="one scope (with live coverage and its history)")
+@click.option("--scope", "scope_id", default=None, callback=scope_param,
+              help="one scope (with live coverage and its history)")
 @KIND
 @click.option("--json", "as_json", is_flag=True)
 @friendly_errors
@@ -80,7 +81,7 @@ def status_cmd(scope_id: str | None, kind: str, as_json: bool) -> None:
 
 
 @search_model.command("cutover")
-@click.option("--scope", "scope_id", required=True)
+@click.option("--scope", "scope_id", required=True, callback=scope_param)
 @KIND
 @click.option("--json", "as_json", is_flag=True)
 @friendly_errors
@@ -91,7 +92,7 @@ def cutover_cmd(scope_id: str, kind: str, as_json: bool) -> None:
 
 
 @search_model.command("rollback")
-@click.option("--scope", "scope_id", required=True)
+@click.option("--scope", "scope_id", required=True, callback=scope_param)
 @KIND
 @click.option("--json", "as_json", is_flag=True)
 @friendly_errors
@@ -106,7 +107,7 @@ def rollback_cmd(scope_id: str, kind: str, as_json: bool) -> None:
 
 
 @search_model.command("resume")
-@click.option("--scope", "scope_id", required=True)
+@click.option("--scope", "scope_id", required=True, callback=scope_param)
 @KIND
 @click.option("--json", "as_json", is_flag=True)
 @friendly_errors

@@ -66,7 +66,11 @@ class Token:
 
 def tokens(text: str) -> Iterator[Token]:
     """Words and CJK runs of ``normalise(text)``, in order."""
-    for m in _TOKEN.finditer(normalise(text)):
+    return _normalised_tokens(normalise(text))
+
+
+def _normalised_tokens(norm: str) -> Iterator[Token]:
+    for m in _TOKEN.finditer(norm):
         yield Token(m.group(), m.start(), m.end(), bool(_CJK_RUN.fullmatch(m.group())))
 
 
@@ -149,20 +153,32 @@ def image_terms(display_name: str | None, context: dict | None) -> str:
     return tsvector_source(document_terms(lexical_fields(display_name, context)))
 
 
-def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | None:
-    """A short window of ``text`` around its matches of ``terms`` (query terms that matched).
+#: Characters of a search hit's text fields searched for its highlight, at most: normalising Chinese
+#: text (OpenCC, pure Python) costs ~5 µs a character, and a hit's fields may hold 40k of them —
+#: without a bound one search of 100 such hits took 20–40 s of an API worker.
+HIGHLIGHT_SCAN_CHARS = 4000
+
+
+def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = HIGHLIGHT_SCAN_CHARS) -> dict | None:
+    """A short window of ``text`` around its matches of ``terms`` (query terms that matched),
+    found in the first ``scan`` characters of ``text``.
 
     Returns ``{"text": snippet, "marks": [[start, end], …]}`` with spans in the snippet (marks
-    merged where adjacent), or None when nothing in ``text`` matches.
+    merged where adjacent), or None when nothing there matches.
     """
     wanted = set(terms)
-    if not text or not wanted:
+    if not text or not wanted or scan <= 0:
         return None
+    cut = len(text) > scan
+    text = text[:scan]
     norm = normalise(text)
-    # NFKC can change lengths (e.g. ligatures): only highlight texts it leaves aligned
-    source = text if len(norm) == len(text) else norm
+    # NFKC and lower case can change lengths (ligatures, combining accents, İ): spans found in the
+    # normalised text mark the original only where every character kept its index
+    source = text if _aligned(text, norm) else norm
     spans: list[list[int]] = []
-    for tok in tokens(text):
+    for tok in _normalised_tokens(norm):
+        if cut and tok.end >= len(norm):  # a word the scan limit cut short is no match
+            break
         if tok.cjk:
             run = tok.text
             for i in range(len(run)):
@@ -188,9 +204,17 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80) -> dict | Non
     snippet = source[start:end]
     marks = [[s - start, min(e, end) - start] for s, e in merged if s < end]
     prefix = "…" if start > 0 else ""
-    suffix = "…" if end < len(source) else ""
+    suffix = "…" if end < len(source) or cut else ""
     shift = len(prefix)
     return {"text": prefix + snippet + suffix, "marks": [[s + shift, e + shift] for s, e in marks]}
+
+
+def _aligned(text: str, norm: str) -> bool:
+    """Whether ``norm`` (``normalise(text)``) has every character of ``text`` at the same index:
+    no character widens (ﬁ → fi, İ → i̇) and, the lengths being equal, none joins another (e + ◌́ → é)."""
+    if text.isascii():  # NFKC leaves ASCII as it is; lower case maps it one to one
+        return True
+    return len(norm) == len(text) and all(len(unicodedata.normalize("NFKC", ch).lower()) == 1 for ch in text)
 
 
 def has_cjk(text: str) -> bool:

@@ -209,17 +209,25 @@ def _hit(row: dict[str, Any], c: fusion.Candidate, terms: list[str]) -> dict[str
             "highlight": _highlight(image, c.matched_terms)}
 
 
+_FIELD_SCAN_MIN = 500  # the longest title or display name the API accepts
+
+
 def _highlight(image: dict[str, Any], matched_terms: list[str]) -> dict[str, Any] | None:
-    """The first of the image's text fields that contains a matched term, around the matches."""
+    """The first of the image's text fields that contains a matched term, around the matches.
+
+    The fields share ``lexical.HIGHLIGHT_SCAN_CHARS`` characters of search per hit; a field after a
+    long one still has its first ``_FIELD_SCAN_MIN`` (a title or a name is searched whole)."""
     if not matched_terms:
         return None
     ctx = image.get("context") or {}
     tags = ctx.get("tags") or []
+    budget = lexical.HIGHLIGHT_SCAN_CHARS
     for field, value in (("ocr_text", ctx.get("ocr_text")), ("title", ctx.get("title")),
                          ("description", ctx.get("description")), ("display_name", image.get("display_name")),
                          ("tags", ", ".join(map(str, tags)) if isinstance(tags, list) else None)):
         if isinstance(value, str) and value:
-            found = lexical.highlight(value.replace("\n", " / "), matched_terms)
+            found = lexical.highlight(value.replace("\n", " / "), matched_terms, scan=max(budget, _FIELD_SCAN_MIN))
             if found is not None:
                 return {"field": field, **found}
+            budget -= len(value)
     return None

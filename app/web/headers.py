@@ -2,7 +2,10 @@
 
 One ``after_request`` hook. HTML gets a self-only Content-Security-Policy; everything else gets
 ``default-src 'none'`` (a JSON body or a script file opened as a page can run nothing). Framing is
-denied twice (``X-Frame-Options`` for old browsers, ``frame-ancestors`` for current ones). HSTS only
+denied twice (``X-Frame-Options`` for old browsers, ``frame-ancestors`` for current ones). A response
+that sets no caching policy of its own gets ``Cache-Control: no-store``: pages and API answers hold a
+scope's private data (names, captions, OCR text, search hits), which no shared cache may hand to
+another user and no browser should keep on disk after sign-out. HSTS only
 when the request arrived over TLS, which behind a reverse proxy needs ``MEMEFLOW_TRUSTED_PROXY_HOPS``
 (see :func:`trust_proxies`).
 """
@@ -21,6 +24,7 @@ HTML_CSP = (
 )
 NON_HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 HSTS = "max-age=31536000"
+DEFAULT_CACHE_CONTROL = "no-store"
 
 COMMON_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -37,6 +41,8 @@ def apply_security_headers(response: Response) -> Response:
     if "Content-Security-Policy" not in response.headers:
         html = response.mimetype == "text/html"
         response.headers["Content-Security-Policy"] = HTML_CSP if html else NON_HTML_CSP
+    if "Cache-Control" not in response.headers:  # static files, thumbnails, content: their own policy
+        response.headers["Cache-Control"] = DEFAULT_CACHE_CONTROL
     if request.is_secure:
         response.headers["Strict-Transport-Security"] = HSTS
     return response

@@ -75,3 +75,23 @@ def test_queries_are_folded_like_the_documents_of_their_version():
     assert semantic_query("最後的倔強", "5") == "最后的倔强"
     assert semantic_query("最後的倔強", "2") == "最後的倔強"
     assert semantic_query("Monday again", "3") == "Monday again"
+
+
+def test_text_without_a_character_t2s_changes_skips_the_converter(monkeypatch):
+    """Simplified text is its own conversion: the pure-Python converter (~5 µs a character) is not
+    run on it, and mixed text still converts exactly as OpenCC does."""
+    import random
+
+    from app.search import hanzi
+
+    converter = hanzi._t2s()
+    pool = "躺平是我最后的倔强減肥從明天開始沈默沉船乾隆干燥头发髮彷彿覆盖 abc😂，"
+    rng = random.Random(7)
+    for _ in range(2000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 12)))
+        assert to_simplified(text) == converter.convert(text), text
+    monkeypatch.setattr(hanzi, "_t2s", lambda: (_ for _ in ()).throw(AssertionError("converter run")))
+    for meme in MEMES:
+        for text in (*meme.lines, meme.exact, meme.paraphrase):
+            assert to_simplified(text) == text
+    assert to_simplified("抢红包手速太慢了" * 2500) == "抢红包手速太慢了" * 2500

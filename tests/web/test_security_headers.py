@@ -3,6 +3,8 @@ the sign-in page, /api/docs and its assets, the stylesheet, /metrics, /healthz, 
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from app.web.headers import HTML_CSP, NON_HTML_CSP
@@ -89,3 +91,28 @@ def test_swagger_ui_serves_only_its_own_assets(make_app):
     assert client.get("/api/docs/swagger-ui/oauth2-redirect.html").status_code == 404
     page = client.get("/api/docs").get_data(as_text=True)
     assert "<script>" not in page and "cdn" not in page.lower() and "style=" not in page
+
+
+def test_private_responses_are_never_stored_by_a_cache(make_app):
+    """A scope's pages and API answers (names, captions, OCR text, search hits) carry
+    ``Cache-Control: no-store``: no shared cache may serve them to another user, and no browser
+    keeps them on disk after sign-out. Responses that set their own policy keep it."""
+    import io
+
+    from tests.api.conftest import png_bytes
+
+    client = make_app("none").test_client()
+    up = client.post("/api/v1/images", data={"file": (io.BytesIO(png_bytes()), "a.png"), "display_name": "private"},
+                     content_type="multipart/form-data")
+    assert up.status_code == 201, up.get_json()
+    image_id = up.get_json()["image"]["id"]
+    for path in ["/", f"/library/images/{image_id}", "/ops", f"/ops/images/{image_id}",
+                 "/api/v1/images", f"/api/v1/images/{image_id}", "/api/v1/search/text?q=private",
+                 "/api/v1/jobs", f"/api/v1/images/{uuid.uuid4()}", "/?older=forged"]:
+        resp = client.get(path)
+        assert resp.status_code in (200, 404, 422), (path, resp.status_code)
+        assert resp.headers.get("Cache-Control") == "no-store", (path, resp.headers.get("Cache-Control"))
+    # their own policies stand: validated bytes, immutable versioned thumbnails, the event stream
+    assert client.get(f"/api/v1/images/{image_id}/content").headers["Cache-Control"] == "private, no-cache"
+    with client.get("/library/static/library.js") as static:
+        assert static.headers.get("Cache-Control") != "no-store"

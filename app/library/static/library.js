@@ -77,17 +77,19 @@
     return node;
   }
 
-  /** The search hit's highlight: its text with <mark> around the [start, end) spans. */
+  /** The search hit's highlight: its text with <mark> around the [start, end) spans. The spans
+   * count characters (code points), as the API does, not UTF-16 units: an emoji is one. */
   function highlightNode(hl) {
     const p = el('p', { class: 'hl', dataset: { field: hl.field || '' } });
-    const text = String(hl.text || '');
+    const chars = Array.from(String(hl.text || ''));
+    const part = (from, to) => chars.slice(from, to).join('');
     let at = 0;
     for (const [start, end] of hl.marks || []) {
-      if (start < at || end <= start || end > text.length) continue;
-      p.append(text.slice(at, start), el('mark', {}, text.slice(start, end)));
+      if (start < at || end <= start || end > chars.length) continue;
+      p.append(part(at, start), el('mark', {}, part(start, end)));
       at = end;
     }
-    p.append(text.slice(at));
+    p.append(part(at));
     if (hl.field) p.prepend(el('span', { class: 'field' }, `${hl.field}: `));
     return p;
   }

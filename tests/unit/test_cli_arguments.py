@@ -1,0 +1,63 @@
+"""Command-line arguments that are not text (bytes that are not UTF-8 reach ``sys.argv`` as lone
+surrogates) are a usage error naming the argument, before any command connects or writes."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+
+NOT_UTF8 = "a\udcffb"  # what Python makes of the bytes b"a\xffb" in argv
+
+
+@pytest.mark.parametrize("args", [
+    ["search", NOT_UTF8],
+    ["search", "cat", "--scope", NOT_UTF8],
+    ["scopes", "create", NOT_UTF8],
+    ["tokens", "revoke", NOT_UTF8],
+    ["tokens", "create", "local", "--name", NOT_UTF8],
+    ["process-all", "--scope", NOT_UTF8],
+    ["ingest", NOT_UTF8],
+])
+def test_an_argument_that_is_not_utf8_is_a_usage_error(args, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))  # nothing runs there
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert "'a\\xffb' is not valid UTF-8 text" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "var").exists()
+
+
+def test_a_file_name_that_is_not_utf8_still_names_its_directory(tmp_path, monkeypatch):
+    """Linux file names are bytes: an existing directory whose name is not UTF-8 is a valid argument."""
+    import os
+
+    directory = os.fsdecode(os.fsencode(str(tmp_path)) + b"/in\xff")
+    os.mkdir(directory)
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))
+    r = CliRunner().invoke(main, ["ingest", directory, "--help"])
+    assert r.exit_code == 0 and "not valid UTF-8" not in r.output, r.output
+
+
+@pytest.mark.parametrize("scope", ["a/b", "..", "", "x" * 129, "tab\there"])
+@pytest.mark.parametrize("args", [
+    ["process-all", "--scope", "{}"],
+    ["ingest", "{dir}", "--scope", "{}"],
+    ["search", "cat", "--scope", "{}"],
+    ["status", "--scope", "{}"],
+    ["search-model", "status", "--scope", "{}"],
+    ["search-model", "cutover", "--scope", "{}"],
+    ["scopes", "limits", "{}", "--max-images", "5"],
+    ["tokens", "create", "{}", "--name", "n"],
+    ["tokens", "revoke", "n", "--scope", "{}"],
+    ["tokens", "list", "--scope", "{}"],
+])
+def test_an_invalid_scope_id_is_a_usage_error(args, scope, tmp_path, monkeypatch):
+    """A scope id the API would refuse is refused by every command that takes one (exit 2, the rule
+    named), before it reaches the database: it was an IntegrityError traceback from process-all."""
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))  # nothing runs there
+    argv = [a.format(scope, dir=tmp_path) for a in args]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, (argv, r.exit_code, r.output, r.exception)
+    assert "invalid scope id" in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "var").exists()
