@@ -45,10 +45,12 @@ def sweep(orch: Orchestrator) -> SweepReport:
             lock_conn.rollback()
             report.skipped = True
             return report
+        locked_at = time.time()
         lock_conn.commit()
         try:
             _run_steps(orch, report, started)
         finally:
+            report.held = (locked_at, time.time())
             q.unlock(lock_conn)
             lock_conn.commit()
     metrics.SWEEP_DURATION.observe(time.monotonic() - started)

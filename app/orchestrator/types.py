@@ -187,3 +187,6 @@ class SweepReport:
     hints: list[Hint] = field(default_factory=list)
     skipped: bool = False  # another sweep held the advisory lock
     failed_steps: list[dict[str, str]] = field(default_factory=list)  # {step, error} of steps that raised
+    # time.time() just after the advisory lock was taken and just before it was released (None:
+    # skipped): the interval this sweep held the lock, which no other sweep's can overlap
+    held: tuple[float, float] | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 from sqlalchemy import event, text
 
@@ -27,10 +28,15 @@ def test_sweep_rehints_stale_and_expired_and_skips_when_locked(engine, settings)
     assert orch.sweep().hints == []  # re-hinted once per grace period, not every run
     with engine.connect() as other:
         assert q.try_lock(other)
-        assert orch.sweep().skipped
+        skipped = orch.sweep()
+        assert skipped.skipped and skipped.held is None
         q.unlock(other)
         other.commit()
-    assert not orch.sweep().skipped
+    before = time.time()
+    ran = orch.sweep()
+    after = time.time()
+    # the interval it held the lock, within the call (what the worker logs as the sweep's start/end)
+    assert not ran.skipped and before <= ran.held[0] <= ran.held[1] <= after
 
 
 def _explain(conn, sql, params):

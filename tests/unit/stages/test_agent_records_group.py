@@ -266,7 +266,11 @@ def test_a_call_that_fails_before_its_record_does_not_hold_the_others(tmp_path):
 
 def test_a_slow_call_holds_the_others_records_at_most_the_linger(tmp_path):
     rec, ids, release = records.ResultRecords(tmp_path), _ids(3), threading.Event()
-    group = records.CallGroup(3, linger_s=0.05)
+    # a linger is counted from each record's own arrival: the two fast calls' records are flushed
+    # together only if the second arrives within the first's linger. Their threads start one after
+    # the other, and a loaded box can put more than the default 50 ms between them (the first then
+    # flushes alone: two flushes); a second is far more than that, and the slow call still never comes.
+    group = records.CallGroup(3, linger_s=1.0)
 
     def slow(i):
         release.wait(60)

@@ -17,6 +17,7 @@ from PIL import Image
 
 from app.stages.agent.openai_compatible import OpenAICompatibleAgent, parse_context, unfence
 from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError
+from tests.conftest import poll_until
 from tests.support.poison import POISON_WIDTH
 
 from .helpers import decoded
@@ -270,12 +271,13 @@ def test_other_4xx_is_permanent(server, image):
 
 
 def test_connection_refused_is_retryable_and_provably_not_executed(image):
+    # the port stays bound (not listening) during the call: refused, and nothing else can take it
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    agent = OpenAICompatibleAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2)
-    with pytest.raises(RetryableError) as info:
-        _describe(agent, image)
+        agent = OpenAICompatibleAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2)
+        with pytest.raises(RetryableError) as info:
+            _describe(agent, image)
     assert info.value.not_executed is True
     assert info.value.code == "agent_unreachable"
 
@@ -286,8 +288,11 @@ def test_timeout_after_send_is_outcome_unknown(server, image):
         _describe(server.agent("slow", timeout_s=0.5), image, attempt_id)
     assert info.value.code == "agent_outcome_unknown"
     assert not isinstance(info.value, RetryableError)
-    # The server did receive it: exactly why a retry could double-bill.
-    assert any(r["headers"]["Idempotency-Key"] == attempt_id for r in server.requests)
+    # The server did receive it: exactly why a retry could double-bill. The handler thread records
+    # the request when it has read it, which on a loaded box may come after the client's 0.5 s ran
+    # out: wait for it (the request was sent whole before the client waited for an answer).
+    poll_until(lambda: any(r["headers"]["Idempotency-Key"] == attempt_id for r in server.requests),
+               timeout=30, what="the server to record the request the client gave up on")
 
 
 def test_lookup_complete_not_received_and_unknown(server, image):
@@ -382,10 +387,10 @@ def test_error_messages_carry_no_provider_body_or_host(server, image, mode, opti
 
 
 def test_unreachable_message_carries_no_host(image):
-    with socket.socket() as sock:
+    with socket.socket() as sock:  # bound, not listening, during the call: refused
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    agent = OpenAICompatibleAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2)
-    with pytest.raises(RetryableError) as info:
-        _describe(agent, image)
+        agent = OpenAICompatibleAgent(base_url=f"http://127.0.0.1:{port}/v1", model="m", timeout_s=2)
+        with pytest.raises(RetryableError) as info:
+            _describe(agent, image)
     assert "127.0.0.1" not in info.value.message and str(port) not in info.value.message
