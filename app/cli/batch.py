@@ -7,7 +7,7 @@ import time
 
 import click
 
-from app.cli.common import connected, friendly_errors, scope_param
+from app.cli.common import Seconds, connected, friendly_errors, scope_param
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus
 
 BAD_OUTCOMES = ("failed", "blocked", "unknown_execution")
@@ -19,7 +19,7 @@ BAD_OUTCOMES = ("failed", "blocked", "unknown_execution")
 @click.option("--policy", type=click.Choice(["forbid", "auto"]), default="forbid", show_default=True,
               help="reverse_image_policy of the batch's jobs")
 @click.option("--wait", is_flag=True, help="show a progress bar until the batch completes")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0), default=3600.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=Seconds(0), default=3600.0, show_default=True,
               help="with --wait: give up after this many seconds (exit 1)")
 @friendly_errors
 def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> None:

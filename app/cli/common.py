@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,20 @@ import click
 from app.cli.safe_text import printable
 from app.config import Settings, SettingsError, get_settings
 from app.embedded import EmbeddedServiceError
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds at or above ``min``: a finite number only ('nan' and 'inf' parse as
+    floats, and compare false with every bound, so a deadline of nan never passes and a sleep of
+    nan raises)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return out
 
 
 def cli_settings() -> Settings:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from app.cli.common import connected, friendly_errors
+from app.cli.common import Seconds, connected, friendly_errors
 
 
 @click.command()
@@ -101,7 +101,7 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="only report what would be removed")
-@click.option("--min-age", "min_age_s", type=click.FloatRange(0), default=3600.0, show_default=True,
+@click.option("--min-age", "min_age_s", type=Seconds(0), default=3600.0, show_default=True,
               help="keep files younger than this many seconds (counted from their latest upload)")
 @friendly_errors
 def gc(dry_run: bool, min_age_s: float) -> None:

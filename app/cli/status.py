@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import connected, friendly_errors, scope_param
+from app.cli.common import Seconds, connected, friendly_errors, scope_param
 from app.cli.safe_text import cell, printable
 from app.ids import parse_uuid
 
@@ -114,7 +114,7 @@ def job_table(job: dict) -> Any:
 @click.option("--scope", "scope_id", default="local", show_default=True, callback=scope_param,
               help="scope (tenant) to show")
 @click.option("--watch", is_flag=True, help="refresh until Ctrl-C")
-@click.option("--interval", type=click.FloatRange(0.1), default=2.0, show_default=True, help="seconds between refreshes")
+@click.option("--interval", type=Seconds(0.1), default=2.0, show_default=True, help="seconds between refreshes")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of tables (no --watch)")
 @friendly_errors
 def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_json: bool) -> None:

@@ -61,3 +61,20 @@ def test_an_invalid_scope_id_is_a_usage_error(args, scope, tmp_path, monkeypatch
     assert r.exit_code == 2, (argv, r.exit_code, r.output, r.exception)
     assert "invalid scope id" in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "var").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "1e999"])
+@pytest.mark.parametrize("args", [
+    ["gc", "--min-age", "{}"],
+    ["process-all", "--wait", "--timeout", "{}"],
+    ["status", "--interval", "{}"],
+])
+def test_a_duration_must_be_a_finite_number(args, value, tmp_path, monkeypatch):
+    """'nan' and 'inf' parse as floats and pass a range check (nan compares false with every bound):
+    a --timeout of nan never expired, an --interval of nan crashed the sleep. Refused up front."""
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))  # nothing runs there
+    argv = [a.format(value) for a in args]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 2, (argv, r.exit_code, r.output, r.exception)
+    assert ("finite number of seconds" in r.output or value == "-inf") and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "var").exists()
