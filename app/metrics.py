@@ -76,14 +76,56 @@ def set_liveness(liveness: Any) -> None:
 _served_port: int | None = None
 
 
-def serve(port: int, host: str = "0.0.0.0") -> int:
+def serve(port: int, host: str = "0.0.0.0", token: str | None = None) -> int:
     """Expose this process's metrics on ``host:port`` (workers; the API serves /metrics itself).
+    With ``token`` (``MEMEFLOW_METRICS_TOKEN``), a scrape must send ``Authorization: Bearer
+    <token>``, as the API's /metrics requires.
 
     Idempotent per process. Returns the port actually bound (``port=0`` picks a free one)."""
     global _served_port
     if _served_port is None:
-        from prometheus_client import start_http_server
-
-        server, _thread = start_http_server(port, addr=host)
-        _served_port = server.server_address[1]
+        _served_port = start_server(port, host, token).server_address[1]
     return _served_port
+
+
+def start_server(port: int, host: str, token: str | None = None) -> Any:
+    """A metrics HTTP server in a daemon thread (prometheus_client's own, behind a bearer check
+    when ``token`` is set); returns the server (``shutdown()`` stops it)."""
+    import socket
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    app = make_wsgi_app()
+    if token:
+        app = _bearer_guard(app, token)
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line
+            pass
+
+    server = make_server(host, port, app, Server, handler_class=QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def _bearer_guard(app: Any, token: str) -> Any:
+    import hmac
+
+    expected = token.encode()
+
+    def guarded(environ: dict, start_response: Any) -> Any:
+        scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            start_response("401 Unauthorized", [("Content-Type", "application/json"),
+                                                ("WWW-Authenticate", 'Bearer realm="memeflow-metrics"')])
+            return [b'{"error": "unauthorized", "message": "a valid metrics bearer token is required"}']
+        return app(environ, start_response)
+
+    return guarded

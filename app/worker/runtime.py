@@ -51,7 +51,7 @@ class WorkerRuntime:
         if settings.metrics_port:
             from app import metrics
 
-            port = metrics.serve(settings.metrics_port, settings.metrics_host)
+            port = metrics.serve(settings.metrics_port, settings.metrics_host, settings.metrics_token)
             log.info("metrics served on port %s", port, extra={"owner": self.owner})
 
     def load_lane(self, lane: str, concurrency: int | None = None) -> Any:
