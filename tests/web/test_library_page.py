@@ -114,10 +114,14 @@ def test_the_grid_pages_back_with_a_signed_cursor(make_app, monkeypatch):
     first = client.get("/").get_data(as_text=True)
     shown = re.findall(r'class="name" href="[^"]+">([^<]+)</a>', first)
     assert shown == ["img-2.png", "img-1.png"]
+    assert '<span id="library-total">3</span>' in first  # the scope's count, not the page's
     older = re.search(r'href="(/\?older=[^"]+)" id="older"', first).group(1).replace("&amp;", "&")
     second = client.get(older).get_data(as_text=True)
     assert re.findall(r'class="name" href="[^"]+">([^<]+)</a>', second) == ["img-0.png"]
     assert 'id="older"' not in second and 'id="newest"' in second
+    gone = re.search(r'data-image-id="([0-9a-f-]{36})"', second).group(1)
+    assert client.delete(f"/api/v1/images/{gone}").status_code == 204
+    assert '<span id="library-total">2</span>' in client.get("/").get_data(as_text=True)
     forged = client.get("/?older=eyJjcmVhdGVkX2F0IjoiMjAyNi0wMS0wMSJ9.AAAA")
     assert forged.status_code == 422 and forged.get_json()["error"] == "invalid_cursor"
 
