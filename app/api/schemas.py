@@ -30,6 +30,7 @@ from app.db.enums import (
     StageStatus,
 )
 from app.orchestrator.batches import MAX_BATCH_IDS
+from app.stages.agent import limits
 
 POLICIES = [p.value for p in ReverseImagePolicy]
 STAGES = [s.value for s in STAGE_ORDER]
@@ -104,10 +105,11 @@ class ErrorInfoSchema(Schema):
 class ContextSchema(StrictSchema):
     """Editable context keys; anything else is rejected (422)."""
 
-    title = Text(validate=validate.Length(max=500))
-    description = Text(validate=validate.Length(max=10_000))
-    ocr_text = Text(validate=validate.Length(max=20_000))
-    tags = fields.List(Text(validate=validate.Length(min=1, max=100)), validate=validate.Length(max=100))
+    title = Text(validate=validate.Length(max=limits.TITLE_MAX))
+    description = Text(validate=validate.Length(max=limits.DESCRIPTION_MAX))
+    ocr_text = Text(validate=validate.Length(max=limits.OCR_TEXT_MAX))
+    tags = fields.List(Text(validate=validate.Length(min=1, max=limits.TAG_MAX)),
+                       validate=validate.Length(max=limits.TAGS_MAX))
 
 
 # --- images ---------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ rich raise while rendering. Everything user-controlled goes through :func:`print
 
 from __future__ import annotations
 
+import json
+import re
 import unicodedata
 from typing import Any
 
@@ -53,3 +55,17 @@ def markup_safe(value: Any, *, max_len: int | None = None) -> str:
     from rich.markup import escape
 
     return escape(printable(value, max_len=max_len))
+
+
+# What ``json.dumps(..., ensure_ascii=False)`` leaves raw that a terminal acts on: DEL and the C1
+# controls (U+0080–U+009F; U+009B is CSI, which UTF-8 terminals such as xterm obey) and the bidi
+# controls of ``_BIDI`` plus the line/paragraph separators. JSON escapes only U+0000–U+001F.
+_JSON_RAW_CONTROLS = re.compile("[\x7f-\x9f\u2028\u2029" + "".join(chr(c) for c in sorted(_BIDI)) + "]")
+
+
+def json_text(value: Any) -> str:
+    """``value`` as indented JSON, non-ASCII letters readable, with every character a terminal
+    would act on written as a ``\\uXXXX`` escape (only string contents can hold one, so the
+    document parses back to the same value)."""
+    text = json.dumps(value, default=str, indent=2, ensure_ascii=False)
+    return _JSON_RAW_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

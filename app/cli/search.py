@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
 
 from app.cli.common import connected, friendly_errors, scope_param
-from app.cli.safe_text import cell, printable
+from app.cli.safe_text import cell, json_text, printable
 
 
 def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: str = "hybrid") -> dict:
@@ -85,8 +84,8 @@ def search(text: str, limit: int, scope_id: str, mode: str, as_json: bool) -> No
     with connected() as ctx:
         result = text_search(ctx.engine, ctx.settings, scope_id, text, limit, mode)
     if as_json:
-        # JSON string escaping covers control characters; non-ASCII letters stay readable.
-        click.echo(json.dumps(result, default=str, indent=2, ensure_ascii=False))
+        # non-ASCII letters stay readable; control and bidi characters are \u escapes
+        click.echo(json_text(result))
     else:
         Console().print(hits_table(text, mode, result))
     sys.exit(0 if result["items"] else 1)

@@ -50,10 +50,17 @@ def retry_on_disconnect(fn):
     return wrapper
 
 
+#: SQLSTATE class 54, program_limit_exceeded: a value past one of PostgreSQL's size limits ("string
+#: is too long for tsvector", a jsonb over 255 MB, an index row too big). psycopg2 raises it as an
+#: OperationalError, the class of a lost connection too, so it is told apart by its code.
+PROGRAM_LIMIT_EXCEEDED = "54"
+
+
 def refused_values_are_unstorable(fn):
     """Raise :class:`UnstorableResult` when the transaction failed on a value of the results that
-    PostgreSQL refuses (DataError: a NUL in text, a malformed vector) or that cannot be encoded for
-    it (a lone surrogate); the transaction rolled back, so nothing of it was written."""
+    PostgreSQL refuses (DataError: a NUL in text, a malformed vector; a program limit: a lexical
+    document past the tsvector limit) or that cannot be encoded for it (a lone surrogate); the
+    transaction rolled back, so nothing of it was written."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -61,6 +68,11 @@ def refused_values_are_unstorable(fn):
             return fn(*args, **kwargs)
         except (DataError, UnicodeEncodeError) as exc:
             raise UnstorableResult(f"a result could not be stored: {type(exc).__name__}") from exc
+        except OperationalError as exc:
+            code = getattr(exc.orig, "pgcode", None) or getattr(exc.orig, "sqlstate", None) or ""
+            if exc.connection_invalidated or not str(code).startswith(PROGRAM_LIMIT_EXCEEDED):
+                raise
+            raise UnstorableResult("a result could not be stored: it passes a database limit") from exc
 
     return wrapper
 

@@ -121,3 +121,29 @@ def test_cli_errors_quoting_user_text_are_inert(settings, engine):
         assert "[red]owned[/red]" in listing
     finally:
         reset_settings(None)
+
+
+def test_search_json_output_escapes_what_a_terminal_acts_on(monkeypatch):
+    """``memeflow search --json`` prints stored contexts (an agent's OCR text and title) with
+    non-ASCII letters readable: JSON itself escapes only U+0000–U+001F, so C1 controls (U+009B is
+    CSI to a UTF-8 xterm) and bidi overrides reached the terminal raw. They are \\u escapes now, and
+    the output still parses back to the same result."""
+    import contextlib
+    import json
+    from types import SimpleNamespace
+
+    from app.cli import search as search_cli
+
+    ocr = "caf\u00e9 \u732b \x9b31mred\x9b0m \x7f \u202egnp.exe \u2066x\u2069 \u2028"
+    result = {"items": [{"score": 0.5, "image": {"id": "i1", "display_name": "\x85name",
+                                                 "context": {"ocr_text": ocr, "title": "\u200f\u061c"}}}],
+              "model": "m", "coverage": {"ready": 1, "total": 1}}
+    monkeypatch.setattr(search_cli, "connected",
+                        lambda: contextlib.nullcontext(SimpleNamespace(engine=None, settings=None)))
+    monkeypatch.setattr(search_cli, "text_search", lambda *a, **k: result)
+    r = CliRunner().invoke(main, ["search", "cat", "--json"])
+    assert r.exit_code == 0, r.output
+    for ch in ("\x9b", "\x7f", "\x85", "\u202e", "\u2066", "\u2069", "\u200f", "\u061c", "\u2028"):
+        assert ch not in r.output, repr(ch)
+    assert "caf\u00e9 \u732b" in r.output  # letters stay readable
+    assert json.loads(r.output) == result

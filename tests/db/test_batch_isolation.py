@@ -282,6 +282,30 @@ def test_a_single_task_run_whose_answer_the_database_refuses_fails_with_its_code
         == ("failed", 1, "agent_bad_output", "failed")
 
 
+def test_an_agent_answer_past_a_database_limit_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
+        engine, settings):
+    """A provider's OCR text so long that its lexical document passes PostgreSQL's tsvector limit
+    ("string is too long for tsvector", SQLSTATE 54000 — an OperationalError, not a DataError):
+    the batch's completion is refused, each claim is completed alone, the batch-mate's answer
+    lands and the long one fails with agent_bad_output — nothing raises out of the worker (which
+    left both tasks running, to die the same way at every lease recovery)."""
+    from app.worker.run import run_task
+
+    settings = settings.replace(agent_provider="tests.support.poison:OverlongTextAgent", agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 1)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    assert _run(orch, providers, pub, {"agent"}) == [2]  # both calls in one batch, one completion
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+    # one claim alone (run_task, no batch) takes the same net
+    _ingest(orch, pub, "tenant-b", 3, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    (hint,) = [h for h in pub.drain() if h.lane == "agent"]
+    assert run_task(orch, hint.task_id, "w", providers, pub) == "failed"
+
+
 def _assert_agent_batch_mate_kept(engine, is_bad) -> None:
     """One agent task failed (agent_bad_output, its attempt closed as failed), the other succeeded,
     its context written; neither is left running or unknown."""

@@ -124,6 +124,27 @@ class PoisonOutputAgent(DeterministicAgent):
         return result
 
 
+def overlong_lexical_text(chars: int = 120_000) -> str:
+    """Random Hangul syllables (nearly every bigram distinct): a text whose lexical document (bigrams and
+    characters, app/search/lexical.py) passes PostgreSQL's 1 MB tsvector limit."""
+    import random
+
+    pick = random.Random(0).randrange
+    return "".join(chr(0xAC00 + pick(11172)) for _ in range(chars))
+
+
+class OverlongTextAgent(DeterministicAgent):
+    """Answers a poisoned image with an OCR text past every limit the remote agent's parser and
+    the API apply (a provider without those checks), whose lexical document PostgreSQL refuses
+    ("string is too long for tsvector": a program limit, not a data error)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["ocr_text"] = overlong_lexical_text()
+        return result
+
+
 class ProcessDied(BaseException):
     """In-process stand-in for a worker process that dies mid-call: no handler catches it (not an
     ``Exception``), so none of the batch's claims gets a terminal write, as after a real death."""

@@ -180,3 +180,50 @@ def test_highlight_scans_the_first_characters_only_and_never_marks_a_cut_word():
     (start, end), = hl["marks"]
     assert hl["text"][start:end] == "cats" and hl["text"].endswith("…")
     assert lexical.highlight(text, ["deploy"], scan=150) is None
+
+
+def test_near_terms_index_answers_as_every_pair_compared():
+    """The one-edit index finds exactly the query words ``within_one_edit`` of some text word."""
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(300):
+        qwords = {"".join(rnd.choices("abc", k=rnd.randint(5, 7))) for _ in range(rnd.randint(1, 4))}
+        words = {f"t{i}": w for i, w in enumerate(sorted(qwords))}
+        texts = [" ".join("".join(rnd.choices("abc", k=rnd.randint(4, 8))) for _ in range(rnd.randint(0, 12)))]
+        doc = lexical._words(texts)
+        expected = [t for t, w in words.items() if any(lexical.within_one_edit(w, d) for d in doc)]
+        assert lexical.near_terms(words, list(words), texts) == expected, (words, texts)
+
+
+def test_near_terms_of_a_search_read_a_bounded_amount_of_each_candidates_text():
+    """A hybrid search looks for near words in up to 200 candidates. Their stored fields may hold
+    what PATCH accepts (a 20k OCR text, a 10k description, ...), here all distinct five-letter
+    words, and a query may bring 32 five-letter words none of which matches exactly: comparing
+    every pair took tens of seconds of an API worker per search. A generous bound, not a timing."""
+    import random
+    import string
+    import time
+
+    rnd = random.Random(1)
+    pool = sorted({"".join(rnd.choices(string.ascii_lowercase, k=5)) for _ in range(7500)})[:6800]
+    ctx = {"ocr_text": " ".join(pool[:3333]), "description": " ".join(pool[3333:5000]),
+           "title": " ".join(pool[5000:5083]), "tags": pool[5083:5183]}
+    query = " ".join("".join(rnd.choices(string.ascii_lowercase, k=5)) for _ in range(32))
+    words, terms = lexical.query_words(query), lexical.query_terms(query)
+    fields = lexical.lexical_fields("name", ctx)
+    started = time.monotonic()
+    for _ in range(200):
+        lexical.near_terms(words, terms, fields)
+    assert time.monotonic() - started < 5.0
+
+
+def test_near_terms_never_meet_a_word_the_scan_limit_cut():
+    far = "x " * (lexical.NEAR_SCAN_CHARS // 2 - 3)
+    words = lexical.query_words("motivation")
+    assert lexical.near_terms(words, ["motiv"], [far + "motvation"]) == []  # past the scan
+    assert lexical.near_terms(words, ["motiv"], [far[:-6] + "motvation"]) == ["motiv"]
+    # "motivationless" cut to "motivatio" would be one edit away: a cut word is no word
+    head = "x " * (lexical.NEAR_SCAN_CHARS // 2 - 6) + "yy "
+    assert len(head) == lexical.NEAR_SCAN_CHARS - len("motivatio")
+    assert lexical.near_terms(words, ["motiv"], [head + "motivationless"]) == []

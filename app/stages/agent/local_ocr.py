@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from app.stages.agent import ocr_engine
+from app.stages.agent import limits, ocr_engine
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.ocr_engine import OcrSettings, run_ocr
 from app.stages.agent.records import ResultRecords, check_attempt_id
@@ -94,11 +94,15 @@ class LocalOcrAgent:
         title = ""
         if lines:
             title = line_text(max(lines, key=lambda line: max(b.height for b in line)))
+        # within what a human may write (app/stages/agent/limits.py): a screenshot full of text
+        # reads past it, and a context the edit form cannot save back is a trap; a tag is a
+        # word or a short caption, so a whole long line (a CJK "word") is no tag
+        tags = [t for t in salient_words(lines, limit=None) if len(t) <= limits.TAG_MAX]
         context = {
-            "title": title,
+            "title": title[:limits.TITLE_MAX],
             "description": "",
-            "ocr_text": "\n".join(texts),
-            "tags": salient_words(lines, self.max_tags),
+            "ocr_text": "\n".join(texts)[:limits.OCR_TEXT_MAX],
+            "tags": tags[:min(self.max_tags, limits.TAGS_MAX)],
             "facts": visual_facts(image),
         }
         result = AgentResult(context=context, model=self.ocr.name, request_id=attempt_id)  # config()["model"]

@@ -13,8 +13,9 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 
 Hostile or broken providers are bounded: the request asks for at most ``max_tokens``; the answer
 is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, headers, body —
-has one ``deadline_s`` (each socket read waits at most what is left of it, so a slow drip cannot
-stretch it); the Markdown fence around the JSON is stripped in linear time. The messages these
+has one ``deadline_s`` (each body read waits at most what is left of it, and while the request is
+sent and the headers read — inside http.client — a watchdog shuts the socket at the deadline, so
+a slow drip cannot stretch it); the Markdown fence around the JSON is stripped in linear time. The messages these
 errors carry are stored on tasks and shown to tenants, so they are generic: status codes and our
 own limits only. Provider bodies, URLs and host names go to the log.
 """
@@ -26,12 +27,17 @@ import io
 import json
 import logging
 import re
+import socket
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NewConnectionError
 
 from app.stages.agent.facts import visual_facts
@@ -150,6 +156,100 @@ class _DeadlineExceeded(Exception):
     """The call's total deadline passed while the answer was still arriving."""
 
 
+class _Watch:
+    """The deadline of the exchange running on this thread, and whether its watchdog fired."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.fired = False
+
+
+_watch = threading.local()  # .current: the _Watch of this thread's exchange, or None
+
+
+class _WatchedConnection:
+    """Sending the request and reading the status line and headers happen inside http.client,
+    where each socket read waits up to the read timeout: a provider dripping header bytes would
+    stretch the call without end. While they run, a watchdog timer shuts the socket down when the
+    exchange's deadline passes (the blocked read then returns at once, and the exchange reports
+    the deadline); the body is read by ``_exchange``, which bounds every read itself."""
+
+    _timer: threading.Timer | None = None
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        self._arm()
+        try:
+            return super().request(*args, **kwargs)  # type: ignore[misc]
+        except BaseException:
+            self._disarm()
+            raise
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            watch = getattr(_watch, "current", None)
+            if watch is not None and watch.fired:  # it fired while connecting, before a socket existed
+                self._expire(watch)
+            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._disarm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        watch = getattr(_watch, "current", None)
+        if watch is None:
+            return
+        timer = threading.Timer(max(0.0, watch.deadline - time.monotonic()), self._expire, (watch,))
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _disarm(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, watch: _Watch) -> None:
+        watch.fired = True
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _WatchedHTTPConnection(_WatchedConnection, HTTPConnection):
+    pass
+
+
+class _WatchedHTTPSConnection(_WatchedConnection, HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _DeadlineAdapter(HTTPAdapter):
+    """requests' adapter whose connections honour the exchange's deadline (``_WatchedConnection``)."""
+
+    _POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(self._POOLS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS pools are their own classes: not watched
+            manager.pool_classes_by_scheme = dict(self._POOLS)
+        return manager
+
+
 @dataclass(frozen=True)
 class _Answer:
     """A provider's HTTP answer, read in full within the size cap and the deadline."""
@@ -201,6 +301,8 @@ class OpenAICompatibleAgent:
         self.max_image_side = int(max_image_side)
         self.json_response_format = bool(json_response_format)
         self.session = requests.Session()
+        for prefix in ("http://", "https://"):
+            self.session.mount(prefix, _DeadlineAdapter())
 
     def config(self) -> dict[str, Any]:
         """What determines the answer: endpoint, model, prompt version, image preprocessing.
@@ -256,10 +358,21 @@ class OpenAICompatibleAgent:
         """One HTTP exchange, streamed: the body is read in chunks, each socket read waiting at
         most what is left before ``deadline``, and cut at ``max_response_bytes``."""
         remaining = deadline - time.monotonic()
-        response = self.session.request(
-            method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
-            stream=True, **kwargs,
-        )
+        watch = _watch.current = _Watch(deadline)
+        try:
+            response = self.session.request(
+                method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
+                stream=True, **kwargs,
+            )
+        except Exception:
+            if watch.fired:
+                raise _DeadlineExceeded from None
+            raise
+        finally:
+            _watch.current = None
+        if watch.fired:  # headers cut short by the watchdog: not the provider's answer
+            response.close()
+            raise _DeadlineExceeded
         with response:
             conn = getattr(response.raw, "connection", None)
             sock = getattr(conn, "sock", None)

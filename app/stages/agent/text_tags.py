@@ -194,8 +194,9 @@ def line_text(line: list[TextBox]) -> str:
     return out
 
 
-def salient_words(lines: list[list[TextBox]], limit: int = 10) -> list[str]:
-    """Lower-cased, de-duplicated, stopword-free words; words in taller text rank first.
+def salient_words(lines: list[list[TextBox]], limit: int | None = 10) -> list[str]:
+    """Lower-cased, de-duplicated, stopword-free words; words in taller text rank first (at most
+    ``limit``; None: all).
 
     Chinese has no spaces to split words on, so a CJK tag is a run of CJK characters as read
     (usually a whole caption line).

@@ -283,3 +283,30 @@ def test_dominant_colors_of_a_decoded_image_make_no_full_size_copy(monkeypatch):
     monkeypatch.setattr(Image.Image, "convert", no_rgb_copy)
     assert [facts.dominant_colors(im) for im in images] == expected
     assert facts.dominant_colors(images[0].convert("RGBA")) == expected[0]  # other modes still convert
+
+
+def test_a_context_read_from_a_wall_of_text_can_be_saved_back(tmp_path, monkeypatch):
+    """A screenshot full of text: a 600-character tallest line, a 150-character Chinese caption
+    (one CJK "word"), 30,000 characters in all. The context stays within what PATCH accepts
+    (app/stages/agent/limits.py), so reading it back and saving it — the library page's edit form
+    sends every field — is never refused for what the agent wrote."""
+    from app.api.schemas import ContextSchema
+    from app.stages.agent import local_ocr
+
+    caption = "".join(chr(0x4E00 + i) for i in range(150))
+    title = "headline " * 67  # 603 characters, the tallest text
+    body = [f"line {i} " + "x" * 90 for i in range(300)]
+
+    def box(y: int, height: int, text: str):
+        return [[0, y], [900, y], [900, y + height], [0, y + height]], text, 0.99
+
+    raw = [box(0, 60, title), box(80, 40, caption)] + [box(140 + 20 * i, 12, t) for i, t in enumerate(body)]
+    monkeypatch.setattr(local_ocr, "run_ocr", lambda settings, picture: raw)
+    agent = LocalOcrAgent(results_dir=str(tmp_path))
+    ctx = agent.describe(decoded(Image.new("RGB", (64, 48), "white")), attempt_id=uuid.uuid4().hex,
+                         reverse_image_policy="forbid").context
+    editable = {k: v for k, v in ctx.items() if k != "facts"}
+    assert ContextSchema().validate(editable) == {}
+    assert ctx["title"].startswith("headline headline") and caption not in ctx["tags"]
+    assert ctx["ocr_text"].startswith(title.strip()) and len(ctx["ocr_text"]) == 20_000
+    assert "headline" in ctx["tags"] and len(ctx["tags"]) <= agent.max_tags

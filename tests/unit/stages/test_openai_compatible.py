@@ -84,6 +84,17 @@ class FakeServer:
                 except OSError:
                     pass  # the client gave up: the point of the test
 
+            def _header_drip(self) -> None:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                try:
+                    for _ in range(400):  # 20 s at most: far past any deadline the tests set
+                        self.wfile.write(b"a")
+                        self.wfile.flush()
+                        if fake.release.wait(0.05):
+                            return
+                except OSError:
+                    pass  # the client gave up: the point of the test
+
             def _endless(self, chunk: bytes) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -126,6 +137,8 @@ class FakeServer:
                     self._send(200, f"<html>{PROVIDER_SECRET}</html>".encode())
                 elif mode == "drip":  # a valid start, then one byte every 50 ms: no single read waits long
                     self._drip()
+                elif mode == "headerdrip":  # a status line, then a header one byte every 50 ms
+                    self._header_drip()
                 elif mode == "huge":  # an endless answer, in 64 KiB writes, until the client hangs up
                     self._endless(b" " * 65536)
                 elif mode == "gzipbomb":  # 16 MiB of spaces in ~16 KiB of gzip
@@ -139,6 +152,9 @@ class FakeServer:
                 parts = self.path.split("/")
                 if parts[1] == "lookup-broken":
                     self._send(503, {"error": "down"})
+                    return
+                if parts[1] == "headerdrip":
+                    self._header_drip()
                     return
                 seen = {
                     r["headers"].get("Idempotency-Key")
@@ -332,6 +348,33 @@ def test_slow_drip_hits_the_total_deadline(server, image):
     elapsed = time.monotonic() - started
     assert info.value.code == "agent_deadline_exceeded"
     assert elapsed < 1.0 + 4.0, elapsed  # generous: the drip alone would run 20 s
+
+
+def test_slow_drip_of_headers_hits_the_total_deadline(server, image):
+    """The status line and headers are read inside http.client, each read waiting up to the read
+    timeout: a provider dripping a header byte by byte must still be stopped by the deadline."""
+    agent = server.agent("headerdrip", timeout_s=5, deadline_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknownError) as info:
+        _describe(agent, image)
+    elapsed = time.monotonic() - started
+    assert info.value.code == "agent_deadline_exceeded"
+    assert elapsed < 1.0 + 4.0, elapsed  # generous: the drip alone would run 20 s
+    # the lookup's exchange is bounded the same way (no answer in time proves nothing)
+    lookup = OpenAICompatibleAgent(base_url=f"{server.url}/good/v1", model="m", timeout_s=5, deadline_s=1.0,
+                                   lookup_url=f"{server.url}/headerdrip/{{attempt_id}}")
+    started = time.monotonic()
+    assert lookup.lookup(uuid.uuid4().hex).status == "unknown"
+    assert time.monotonic() - started < 1.0 + 4.0
+
+
+def test_a_finished_exchange_leaves_no_watchdog_behind(server, image):
+    """The header watchdog is disarmed once the headers arrived: later calls are never cut."""
+    agent = server.agent("good", deadline_s=0.5)
+    for _ in range(3):
+        _describe(agent, image)
+        time.sleep(0.3)  # past the first exchange's deadline: a stray watchdog would have fired
+    assert _describe(agent, image).context["title"] == "Sleepy cat"
 
 
 @pytest.mark.parametrize("mode", ["huge", "gzipbomb"])
