@@ -168,15 +168,13 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
             items.append({"batch_id": batch_id, "image_id": image_id, "scope_id": batch["scope_id"],
                           "job_id": job_id, "now": now})
         store.insert_items_txn(conn, items)
-        total = batch["total"] - gone
-        if batch["fill_models"]:
-            # the total counted the images needing a model when the batch was made; one that got it
-            # meanwhile (its own upload or edit job) is not seeded, so once seeded the items are the total
-            cursor["seeded"] = int(cursor.get("seeded", 0)) + len(items)
-            if done:
-                total = cursor["seeded"]
-        # the batch is locked in seeding since the start of this transaction: "not matched" cannot be
-        landed = (store.finish_seeding_txn if done else store.record_seeded_page_txn)(conn, batch_id, cursor, total, now)
+        # the batch is locked in seeding since the start of this transaction: "not matched" cannot be.
+        # Once seeded, the total is the items (finish_seeding_txn): the snapshot's count also held
+        # images deleted before their page and, for a fill, images that got the model meanwhile.
+        if done:
+            landed = store.finish_seeding_txn(conn, batch_id, cursor, now)
+        else:
+            landed = store.record_seeded_page_txn(conn, batch_id, cursor, batch["total"] - gone, now)
         landed.expect("the batch is locked in seeding")
     return len(items), hints, not done
 
