@@ -1,5 +1,5 @@
-"""Batches at scale (SPEC §4.8, §4.9): progress stays exact when images are deleted midway, and the
-sweep's seeding step is bounded however many pages a batch has left."""
+"""Batches at scale (SPEC §4.8, §4.9): progress stays exact when images are deleted midway, the
+sweep's seeding step is bounded however many pages a batch has left, and a cancel always finishes."""
 
 from __future__ import annotations
 
@@ -110,3 +110,22 @@ def test_one_sweep_seeds_a_bounded_number_of_pages_of_a_batch_with_nothing_to_ru
     done = orch.get_batch("big", batch["id"])
     assert done["status"] == "running" or done["status"] == "completed"
     assert rows(engine, "SELECT count(*) FROM batch_items")[0][0] == n
+
+
+def test_a_cancel_interrupted_after_the_batch_was_marked_can_be_finished_by_cancelling_again(engine, settings):
+    """cancel_batch commits the batch's ``cancelled`` first, then cancels its active jobs one
+    transaction each (thousands for a big batch, inside the HTTP request). A request killed in
+    between (gunicorn's timeout, a restart) left those jobs running, and cancelling again answered
+    "finished, unchanged" without touching them: nothing could stop them any more."""
+    from app.orchestrator.store import batches as store
+
+    orch = Orchestrator(engine, settings)
+    for i in range(3):
+        store_and_ingest(orch, "s1", png_bytes(i), process=False)
+    batch, _ = orch.create_batch("s1", all=True)
+    assert sum(batch["counts"].values()) == 3 and batch["counts"].get("cancelled") is None
+    with engine.begin() as conn:  # the request's first transaction committed, then the process died
+        store.cancel_batch_txn(conn, batch["id"], orch.now()).expect("running")
+    again = orch.cancel_batch("s1", batch["id"])
+    assert again["status"] == "cancelled" and again["counts"] == {"cancelled": 3}, again
+    assert rows(engine, "SELECT count(*) FROM tasks WHERE status IN ('queued', 'running')")[0][0] == 0
