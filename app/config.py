@@ -153,6 +153,8 @@ class Settings:
     retention_budget_ms: float = 150.0
     batch_page_size: int = 500
     batch_backlog_threshold: int = 2000
+    # pages (of batch_page_size) one sweep seeds over all scopes' batches, round-robin; the rest next sweep
+    batch_sweep_pages: int = 8
     # model changes (docs/operations.md): a scope in backfill checks whether the new model covers every
     # image at most this often (one whole-scope scan); a fill that leaves gaps is seeded again this many times
     search_cutover_check_s: float = 5.0
@@ -329,6 +331,9 @@ class Settings:
             raise SettingsError("MEMEFLOW_RETENTION_*_S must be >= 0 (0 = keep forever)")
         if min(self.retention_batch_size, self.retention_max_batches, self.retention_scan_rows) < 1:
             raise SettingsError("MEMEFLOW_RETENTION_BATCH_SIZE, _MAX_BATCHES and _SCAN_ROWS must be >= 1")
+        if self.batch_page_size < 1 or self.batch_sweep_pages < 1 or self.batch_backlog_threshold < 0:
+            raise SettingsError("MEMEFLOW_BATCH_PAGE_SIZE and MEMEFLOW_BATCH_SWEEP_PAGES must be >= 1, "
+                                "MEMEFLOW_BATCH_BACKLOG_THRESHOLD >= 0")
         if self.retention_budget_ms < 0:
             raise SettingsError("MEMEFLOW_RETENTION_BUDGET_MS must be >= 0 (0 = no budget)")
         if self.search_index_interval_s < 0 or (self.search_index_min_images or 0) < 0:

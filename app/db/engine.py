@@ -168,6 +168,51 @@ def ensure_vector_index(conn: Connection, table: str, model: str, dims: int) -> 
     return name
 
 
+_INDEX_VALID = text("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:n)")
+
+
+def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dims: int) -> bool:
+    """Build the per-model partial HNSW index if missing, ``CREATE INDEX CONCURRENTLY`` on a
+    connection of its own; True once it is valid, False when another process is building it (not
+    waited for: rows written meanwhile are in that build).
+
+    What the first vector of a new model (a model change) runs, in a worker's completion. A plain
+    CREATE INDEX (:func:`ensure_vector_index`) holds a SHARE lock on the whole table while it scans
+    every row of every model — every tenant's embedding writes queued behind it (failing at the
+    lock timeout), and a build past the statement timeout failed and was tried again by the next
+    completion. One builder per index name (a session advisory lock, the key
+    :func:`ensure_vector_index` takes); an INVALID leftover of a builder that died is dropped and
+    built again."""
+    if table not in ("visual_embeddings", "text_embeddings"):
+        raise ValueError(f"no vector column on {table}")
+    name = vector_index_name(table, model, int(dims))
+    literal = model.replace("'", "''")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if conn.execute(_INDEX_VALID, {"n": name}).scalar() is True:
+            return True
+        if not conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:n))"), {"n": name}).scalar():
+            return False
+        try:
+            valid = conn.execute(_INDEX_VALID, {"n": name}).scalar()
+            if valid is True:
+                return True
+            conn.execute(text("SET statement_timeout = 0"))  # the build scans the whole table
+            if valid is False:  # we hold the builders' lock: an interrupted build's leftover
+                conn.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+            conn.execute(text(
+                f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{name}" ON {table} '
+                f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
+                f"WHERE model = '{literal}' AND dims = {int(dims)}"
+            ))
+            return True
+        finally:
+            try:
+                conn.execute(text("RESET statement_timeout"))
+                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name})
+            except Exception:  # noqa: BLE001 - a broken connection released the lock with its session
+                conn.invalidate()
+
+
 def scope_vector_index_name(table: str, model: str, dims: int, scope_id: str) -> str:
     """The name of one scope's own HNSW index of a model (≤ 63 bytes: a hash of model, dims, scope)."""
     digest = hashlib.sha256(f"{model}\x00{int(dims)}\x00{scope_id}".encode()).hexdigest()[:16]

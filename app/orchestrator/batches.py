@@ -102,7 +102,7 @@ def seed_batch(
     batch_id = batch_id if isinstance(batch_id, uuid.UUID) else uuid.UUID(str(batch_id))
     seeded, hints, pages = 0, [], 0
     while max_pages is None or pages < max_pages:
-        n, page_hints, more = _seed_page(orch, batch_id, page_size or orch.settings.batch_page_size)
+        n, page_hints, more, _ = _seed_page(orch, batch_id, page_size or orch.settings.batch_page_size)
         seeded, pages = seeded + n, pages + 1
         hints += page_hints
         if not more:
@@ -110,17 +110,18 @@ def seed_batch(
     return seeded, hints
 
 
-def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple[int, list[Hint], bool]:
-    """One page in one transaction; ``more`` = another page may be seeded right away."""
+def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple[int, list[Hint], bool, bool]:
+    """One page in one transaction: (items, hints, ``more`` = another page may be seeded right away,
+    ``paged`` = a page was read; not when paused by back-pressure or no longer seeding)."""
     threshold = orch.settings.batch_backlog_threshold
     with orch.engine.begin() as conn:
         batch = store.batch_txn(conn, batch_id, lock=True)  # one seeder per batch at a time
         if batch is None or batch["status"] != SEEDING:
-            return 0, [], False
+            return 0, [], False, False
         if store.queued_backlog_txn(conn, batch["scope_id"], threshold + 1) > threshold:
             # back-pressure: the sweep continues later — touched, so other scopes' heads go first
             store.touch_batch_txn(conn, batch_id, orch.now()).expect("the batch is locked in seeding")
-            return 0, [], False
+            return 0, [], False, False
         now = orch.now()
         cursor = dict(batch["seed_cursor"] or {})
         policies: dict[uuid.UUID, str] = {}
@@ -168,17 +169,15 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
             items.append({"batch_id": batch_id, "image_id": image_id, "scope_id": batch["scope_id"],
                           "job_id": job_id, "now": now})
         store.insert_items_txn(conn, items)
-        total = batch["total"] - gone
-        if batch["fill_models"]:
-            # the total counted the images needing a model when the batch was made; one that got it
-            # meanwhile (its own upload or edit job) is not seeded, so once seeded the items are the total
-            cursor["seeded"] = int(cursor.get("seeded", 0)) + len(items)
-            if done:
-                total = cursor["seeded"]
-        # the batch is locked in seeding since the start of this transaction: "not matched" cannot be
-        landed = (store.finish_seeding_txn if done else store.record_seeded_page_txn)(conn, batch_id, cursor, total, now)
+        # the batch is locked in seeding since the start of this transaction: "not matched" cannot be.
+        # Once seeded, the total is the items (finish_seeding_txn): the snapshot's count also held
+        # images deleted before their page and, for a fill, images that got the model meanwhile.
+        if done:
+            landed = store.finish_seeding_txn(conn, batch_id, cursor, now)
+        else:
+            landed = store.record_seeded_page_txn(conn, batch_id, cursor, batch["total"] - gone, now)
         landed.expect("the batch is locked in seeding")
-    return len(items), hints, not done
+    return len(items), hints, not done, True
 
 
 def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
@@ -204,16 +203,20 @@ def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> d
 
 
 def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
-    """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged."""
+    """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged.
+
+    The batch is marked first, its jobs are cancelled after, one transaction each: a cancel
+    interrupted in between (the request killed) is finished by cancelling again — a cancelled batch
+    still has its remaining active jobs cancelled (none: one query)."""
     bid = _batch_uuid(batch_id)
     with orch.engine.begin() as conn:
         batch = store.batch_txn(conn, bid, scope_id, lock=True)
         if batch is None:
             raise NotFound("batch not found")
-        if batch["status"] in FINISHED:
+        if batch["status"] == COMPLETED:
             return get_batch(orch, scope_id, bid)
-        # locked and not finished: seeding or running, so the cancel lands
-        store.cancel_batch_txn(conn, bid, orch.now()).expect("the batch is locked unfinished")
+        if batch["status"] != CANCELLED:  # locked and not finished: seeding or running, so the cancel lands
+            store.cancel_batch_txn(conn, bid, orch.now()).expect("the batch is locked unfinished")
     while True:  # page by page, through the same path as POST /jobs/{id}/cancel
         with orch.engine.connect() as conn:
             job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
@@ -234,8 +237,15 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
 
 def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     """Sweep step: seed batches still seeding, round-robin over scopes (one page of each scope's
-    head batch per round, until every head is done or paused by its scope's back-pressure); then
-    complete running batches whose item jobs are all terminal.
+    head batch per round, until every head is done or paused by its scope's back-pressure, or
+    ``batch_sweep_pages`` pages were read); then complete running batches whose item jobs are all
+    terminal.
+
+    The page budget bounds the step where back-pressure cannot: a batch whose jobs queue nothing
+    (a library already processed, a fill scan past covered images) is never paused, and seeding
+    all of it in one run held the sweep — and every scope's re-hints, published after it — for as
+    long as the whole library took. Heads the budget left out keep their place (least recently
+    touched first) and go first next run.
 
     Bounded (``SWEEP_BATCHES`` of each kind per run), yet no batch waits on others: a paused head
     and a running batch left unfinished are touched, so the windows rotate; and the batches that
@@ -243,12 +253,14 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     finished batch completes at the next sweep however many long batches run."""
     with orch.engine.connect() as conn:
         heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
-    seeded, hints = 0, []
-    while heads:
+    seeded, hints, budget = 0, [], orch.settings.batch_sweep_pages
+    while heads and budget > 0:
         still = []
         for batch_id in heads:
-            n, page_hints, more = _seed_page(orch, batch_id, orch.settings.batch_page_size)
-            seeded, hints = seeded + n, hints + page_hints
+            if budget <= 0:
+                break
+            n, page_hints, more, paged = _seed_page(orch, batch_id, orch.settings.batch_page_size)
+            seeded, hints, budget = seeded + n, hints + page_hints, budget - int(paged)
             if more:
                 still.append(batch_id)
         heads = still

@@ -9,6 +9,7 @@ CLI only: the orchestrator's own modules call each other directly (``execution``
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import uuid
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from app.orchestrator.store import reads
 from app.orchestrator.types import BatchClaim, Claim, StageConfigs, SweepReport
 from app.stages.errors import ProviderConfigMismatch
 
+log = logging.getLogger(__name__)
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
 
 
@@ -182,15 +184,23 @@ class Orchestrator:
                 for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
 
     def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
-        """Make sure the per-model HNSW index exists before the first vector of a model lands."""
+        """Make sure the per-model HNSW index exists (or is being built) when a vector of a model
+        lands: built CONCURRENTLY, so other writes go on (``ensure_vector_index_concurrently``).
+        Never fails the completion that asks: search is exact without the index, and a build that
+        failed (a lock timeout while it waited for older transactions) is tried again by the next."""
         key = (self._database_key, table, model, int(dims))
         if key in _INDEXED:
             return
-        from app.db.engine import ensure_vector_index
+        from app.db.engine import ensure_vector_index_concurrently
 
-        with self.engine.begin() as conn:
-            ensure_vector_index(conn, table, model, int(dims))
-        _INDEXED.add(key)
+        try:
+            built = ensure_vector_index_concurrently(self.engine, table, model, int(dims))
+        except Exception:  # noqa: BLE001 - the index is for speed; the vectors are what must land
+            log.warning("per-model vector index build failed; the next vector tries again",
+                        exc_info=True, extra={"code": f"{table}:{model}:{int(dims)}"})
+            return
+        if built:
+            _INDEXED.add(key)
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
         """A stage error of a claim; a configuration mismatch replans the job instead (replan.py)."""

@@ -246,7 +246,10 @@ def _cancel(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | None) -> No
 
 # ---------------------------------------------------------------------------- operators
 def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:
-    """Serve the target now, whatever its coverage (images it lacks are found by words only)."""
+    """Serve the target now, whatever its coverage: images it lacks are found by their words only
+    until the fill covers them — so the scope's fill batch, detached from the state by the switch,
+    goes on (cancelling it left them without the served model for good: nothing else fills a scope
+    served by the configured model)."""
     kind, now = check_kind(kind), orch.now()
     with orch.engine.begin() as conn:
         row = q.serving_txn(conn, scope_id, kind)
@@ -260,7 +263,6 @@ def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[s
             raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
         _switched_txn(conn, cut.row, ServingAction.EARLY_CUTOVER, coverage, now)
     metrics.SEARCH_SWITCHES.labels(kind, ServingAction.EARLY_CUTOVER.value).inc()
-    _cancel(orch, scope_id, row["batch_id"])
     return status(orch, scope_id, kind)
 
 

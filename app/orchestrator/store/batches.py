@@ -122,18 +122,21 @@ def record_seeded_page_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[s
     }).rowcount)
 
 
+# Once seeded, the items are the target set: the snapshot's count also held images deleted before
+# their page came (a keyset page never sees them) and, for a fill, images covered meanwhile.
 FINISH_SEEDING = sql("""
-UPDATE batches SET status = 'running', seed_cursor = CAST(:cur AS jsonb), total = :total, updated_at = :now
+UPDATE batches SET status = 'running', seed_cursor = CAST(:cur AS jsonb),
+       total = (SELECT count(*) FROM batch_items bi WHERE bi.batch_id = batches.id), updated_at = :now
 WHERE id = :id AND status = 'seeding'
 """)
 
 
 @transition
-def finish_seeding_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[str, Any], total: int,
-                       now: datetime) -> Outcome[None]:
-    """seeding → running: the last page is seeded; the batch completes when its item jobs are terminal."""
+def finish_seeding_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[str, Any], now: datetime) -> Outcome[None]:
+    """seeding → running: the last page is seeded (in this transaction); the total becomes the items
+    seeded. The batch completes when its item jobs are terminal."""
     return Outcome.count(conn.execute(FINISH_SEEDING, {
-        "id": batch_id, "cur": canonical_json(cursor), "total": total, "now": now,
+        "id": batch_id, "cur": canonical_json(cursor), "now": now,
     }).rowcount)
 
 
@@ -149,15 +152,18 @@ def cancel_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Ou
     return Outcome.count(conn.execute(CANCEL_BATCH, {"id": batch_id, "now": now}).rowcount)
 
 
+# An image deleted after its page was seeded takes its item (and job) with it: the total is
+# counted again, so a completed batch's progress is exactly 1.
 COMPLETE_BATCH = sql("""
-UPDATE batches SET status = 'completed', completed_at = :now, updated_at = :now
+UPDATE batches SET status = 'completed', completed_at = :now, updated_at = :now,
+       total = (SELECT count(*) FROM batch_items bi WHERE bi.batch_id = batches.id)
 WHERE id = :id AND status = 'running'
 """)
 
 
 @transition
 def complete_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Outcome[None]:
-    """running → completed: every item job is terminal."""
+    """running → completed: every item job is terminal; the total becomes the items left."""
     return Outcome.count(conn.execute(COMPLETE_BATCH, {"id": batch_id, "now": now}).rowcount)
 
 
