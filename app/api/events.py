@@ -134,7 +134,17 @@ class Events(MethodView):
                 events, expired = _long_poll(orch, held, auth, scope, after, args["limit"], wait)
             finally:
                 held.release()
-        return {"events": events, "last_id": events[-1]["id"] if events else after, "expired": expired}
+        return {"events": events, "last_id": _next_cursor(events, after, expired), "expired": expired}
+
+
+def _next_cursor(events: list[dict], after: int, expired: dict | None) -> int:
+    """Where the client goes on from: the page's last event; with none, past the pruned range when
+    retention passed ``after`` — the page was read before the mark and ids of a scope are drawn in
+    commit order, so nothing kept or to come lies at or below it (and the next read waits again
+    instead of answering ``expired`` at once for ever)."""
+    if events:
+        return events[-1]["id"]
+    return max(after, expired["through"]) if expired is not None else after
 
 
 def _long_poll(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str, after: int, limit: int,
@@ -194,14 +204,20 @@ def _sse_chunks(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str
     beat_at = started + s.event_heartbeat_s
     yield f"retry: 2000\n: connected, after {after}\n\n"
     cursor, told = after, 0
+    mark_at = started  # the prune mark is read at once, then every event_auth_check_s (a prune runs once a sweep)
     while time.monotonic() - started < s.event_stream_max_s:
         if not auth.still_valid():  # EventSource reconnects and gets 401: it stops
             yield ": credential revoked or expired\n\n"
             return
-        events, expired = orch.read_events(scope, cursor, limit)
+        now = time.monotonic()
+        with_mark = now >= mark_at
+        if with_mark:
+            mark_at = now + s.event_auth_check_s
+        events, expired = orch.read_events(scope, cursor, limit, with_mark=with_mark)
         if expired is not None and expired["through"] > told:  # before the page: they may be missing before it
             told = expired["through"]
             yield sse_expired(expired)
+        cursor = _next_cursor(events, cursor, expired)
         for event in events:
             yield sse_message(event)
             cursor = event["id"]

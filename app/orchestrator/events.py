@@ -39,7 +39,7 @@ def event_doc(row: RowMapping) -> dict[str, Any]:
     }
 
 
-def read_events(orch: Orchestrator, scope_id: str, after: int, limit: int
+def read_events(orch: Orchestrator, scope_id: str, after: int, limit: int, *, with_mark: bool = True
                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The scope's events with id > ``after``, oldest first, at most ``limit``; and what the read
     may have missed to retention (``expired``), or None.
@@ -47,10 +47,11 @@ def read_events(orch: Orchestrator, scope_id: str, after: int, limit: int
     ``expired`` when the prune has deleted ids of the scope above ``after``: events with ids in
     (after, through] may be gone. The mark is read after the page, so a prune that commits between
     the two is told (it may then warn about events the page did return: "may", never a silent
-    loss). A cursor of 0 means "from the oldest kept": it has missed nothing."""
+    loss). A cursor of 0 means "from the oldest kept": it has missed nothing. ``with_mark=False``:
+    the page only (a stream reads the mark less often than it polls)."""
     with orch.engine.connect() as conn:
         rows = q.events_after_txn(conn, scope_id, after, limit)
-        through = q.pruned_through_txn(conn, scope_id) if after > 0 else 0
+        through = q.pruned_through_txn(conn, scope_id) if after > 0 and with_mark else 0
     expired = None
     if through > after:
         expired = {

@@ -55,8 +55,11 @@ def test_a_json_read_from_a_cursor_retention_passed_says_so(client, orch):
     started = time.monotonic()
     polled = client.get(f"/api/v1/events?after={seen}&wait=30").get_json()
     assert time.monotonic() - started < 25  # it did not wait out its 30 s
-    assert polled["events"] == [] and polled["last_id"] == seen
     assert (polled["expired"]["after"], polled["expired"]["through"]) == (seen, unseen[-1])
+    # it goes on past the pruned range: the next long-poll from there waits, it does not spin
+    assert polled["events"] == [] and polled["last_id"] == unseen[-1]
+    calm = client.get(f"/api/v1/events?after={polled['last_id']}&wait=0.3").get_json()
+    assert calm == {"events": [], "last_id": unseen[-1], "expired": None}
     newer = emit(orch, "local", 1)[0]
     body = client.get(f"/api/v1/events?after={seen}").get_json()
     assert [e["id"] for e in body["events"]] == [newer] and body["last_id"] == newer

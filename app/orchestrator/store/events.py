@@ -114,12 +114,13 @@ def prune_events_txn(conn: Connection, cutoff: datetime, limit: int, now: dateti
     return Outcome.count(conn.execute(PRUNE_EVENTS, {"n": limit, "cut": cutoff, "now": now}).scalar_one())
 
 
+PRUNED_THROUGH = sql("SELECT coalesce(max(pruned_through), 0) FROM event_prune_marks WHERE scope_id = :s")
+
+
 def pruned_through_txn(conn: Connection, scope_id: str) -> int:
     """The highest event id of ``scope_id`` retention has deleted (0: none ever was). Events with
     ids up to it may be gone, so a cursor below it may have missed some."""
-    return conn.execute(
-        sql("SELECT coalesce(max(pruned_through), 0) FROM event_prune_marks WHERE scope_id = :s"), {"s": scope_id}
-    ).scalar_one()
+    return conn.execute(PRUNED_THROUGH, {"s": scope_id}).scalar_one()
 
 
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
