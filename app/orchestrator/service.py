@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -34,6 +35,10 @@ from app.stages.errors import ProviderConfigMismatch
 
 log = logging.getLogger(__name__)
 _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dims) seen by this process
+# the same key: not asked again before this time.monotonic() (a build failed, or another process builds it)
+_INDEX_RETRY_AT: dict[tuple[str, str, str, int], float] = {}
+INDEX_RETRY_AFTER_FAILURE_S = 60.0
+INDEX_RETRY_WHILE_BUILDING_S = 5.0
 
 
 def utcnow() -> datetime:
@@ -153,13 +158,14 @@ class Orchestrator:
     def complete_tasks(self, results: list[tuple[Claim, Any]], landed: list[Claim] | None = None) -> list[Hint]:
         """Complete several claims of one lane in one transaction (each fenced on its own);
         ``landed`` receives the claims whose completion committed."""
+        wanted: set[tuple[str, str, int]] = set()  # each index once per call, not once per claim
         for claim, artifact in results:
             spec = by_lane(claim.lane)
             if spec is not None and spec.vector_index:
-                table = spec.artifact_table
-                self.ensure_vector_index(table, artifact.model, artifact.dims)
-                for extra in getattr(artifact, "extra", ()):
-                    self.ensure_vector_index(table, extra.model, extra.dims)
+                for vec in (artifact, *getattr(artifact, "extra", ())):
+                    wanted.add((spec.artifact_table, vec.model, int(vec.dims)))
+        for table, model, dims in sorted(wanted):
+            self.ensure_vector_index(table, model, dims)
         hints = execution.complete_tasks(self, results, landed)
         spec = by_lane(results[0][0].lane) if results else None
         kind = spec.serving_kind if spec is not None else None
@@ -189,18 +195,24 @@ class Orchestrator:
         Never fails the completion that asks: search is exact without the index, and a build that
         failed (a lock timeout while it waited for older transactions) is tried again by the next."""
         key = (self._database_key, table, model, int(dims))
-        if key in _INDEXED:
+        if key in _INDEXED or time.monotonic() < _INDEX_RETRY_AT.get(key, 0.0):
             return
         from app.db.engine import ensure_vector_index_concurrently
 
         try:
             built = ensure_vector_index_concurrently(self.engine, table, model, int(dims))
         except Exception:  # noqa: BLE001 - the index is for speed; the vectors are what must land
-            log.warning("per-model vector index build failed; the next vector tries again",
-                        exc_info=True, extra={"code": f"{table}:{model}:{int(dims)}"})
+            # e.g. a lock timeout behind a long transaction: this process asks again in a minute,
+            # not at every completion (each attempt waits up to the lock timeout)
+            _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_AFTER_FAILURE_S
+            log.warning("per-model vector index build failed; this process tries again in %.0f s",
+                        INDEX_RETRY_AFTER_FAILURE_S, exc_info=True, extra={"code": f"{table}:{model}:{int(dims)}"})
             return
         if built:
             _INDEXED.add(key)
+            _INDEX_RETRY_AT.pop(key, None)
+        else:  # another process builds it: look again in a while
+            _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_WHILE_BUILDING_S
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
         """A stage error of a claim; a configuration mismatch replans the job instead (replan.py)."""

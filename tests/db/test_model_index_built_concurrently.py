@@ -4,7 +4,6 @@ blocking every other tenant's embedding writes while the build scans the whole t
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import text
@@ -12,6 +11,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.db.engine import vector_index_name
 from app.orchestrator import Orchestrator
+from tests.conftest import poll_until
 
 DIMS = 8
 
@@ -53,7 +53,15 @@ def test_building_a_new_models_index_does_not_block_other_embedding_writes(engin
 
     builder = threading.Thread(target=first_vector_of_new_model)
     builder.start()
-    time.sleep(0.5)  # the build now waits for the in-flight completion
+
+    def build_waits() -> bool:  # a transaction per look: an open one would be waited for too (and
+        # pg_stat_activity is read once per transaction)
+        with engine.connect() as watch:
+            return bool(watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'CREATE INDEX CONCURRENTLY%'"
+                " AND wait_event_type = 'Lock'")).scalar())
+
+    poll_until(build_waits, timeout=30, what="the index build waiting for the in-flight completion")
     try:
         with engine.begin() as conn:  # a third tenant's completion
             conn.execute(text("SET LOCAL lock_timeout = '1s'"))
