@@ -15,7 +15,8 @@ Hostile or broken providers are bounded: the request asks for at most ``max_toke
 is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, headers, body —
 has one ``deadline_s`` (each body read waits at most what is left of it, and while the request is
 sent and the headers read — inside http.client — a watchdog shuts the socket at the deadline, so
-a slow drip cannot stretch it); the Markdown fence around the JSON is stripped in linear time. The messages these
+a slow drip cannot stretch it; an HTTPS connection's TLS handshake, done before the request, is
+bounded per read by the connect timeout only); the Markdown fence around the JSON is stripped in linear time. The messages these
 errors carry are stored on tasks and shown to tenants, so they are generic: status codes and our
 own limits only. Provider bodies, URLs and host names go to the log.
 """
@@ -165,6 +166,8 @@ class _Watch:
 
 
 _watch = threading.local()  # .current: the _Watch of this thread's exchange, or None
+WATCHDOG_THREAD = "agent-header-watchdog"
+_WATCH_LOCK = threading.Lock()  # arming, disarming and a firing timer's check of it, one at a time
 
 
 class _WatchedConnection:
@@ -199,23 +202,32 @@ class _WatchedConnection:
         if watch is None:
             return
         timer = threading.Timer(max(0.0, watch.deadline - time.monotonic()), self._expire, (watch,))
-        timer.daemon = True
-        self._timer = timer
+        timer.args = (watch, timer)
+        timer.name, timer.daemon = WATCHDOG_THREAD, True
+        with _WATCH_LOCK:
+            self._timer = timer
         timer.start()
 
     def _disarm(self) -> None:
-        timer, self._timer = self._timer, None
+        with _WATCH_LOCK:
+            timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
 
-    def _expire(self, watch: _Watch) -> None:
-        watch.fired = True
-        sock = getattr(self, "sock", None)
-        if sock is not None:
-            try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def _expire(self, watch: _Watch, timer: threading.Timer | None = None) -> None:
+        with _WATCH_LOCK:
+            # a timer that fired just as its exchange disarmed it (cancel() cannot stop a callback
+            # already running) must not touch the connection: back in the pool, it may carry the
+            # next call's request now
+            if timer is not None and self._timer is not timer:
+                return
+            watch.fired = True
+            sock = getattr(self, "sock", None)
+            if sock is not None:
+                try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class _WatchedHTTPConnection(_WatchedConnection, HTTPConnection):
