@@ -169,7 +169,8 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
     wanted = set(terms)
     if not text or not wanted or scan <= 0:
         return None
-    cut = len(text) > scan
+    longer = len(text) > scan
+    cut = longer and text[scan].isalnum()  # the scan ends inside a word: its head is no match
     text = text[:scan]
     norm = normalise(text)
     # NFKC and lower case can change lengths (ligatures, combining accents, İ): spans found in the
@@ -204,7 +205,7 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
     snippet = source[start:end]
     marks = [[s - start, min(e, end) - start] for s, e in merged if s < end]
     prefix = "…" if start > 0 else ""
-    suffix = "…" if end < len(source) or cut else ""
+    suffix = "…" if end < len(source) or longer else ""
     shift = len(prefix)
     return {"text": prefix + snippet + suffix, "marks": [[s + shift, e + shift] for s, e in marks]}
 
