@@ -18,7 +18,7 @@ class _Main(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         for arg in args:
-            if _SURROGATE.search(arg) and not os.path.lexists(arg):
+            if _SURROGATE.search(arg) and not _a_path(arg):
                 # bytes that are not UTF-8 reach sys.argv as lone surrogates (surrogateescape): fine in a
                 # file name (the OS takes bytes), refused by the database driver and the terminal
                 # everywhere else — a usage error, not a traceback
@@ -28,6 +28,15 @@ class _Main(click.Group):
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _a_path(arg: str) -> bool:
+    """Whether ``arg`` (or the value of ``--option=value``) names a file or directory that exists,
+    or a new one in a directory that does, named with a '/' (``beat --schedule var/<new file>``):
+    Linux file names are bytes, so those may be any."""
+    value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
+    parent = os.path.dirname(value)
+    return os.path.lexists(value) or (parent != "" and os.path.isdir(parent))
 
 
 def _shown(arg: str) -> str:

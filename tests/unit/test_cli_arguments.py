@@ -37,6 +37,10 @@ def test_a_file_name_that_is_not_utf8_still_names_its_directory(tmp_path, monkey
     monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))
     r = CliRunner().invoke(main, ["ingest", directory, "--help"])
     assert r.exit_code == 0 and "not valid UTF-8" not in r.output, r.output
+    # as an --option=value, and a new file in an existing directory (a path to write)
+    for arg in (f"--schedule={directory}", os.path.join(directory, "new\udcff-file")):
+        r = CliRunner().invoke(main, ["ingest", arg, "--help"])
+        assert "not valid UTF-8" not in r.output, (arg, r.output)
 
 
 @pytest.mark.parametrize("scope", ["a/b", "..", "", "x" * 129, "tab\there"])
