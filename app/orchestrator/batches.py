@@ -190,10 +190,10 @@ def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> d
         counts = store.item_counts_txn(conn, bid)
     total = batch["total"]
     terminal = sum(n for status, n in counts.items() if status not in ACTIVE_JOB_STATUSES)
-    if total:
-        progress = round(terminal / total, 6)
+    if batch["status"] == COMPLETED:  # every item ended; an image deleted since took its item along
+        progress = 1.0
     else:
-        progress = 1.0 if batch["status"] == COMPLETED else 0.0
+        progress = min(1.0, round(terminal / total, 6)) if total else 0.0
     return {
         "id": str(batch["id"]), "status": batch["status"], "total": total, "counts": counts, "progress": progress,
         "reverse_image_policy": batch["reverse_image_policy"],

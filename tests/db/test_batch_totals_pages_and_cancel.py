@@ -60,6 +60,9 @@ def test_images_deleted_after_they_were_seeded_leave_an_exact_completed_batch(en
     done = orch.get_batch("s1", batch["id"])
     assert done["status"] == "completed", done
     assert done["counts"] == {"succeeded": 2} and done["total"] == 2 and done["progress"] == 1.0, done
+    orch.delete_image("s1", ids[1])  # after completion: its item goes, the batch stays complete
+    after = orch.get_batch("s1", batch["id"])
+    assert after["status"] == "completed" and after["counts"] == {"succeeded": 1} and after["progress"] == 1.0, after
 
 
 def _valid_images(engine, orch, scope: str, n: int) -> None:
