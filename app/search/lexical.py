@@ -305,13 +305,20 @@ def near_terms(words: dict[str, str], unmatched: Iterable[str], texts: Iterable[
               and words[t].isalpha()]
     if not wanted:
         return []
-    index = _OneEditIndex(wanted)
+    index = _one_edit_index(tuple(wanted))
     found: set[str] = set()
     for word in _words(_scanned(texts)):
         found.update(index.terms_near(word))
         if len(found) == len(wanted):
             break
     return [t for t, _ in wanted if t in found]
+
+
+@functools.lru_cache(maxsize=256)
+def _one_edit_index(wanted: tuple[tuple[str, str], ...]) -> _OneEditIndex:
+    """The index of ``wanted``, built once per query (a search asks for it per candidate, with the
+    same unmatched words for most); read-only once built, so threads share it."""
+    return _OneEditIndex(list(wanted))
 
 
 class _OneEditIndex:
