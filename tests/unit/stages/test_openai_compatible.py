@@ -75,20 +75,16 @@ class FakeServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(10**6))
                 self.end_headers()
-                try:
-                    for _ in range(400):  # 20 s at most: far past any deadline the tests set
-                        self.wfile.write(b" ")
-                        self.wfile.flush()
-                        if fake.release.wait(0.05):
-                            return
-                except OSError:
-                    pass  # the client gave up: the point of the test
+                self._trickle(b" ")
 
             def _header_drip(self) -> None:
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                self._trickle(b"a")
+
+            def _trickle(self, byte: bytes) -> None:
                 try:
                     for _ in range(400):  # 20 s at most: far past any deadline the tests set
-                        self.wfile.write(b"a")
+                        self.wfile.write(byte)
                         self.wfile.flush()
                         if fake.release.wait(0.05):
                             return
