@@ -215,7 +215,7 @@ class Expander:
 
         out: list[Unit] = []
         for tok in lexical.tokens(text):
-            if tok.cjk:
+            if tok.run:
                 if not self.zh:
                     continue
                 run = tok.text
@@ -228,11 +228,11 @@ class Expander:
                     if syns:
                         out.append(Unit(w, [run[k:k + 2] for k in range(i, j - 1)], self.ranker(w, syns, True)[:m], True))
             else:
-                term = lexical.latin_term(tok.text)
+                term = lexical.word_term(tok.text)
                 if not term:
                     continue
                 syns = [s for s in self.en_synonyms(tok.text.strip("'’"))
-                        if lexical.latin_term(s.split()[0]) != term or " " in s]
+                        if lexical.word_term(s.split()[0]) != term or " " in s]
                 if syns:
                     out.append(Unit(tok.text, [term], self.ranker(tok.text, syns, False)[:m]))
         return out
@@ -415,9 +415,9 @@ def method_lex(runner: Runner, base, expanders: dict[str, Expander], docside: bo
                     for u in ex.units(text[i], m):
                         for s in u.synonyms:
                             if u.cjk:
-                                terms.update(lexical.cjk_terms(s, query=True))
+                                terms.update(lexical.run_terms(s, query=True))
                             else:
-                                t = lexical.latin_term(s) if " " not in s else None
+                                t = lexical.word_term(s) if " " not in s else None
                                 if t:
                                     terms.add(t)
                     dsyn.append(terms)
@@ -433,7 +433,7 @@ def method_lex(runner: Runner, base, expanders: dict[str, Expander], docside: bo
                         out = {}
                         for u in qunits[j]:
                             if any((s in text[i]) if u.cjk else
-                                   (" " not in s and lexical.latin_term(s) in b.terms[i]) for s in u.synonyms):
+                                   (" " not in s and lexical.word_term(s) in b.terms[i]) for s in u.synonyms):
                                 for t in u.terms:
                                     out[t] = w
                         return out

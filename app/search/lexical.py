@@ -1,21 +1,24 @@
-"""Lexical terms for Chinese and English text: one normaliser for documents, queries and highlights.
+"""Lexical terms for text in any script: one normaliser for documents, queries and highlights.
 
 PostgreSQL's parsers do not segment Chinese (a caption like 抢红包手速太慢了 is one token), so the
 terms are made here and stored as a ``simple`` tsvector (no further processing in the database):
 
-- text is NFKC-normalised (full-width forms → ASCII), lower-cased, and traditional Chinese
-  characters are folded to simplified (app/search/hanzi.py: OCR reads 倔强 as 倔強, users type
-  either form);
+- text is NFKC-normalised (full-width forms → ASCII), case-folded (``ΚΟΣΜΟΣ`` and ``κοσμος``,
+  ``STRASSE`` and ``straße`` meet), and traditional Chinese characters are folded to simplified
+  (app/search/hanzi.py: OCR reads 倔强 as 倔強, users type either form);
 - a Latin/digit word becomes its Snowball English stem (``passes`` → ``pass``); English stopwords
   are dropped;
-- a run of CJK characters (Han, kana, hangul) becomes its character bigrams — robust without a
-  dictionary: a query word always shares its bigrams with the caption that contains it, whatever
-  a segmenter would have made of either — plus, in documents, its single characters (so a
-  one-character query still matches). A query uses bigrams, or the character itself when the
-  run is one character long.
+- a word of another alphabet (Cyrillic, Greek, Arabic, Hebrew, Devanagari …; combining marks are
+  part of the word) is its own term, unstemmed: no stemmer or stopword list is guessed for it;
+- a run of a script written without spaces between words — Han, kana, hangul (syllable blocks),
+  Thai, Lao, Khmer, Myanmar — becomes its character bigrams: robust without a dictionary, since a
+  query word always shares its bigrams with the text that contains it, whatever a segmenter would
+  have made of either; plus, in documents, its single characters (so a one-character query still
+  matches). A query uses bigrams, or the character itself when the run is one character long.
 
 Everything is pure Python and deterministic; the same function renders a document's terms when
-its context is written and a query's terms when it is searched.
+its context is written and a query's terms when it is searched. Changing what it renders changes
+stored terms: a migration re-makes them (migrations/versions/0019, 0024).
 """
 
 from __future__ import annotations
@@ -32,10 +35,41 @@ import snowballstemmer
 from app.search.hanzi import to_simplified
 from app.stages.agent.text_tags import STOPWORDS
 
+#: Han, kana and hangul: what ``has_cjk`` looks for.
 _CJK_CLASS = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKEN = re.compile(rf"[{_CJK_CLASS}]+|[^\W_{_CJK_CLASS}]+", re.UNICODE)
+#: Scripts indexed as character bigrams: CJK, and Thai, Lao, Myanmar and Khmer (no spaces between words).
+_RUN_CLASS = _CJK_CLASS + "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
+_RUN_CHAR = re.compile(f"[{_RUN_CLASS}]")
+
+
+def _mark_classes() -> tuple[str, str]:
+    """Character classes of every combining mark (Unicode category M*) outside ``_RUN_CLASS`` and
+    inside it. Outside, vowel signs and diacritics that NFKC leaves apart (Devanagari, Arabic,
+    Hebrew …) belong to their word; inside, a Thai tone mark belongs to the character before it.
+    Built once from ``unicodedata`` (~50 ms): ``re`` has no ``\\p{M}``."""
+    ranges: dict[bool, list[list[int]]] = {False: [], True: []}
+    for cp in [*range(0x20000), *range(0xE0100, 0xE01F0)]:
+        if unicodedata.category(chr(cp)).startswith("M"):
+            into = ranges[bool(_RUN_CHAR.match(chr(cp)))]
+            if into and into[-1][1] == cp - 1:
+                into[-1][1] = cp
+            else:
+                into.append([cp, cp])
+    return tuple("".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges[inside]) for inside in (False, True))
+
+
+_MARKS, _RUN_MARKS = _mark_classes()
+#: A word: a letter or digit outside the bigram scripts, then letters, digits and combining marks.
+_WORD = rf"[^\W_{_RUN_CLASS}]+(?:[{_MARKS}]+[^\W_{_RUN_CLASS}]*)*"
+_TOKEN = re.compile(rf"[{_RUN_CLASS}]+|{_WORD}", re.UNICODE)
+_RUN = re.compile(rf"[{_RUN_CLASS}]+")
+_RUN_MARK = re.compile(f"[{_RUN_MARKS}]")
+#: A unit of a run: a character with the marks after it (marks that begin a run belong to nothing).
+_RUN_UNIT = re.compile(f"[^{_RUN_MARKS}][{_RUN_MARKS}]*")
 _CJK_RUN = re.compile(rf"[{_CJK_CLASS}]+")
 _LATIN_OK = re.compile(r"^[0-9a-z\u00c0-\u024f]+$")
+#: Letters of no Latin range (ASCII, Latin-1 to Latin Extended-B, Latin Extended Additional).
+_NON_LATIN_LETTER = re.compile(r"[^\W\d_a-zA-Z\u00c0-\u024f\u1e00-\u1eff]")
 MAX_QUERY_TERMS = 32
 _stemmers = threading.local()
 
@@ -49,65 +83,85 @@ def _stem(word: str) -> str:
 
 
 def normalise(text: str) -> str:
-    """NFKC + lower case + traditional → simplified: the form every term and highlight is
-    computed on. Changing it changes stored terms: migrations/versions/0019 re-makes them."""
-    return to_simplified(unicodedata.normalize("NFKC", text).lower())
+    """NFKC + case folding + traditional → simplified: the form every term and highlight is
+    computed on. Changing it changes stored terms: a migration re-makes them (0019, 0024)."""
+    return to_simplified(unicodedata.normalize("NFKC", text).casefold())
 
 
 @dataclass(frozen=True)
 class Token:
-    """One word or CJK run of a text, with its span in the *normalised* text."""
+    """One word or bigram-script run of a text, with its span in the *normalised* text."""
 
     text: str
     start: int
     end: int
-    cjk: bool
+    run: bool  # a run of a bigram script (CJK, Thai …), not a word
 
 
 def tokens(text: str) -> Iterator[Token]:
-    """Words and CJK runs of ``normalise(text)``, in order."""
+    """Words and bigram-script runs of ``normalise(text)``, in order."""
     return _normalised_tokens(normalise(text))
 
 
 def _normalised_tokens(norm: str) -> Iterator[Token]:
     for m in _TOKEN.finditer(norm):
-        yield Token(m.group(), m.start(), m.end(), bool(_CJK_RUN.fullmatch(m.group())))
+        yield Token(m.group(), m.start(), m.end(), bool(_RUN.fullmatch(m.group())))
 
 
-def latin_term(word: str) -> str | None:
-    """The stem of a Latin/digit word, or None for a stopword or a word with other letters."""
+#: Marks a writer may leave out: Greek accents and diaeresis, Hebrew points, Arabic harakat (and the
+#: tatweel stretch): a word has one term with or without them, as common search analysers do.
+_OPTIONAL_MARKS = re.compile("[\u0300-\u036f\u0591-\u05c7\u0610-\u061a\u0640\u064b-\u065f\u0670\u06d6-\u06ed]")
+_POINTED_SCRIPT = re.compile("[\u0370-\u03ff\u1f00-\u1fff\u0590-\u06ff]")
+
+
+def word_term(word: str) -> str | None:
+    """A word's term: a Latin/digit word's English stem (None for a stopword); a word of another
+    alphabet as it is — no stemmer or stopword list is guessed for it — less the marks its script
+    may leave out (Greek, Hebrew, Arabic: ``_OPTIONAL_MARKS``)."""
     word = word.strip("'’")
-    if not word or word in STOPWORDS or not _LATIN_OK.match(word):
+    if not word:
         return None
-    return _stem(word)
+    if _LATIN_OK.match(word):
+        return None if word in STOPWORDS else _stem(word)
+    if _POINTED_SCRIPT.search(word):
+        word = unicodedata.normalize("NFC", _OPTIONAL_MARKS.sub("", unicodedata.normalize("NFD", word))) or None
+    return word
 
 
-def cjk_terms(run: str, *, query: bool) -> list[str]:
-    """Bigrams of a CJK run (+ its characters for documents; a 1-char query run is itself)."""
+def run_terms(run: str, *, query: bool) -> list[str]:
+    """Bigrams of a bigram-script run (+ its characters for documents; a 1-char query run is
+    itself). A character's combining marks go with it (``_RUN_UNIT``): no term begins with a mark,
+    which PostgreSQL's parser would split off as a blank."""
+    if _RUN_MARK.search(run):
+        units = _RUN_UNIT.findall(run)
+        if len(units) <= 1:
+            return units
+        grams = [units[i] + units[i + 1] for i in range(len(units) - 1)]
+        return grams if query else grams + units
     if len(run) == 1:
         return [run]
     grams = [run[i:i + 2] for i in range(len(run) - 1)]
     return grams if query else grams + list(run)
 
 
-#: ``_TOKEN`` with its branches as groups: (CJK run, "") or ("", word) per match.
-_DOC_TOKEN = re.compile(rf"([{_CJK_CLASS}]+)|([^\W_{_CJK_CLASS}]+)", re.UNICODE)
+#: ``_TOKEN`` with its branches as groups: (run, "") or ("", word) per match.
+_DOC_TOKEN = re.compile(rf"([{_RUN_CLASS}]+)|({_WORD})", re.UNICODE)
 #: A word's term, memoised: words repeat, and this is on every agent completion's path.
-_latin_term_cached = functools.lru_cache(maxsize=65536)(latin_term)
+_word_term_cached = functools.lru_cache(maxsize=65536)(word_term)
 
 
 def document_terms(texts: Iterable[str | None]) -> list[str]:
     """The terms of a document made of several fields (duplicates kept: they are term counts).
-    The same terms as ``tokens`` + ``latin_term``/``cjk_terms``, without a Token per word."""
+    The same terms as ``tokens`` + ``word_term``/``run_terms``, without a Token per word."""
     out: list[str] = []
     for text in texts:
         if not text:
             continue
         for run, word in _DOC_TOKEN.findall(normalise(text)):
             if run:
-                out.extend(cjk_terms(run, query=False))
+                out.extend(run_terms(run, query=False))
             else:
-                term = _latin_term_cached(word)
+                term = _word_term_cached(word)
                 if term:
                     out.append(term)
     return out
@@ -117,7 +171,7 @@ def query_terms(query: str) -> list[str]:
     """Distinct terms of a query, in order, at most MAX_QUERY_TERMS."""
     seen: dict[str, None] = {}
     for tok in tokens(query):
-        terms = cjk_terms(tok.text, query=True) if tok.cjk else [t for t in [latin_term(tok.text)] if t]
+        terms = run_terms(tok.text, query=True) if tok.run else [t for t in [word_term(tok.text)] if t]
         for term in terms:
             seen.setdefault(term, None)
     return list(seen)[:MAX_QUERY_TERMS]
@@ -180,14 +234,14 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
     for tok in _normalised_tokens(norm):
         if cut and tok.end >= len(norm):  # a word the scan limit cut short is no match
             break
-        if tok.cjk:
-            run = tok.text
-            for i in range(len(run)):
-                if run[i:i + 2] in wanted and i + 1 < len(run):
-                    spans.append([tok.start + i, tok.start + i + 2])
-                elif run[i] in wanted:
-                    spans.append([tok.start + i, tok.start + i + 1])
-        elif latin_term(tok.text) in wanted:
+        if tok.run:
+            units = [(m.group(), m.start(), m.end()) for m in _RUN_UNIT.finditer(tok.text)]
+            for k, (unit, start, end) in enumerate(units):
+                if k + 1 < len(units) and unit + units[k + 1][0] in wanted:
+                    spans.append([tok.start + start, tok.start + units[k + 1][2]])
+                elif unit in wanted:
+                    spans.append([tok.start + start, tok.start + end])
+        elif word_term(tok.text) in wanted:
             spans.append([tok.start, tok.end])
     if not spans:
         return None
@@ -212,15 +266,21 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
 
 def _aligned(text: str, norm: str) -> bool:
     """Whether ``norm`` (``normalise(text)``) has every character of ``text`` at the same index:
-    no character widens (ﬁ → fi, İ → i̇) and, the lengths being equal, none joins another (e + ◌́ → é)."""
-    if text.isascii():  # NFKC leaves ASCII as it is; lower case maps it one to one
+    no character widens (ﬁ → fi, ß → ss) and, the lengths being equal, none joins another (e + ◌́ → é)."""
+    if text.isascii():  # NFKC leaves ASCII as it is; case folding maps it one to one
         return True
-    return len(norm) == len(text) and all(len(unicodedata.normalize("NFKC", ch).lower()) == 1 for ch in text)
+    return len(norm) == len(text) and all(len(unicodedata.normalize("NFKC", ch).casefold()) == 1 for ch in text)
 
 
 def has_cjk(text: str) -> bool:
     """Whether ``text`` contains any CJK character (Han, kana, hangul)."""
     return _CJK_RUN.search(text) is not None
+
+
+def has_non_latin_letters(text: str) -> bool:
+    """Whether ``text`` has a letter of any script but Latin (Han, Cyrillic, Thai …): a query an
+    English-only model cannot read."""
+    return _NON_LATIN_LETTER.search(text) is not None
 
 
 # ---------------------------------------------------------------------------- OCR-tolerant matching
@@ -229,17 +289,17 @@ FUZZY_MIN_LENGTH = 5
 
 
 def query_words(query: str) -> dict[str, str]:
-    """term -> the query's word it came from, for the query's Latin terms (``query_terms`` order)."""
+    """term -> the query's word it came from, for the query's word terms (``query_terms`` order)."""
     out: dict[str, str] = {}
     for tok in tokens(query):
-        if not tok.cjk:
-            term = latin_term(tok.text)
+        if not tok.run:
+            term = word_term(tok.text)
             if term:
                 out.setdefault(term, tok.text.strip("'’"))
     return out
 
 
-_LONG_WORD = re.compile(rf"[^\W\d_{_CJK_CLASS}]{{{FUZZY_MIN_LENGTH},}}", re.UNICODE)
+_LONG_WORD = re.compile(rf"[^\W\d_{_RUN_CLASS}]{{{FUZZY_MIN_LENGTH},}}", re.UNICODE)
 _TRAILING_LETTERS = re.compile(r"[^\W\d_]+$", re.UNICODE)
 
 #: Characters of an image's text fields searched for near words, at most (shared by the fields as
@@ -266,12 +326,12 @@ def _scanned(texts: Iterable[str | None], budget: int = NEAR_SCAN_CHARS) -> Iter
 
 
 def _words(texts: Iterable[str | None]) -> set[str]:
-    """Distinct alphabetic non-CJK words of at least FUZZY_MIN_LENGTH letters, NFKC + lower case
-    (the words ``tokens`` finds; Chinese folding is left out: it never changes a Latin word)."""
+    """Distinct alphabetic words (no bigram script) of at least FUZZY_MIN_LENGTH letters, NFKC +
+    case folding (the words ``tokens`` finds; Chinese folding is left out: it changes no such word)."""
     out: set[str] = set()
     for text in texts:
         if text:
-            out.update(_LONG_WORD.findall(unicodedata.normalize("NFKC", text).lower()))
+            out.update(_LONG_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
     return out
 
 

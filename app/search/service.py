@@ -41,23 +41,24 @@ def scored_parts(provider: Any) -> list[str]:
     return [p for p in provider_parts(provider) if p not in banks]
 
 
-# A query without CJK script weighs English-only models this much more than multilingual ones
+# A query in Latin script weighs English-only models this much more than multilingual ones
 # (measured on the benchmark's English queries: e5:MiniLM 1:1 → paraphrase r@1 0.717, 1:1.5 → 0.726
 # with exact still 1.000, 1:2 → 0.736 but exact 0.991; docs/search.md).
 LATIN_SPECIALIST_WEIGHT = 1.5
 
 
 def route_weights(query: str, parts: Sequence[str]) -> dict[str, float] | None:
-    """Per-model weights for a query (None = the provider's default, equal weights). A query with
-    CJK script is served by the multilingual model(s) alone: English-only models place all Chinese
-    text near each other and only add noise. Any other query uses every model, the English-only
-    ones weighted ``LATIN_SPECIALIST_WEIGHT`` (measured, docs/search.md)."""
+    """Per-model weights for a query (None = the provider's default, equal weights). A query with a
+    letter of a non-Latin script (Chinese, Cyrillic, Thai …) is served by the multilingual model(s)
+    alone: English-only models place all such text near each other and only add noise. Any other
+    query uses every model, the English-only ones weighted ``LATIN_SPECIALIST_WEIGHT`` (measured,
+    docs/search.md)."""
     if len(parts) < 2:
         return None
     multilingual = [p for p in parts if "multilingual" in p]
     if not multilingual or len(multilingual) == len(parts):
         return None
-    if lexical.has_cjk(query):
+    if lexical.has_non_latin_letters(query):
         return {p: (1.0 if p in multilingual else 0.0) for p in parts}
     return {p: (1.0 if p in multilingual else LATIN_SPECIALIST_WEIGHT) for p in parts}
 

@@ -10,8 +10,6 @@ image's display name and context. ``btree_gin`` lets one GIN index lead with ``s
 term lookup never reads another scope's postings. Existing images are backfilled here, in pages.
 """
 
-import json
-
 import sqlalchemy as sa
 from alembic import op
 
@@ -19,8 +17,6 @@ revision = '0007'
 down_revision = '0006'
 branch_labels = None
 depends_on = None
-
-_PAGE = 500
 
 
 def upgrade() -> None:
@@ -32,33 +28,9 @@ def upgrade() -> None:
 
 
 def _backfill() -> None:
-    from app.search.lexical import image_terms
+    from app.db.backfills import remake_image_terms
 
-    conn = op.get_bind()
-    last = None
-    while True:
-        rows = conn.execute(
-            sa.text(
-                "SELECT id, display_name, context, context_status FROM images"
-                " WHERE (CAST(:last AS uuid) IS NULL OR id > CAST(:last AS uuid)) ORDER BY id LIMIT :n"
-            ),
-            {"last": last, "n": _PAGE},
-        ).all()
-        if not rows:
-            return
-        doc = [
-            {"id": str(r.id), "terms": image_terms(
-                r.display_name, r.context if r.context_status in ("ready", "edited") else None)}
-            for r in rows
-        ]
-        conn.execute(
-            sa.text(
-                "UPDATE images i SET search_tsv = to_tsvector('simple', r.terms)"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, terms text) WHERE i.id = r.id"
-            ),
-            {"rows": json.dumps(doc)},
-        )
-        last = str(rows[-1].id)
+    remake_image_terms(op.get_bind())
 
 
 def downgrade() -> None:

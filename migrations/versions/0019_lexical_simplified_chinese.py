@@ -11,9 +11,6 @@ every image's terms are re-made here from its current display name and context, 
 same rendering the store writes; an image with no usable context gets its display name's terms).
 """
 
-import json
-
-import sqlalchemy as sa
 from alembic import op
 
 revision = '0019'
@@ -21,42 +18,15 @@ down_revision = '0013'
 branch_labels = None
 depends_on = None
 
-_PAGE = 500
-
 
 def upgrade() -> None:
     _remake_terms()
 
 
 def _remake_terms() -> None:
-    from app.search.lexical import image_terms
+    from app.db.backfills import remake_image_terms
 
-    conn = op.get_bind()
-    last = None
-    while True:
-        rows = conn.execute(
-            sa.text(
-                "SELECT id, display_name, context, context_status FROM images"
-                " WHERE (CAST(:last AS uuid) IS NULL OR id > CAST(:last AS uuid)) ORDER BY id LIMIT :n"
-            ),
-            {"last": last, "n": _PAGE},
-        ).all()
-        if not rows:
-            return
-        doc = [
-            {"id": str(r.id), "terms": image_terms(
-                r.display_name, r.context if r.context_status in ("ready", "edited") else None)}
-            for r in rows
-        ]
-        conn.execute(
-            sa.text(
-                "UPDATE images i SET search_tsv = to_tsvector('simple', r.terms)"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid, terms text)"
-                " WHERE i.id = r.id AND i.search_tsv IS DISTINCT FROM to_tsvector('simple', r.terms)"
-            ),
-            {"rows": json.dumps(doc)},
-        )
-        last = str(rows[-1].id)
+    remake_image_terms(op.get_bind())
 
 
 def downgrade() -> None:

@@ -110,6 +110,36 @@ def test_traditional_and_simplified_chinese_find_each_other(client):
     assert r["items"][0]["highlight"] == {"field": "ocr_text", "text": "躺平 / 是我最後的倔強", "marks": [[10, 12]]}
 
 
+def test_words_of_other_alphabets_and_unspaced_scripts_are_found(client, engine):
+    """Cyrillic, Greek, Arabic, Devanagari words are terms (case-folded; Greek accents and Arabic
+    harakat optional); Thai, written without spaces, is found by any word of it, as Chinese is."""
+    texts = {
+        "ru": "Кот СМЕЁТСЯ над собакой", "el": "Ο ΚΌΣΜΟΣ ΜΑΣ", "ar": "مَرْحَبًا بالعالم",
+        "hi": "हिंदी भाषा बहुत सुंदर है", "th": "แมวน่ารักมาก", "km": "ឆ្មាគួរឱ្យស្រឡាញ់", "en": "a cat laughs at the dog",
+    }
+    ids = {}
+    for i, (lang, ocr) in enumerate(texts.items()):
+        ids[lang] = upload(client, png_bytes((i, 3, 3)), process=False).get_json()["image"]["id"]
+        r = client.patch(f"/api/v1/images/{ids[lang]}", json={"context": {"ocr_text": ocr}})
+        assert r.status_code == 200, r.get_json()
+    assert _search(client, "смеётся") == [ids["ru"]]
+    assert _search(client, "кот") == [ids["ru"]]
+    assert _search(client, "κοσμος") == [ids["el"]]  # no accent, final sigma: the same term
+    assert _search(client, "مرحبا") == [ids["ar"]]  # unpointed
+    assert _search(client, "सुंदर") == [ids["hi"]]  # the vowel signs stay in the word
+    assert _search(client, "น่ารัก") == [ids["th"]]
+    assert _search(client, "ស្រឡាញ់") == [ids["km"]]
+    assert _search(client, "cat") == [ids["en"]]
+    hit = client.get("/api/v1/search/text", query_string={"q": "смеётся", "mode": "lexical"}).get_json()["items"][0]
+    assert hit["highlight"] == {"field": "ocr_text", "text": texts["ru"], "marks": [[4, 11]]}
+    with engine.connect() as conn:  # each term is one lexeme under the cluster's locale: no split
+        for ocr in texts.values():
+            terms = lexical.document_terms([ocr])
+            lexemes = conn.execute(text("SELECT array_length(tsvector_to_array(to_tsvector('simple', :t)), 1)"),
+                                   {"t": lexical.tsvector_source(terms)}).scalar()
+            assert lexemes == len(set(terms)), (ocr, terms)
+
+
 def test_semantic_queries_are_folded_like_the_documents(client, orch, publisher):
     """Document versions 3 and later (5 is the default): the query is embedded in simplified form, so a
     traditional query scores exactly as its simplified twin against the (simplified) document."""

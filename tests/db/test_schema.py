@@ -257,6 +257,27 @@ def test_0019_remakes_lexical_terms_with_traditional_chinese_folded(fresh_db):
     assert rows["b.png"] == "'b':1 'png':2"  # a pending context: the display name's terms only
 
 
+def test_0024_remakes_lexical_terms_with_words_of_every_script(fresh_db):
+    """Terms stored before (no term for a Cyrillic word or a Thai run) are re-made from the current text."""
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0023")
+    eng = create_engine(url)
+    ctx = '{"ocr_text": "Кот СМЕЁТСЯ\\nแมวน่ารัก", "title": "", "tags": []}'
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('local', gen_random_uuid())"))
+        conn.execute(text(
+            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
+            " display_name, context, context_status, search_tsv) VALUES"
+            " (gen_random_uuid(), 'local', md5('a'), '.png', 'image/png', 1, 1, 1, 'ka', 'a.png', CAST(:c AS jsonb),"
+            "  'edited', to_tsvector('simple', 'a png'))"), {"c": ctx})
+    command.upgrade(cfg, "0024")
+    with eng.connect() as conn:
+        stored = conn.execute(text("SELECT search_tsv::text FROM images")).scalar()
+    eng.dispose()
+    assert "'кот'" in stored and "'смеётся'" in stored and "'น่า'" in stored and "'png'" in stored, stored
+
+
 def test_a_linked_job_and_a_claimed_stage_are_updated_in_place(conn):
     """0021: no index names a column these updates set, and the pages keep room, so both are HOT."""
     s = _scope(conn)

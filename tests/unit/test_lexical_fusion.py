@@ -1,6 +1,8 @@
-"""Lexical terms (Chinese and English), highlights and hybrid fusion: pure functions."""
+"""Lexical terms (every script), highlights and hybrid fusion: pure functions."""
 
 from __future__ import annotations
+
+import unicodedata
 
 from app.search import fusion, lexical
 from app.search.fusion import Candidate, FusionParams
@@ -9,6 +11,34 @@ from app.search.fusion import Candidate, FusionParams
 def test_english_terms_are_stems_without_stopwords():
     assert lexical.query_terms("When the build PASSES on Friday") == ["build", "pass", "friday"]
     assert lexical.document_terms(["Deploying", "deploys"]) == ["deploy", "deploy"]
+
+
+def test_words_of_other_alphabets_are_terms_as_written_less_optional_marks():
+    # case-folded (Greek final sigma too), unstemmed, no stopwords guessed
+    assert lexical.query_terms("Кот СМЕЁТСЯ и ΚΟΣΜΟΣ") == ["кот", "смеётся", "и", "κοσμοσ"]
+    # Greek accents, Hebrew points, Arabic harakat and tatweel may be left out by the writer
+    assert lexical.query_terms("κόσμος") == lexical.query_terms("ΚΟΣΜΟΣ")
+    assert lexical.document_terms(["مَرْحَبًا بـــالعالم", "שָׁלוֹם"]) == ["مرحبا", "بالعالم", "שלום"]
+    # Devanagari vowel signs are part of the word (stripping them would change it); й stays й
+    assert lexical.query_terms("हिंदी भाषा") == ["हिंदी", "भाषा"] and lexical.query_terms("йод") == ["йод"]
+    # a word mixing Latin and Cyrillic letters (a homoglyph) is one term, not an English stem
+    assert lexical.query_terms("pаypal") == ["pаypal"] and lexical.query_terms("paypal") == ["paypal"]
+
+
+def test_unspaced_scripts_are_bigrams_whose_units_carry_their_marks():
+    doc = lexical.document_terms(["แมวน่ารักมาก"])
+    # a tone mark or vowel sign goes with the character before it: no term begins with a mark
+    assert all(not unicodedata.category(t[0]).startswith("M") for t in doc), doc
+    assert "น่า" in doc and "่า" not in doc
+    text = "แมวน่ารักมาก"
+    cuts = [i for i in range(len(text) + 1) if i == len(text) or not unicodedata.category(text[i]).startswith("M")]
+    for i in cuts[:-1]:  # any substring query (a word never ends before its marks) shares its bigrams
+        for j in cuts[cuts.index(i) + 1:]:
+            terms = lexical.query_terms(text[i:j])
+            assert terms and set(terms) <= set(doc), text[i:j]
+    assert lexical.query_terms("่") == []  # a lone mark is no term
+    hl = lexical.highlight("ฉันรักแมวน่ารัก", lexical.query_terms("น่ารัก"))
+    assert hl == {"text": "ฉันรักแมวน่ารัก", "marks": [[3, 6], [9, 15]]}  # รัก (love) alone too
 
 
 def test_chinese_runs_become_bigrams_and_documents_also_keep_characters():
@@ -123,6 +153,11 @@ def test_queries_are_routed_by_script_and_scores_read_as_weighted_mean_cosines()
     assert route_weights("deploy on friday", parts) == {
         "multilingual-e5-small": 1.0, "all-MiniLM-L6-v2": LATIN_SPECIALIST_WEIGHT}
     assert route_weights("anything", ["all-MiniLM-L6-v2"]) is None
+    # any other non-Latin script: the English-only model cannot read it either
+    for query in ("кот смеётся", "γάτα", "แมว", "कुत्ता"):
+        assert route_weights(query, parts) == {"multilingual-e5-small": 1.0, "all-MiniLM-L6-v2": 0.0}, query
+    # Latin letters with accents stay with both models
+    assert route_weights("café naïve Straße 2024 😂", parts)["all-MiniLM-L6-v2"] == LATIN_SPECIALIST_WEIGHT
     # the concatenated vector's cosine is Σ wᵢcᵢ / (√k·√Σwᵢ²); scaled, it is Σ wᵢcᵢ / Σ wᵢ
     c, w = [0.8, 0.4], {"a": 1.0, "b": 1.5}
     stored = (1.0 * c[0] + 1.5 * c[1]) / (2 ** 0.5 * (1.0 + 1.5 ** 2) ** 0.5)
@@ -133,16 +168,16 @@ def test_queries_are_routed_by_script_and_scores_read_as_weighted_mean_cosines()
 
 def test_document_terms_equal_the_token_by_token_terms():
     """document_terms' fast path (one regex with groups, memoised word terms) makes exactly the
-    terms of ``tokens`` + ``latin_term`` / ``cjk_terms``."""
+    terms of ``tokens`` + ``word_term`` / ``run_terms``."""
     from app.search import lexical
 
     def reference(texts):
         out = []
         for text in texts:
             for tok in lexical.tokens(text or ""):
-                if tok.cjk:
-                    out.extend(lexical.cjk_terms(tok.text, query=False))
-                elif (term := lexical.latin_term(tok.text)) is not None:
+                if tok.run:
+                    out.extend(lexical.run_terms(tok.text, query=False))
+                elif (term := lexical.word_term(tok.text)) is not None:
                     out.append(term)
         return out
 
@@ -151,6 +186,7 @@ def test_document_terms_equal_the_token_by_token_terms():
         "当你 抢红包手速太慢了 when the meme is too REAL lol 2024", "倔強的貓 ＦＵＬＬ－ＷＩＤＴＨ ｔｅｘｔ ２０２４",
         "snake_case words_with_underscores and o'clock ’quoted’ don't", "日本語のテキスト 한국어 텍스트 café naïve Straße",
         "", None, "a", "的", "x" * 40, "emoji 😀 mixed 中文English混排 ok", "ﬁne ligature ①②",
+        "Кот СМЕЁТСЯ над ΚΌΣΜΟΣ", "مَرْحَبًا بـــالعالم שָׁלוֹם", "हिंदी भाषा", "แมวน่ารักมาก ່ขึ้น", "ឆ្មា pаypal",
     ]
     for i in range(len(texts)):
         assert lexical.document_terms(texts[i:i + 3]) == reference(texts[i:i + 3]), texts[i:i + 3]
