@@ -74,7 +74,8 @@ class TextSearch(MethodView):
     @blp.doc(responses=error_docs({422: "validation_error / unknown_model", 429: "too_many_searches"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
-        terms, Chinese-aware) over the scope's current text; ``mode`` picks one signal alone.
+        terms of any script; Chinese and Thai as bigrams) over the scope's current text; ``mode``
+        picks one signal alone.
         The meaning comes from the scope's serving text model (``serving``; during a model change,
         the previous model until the scope's cutover)."""
         svc = services()
