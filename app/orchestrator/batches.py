@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from sqlalchemy.engine import Connection, RowMapping
+
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus, ReverseImagePolicy
 from app.ids import parse_uuid
 from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
@@ -64,34 +66,46 @@ def create_batch(
     The snapshot is set-based whatever the list's length: ids deduplicated in one pass, their
     existence checked by one statement, the list stored once on the batch row. Returns (batch, hints).
 
-    ``fill_models`` (with ``all``; a model backfill, app/orchestrator/serving.py): only images with a
-    context that lack a current text embedding of one of these models ``{model, dims}`` are seeded,
-    each with the reverse_image_policy its context was made with (so its valid agent stage is reused)."""
+    ``fill_models`` (with ``all``; a model backfill, app/orchestrator/serving.py): only images
+    lacking a current embedding of one of these models (``store.serving_fill``'s fill scans) are
+    seeded, each with the reverse_image_policy its context was made with (so its valid agent stage
+    is reused)."""
+    with orch.engine.begin() as conn:
+        batch = create_batch_txn(orch, conn, scope_id, all=all, image_ids=image_ids,
+                                 reverse_image_policy=reverse_image_policy, fill_models=fill_models)
+    _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
+    return get_batch(orch, scope_id, batch["id"]), hints
+
+
+def create_batch_txn(
+    orch: Orchestrator, conn: Connection, scope_id: str, *, all: bool = False, image_ids: list | None = None,
+    reverse_image_policy: str = "forbid", fill_models: list[dict] | None = None,
+) -> RowMapping:
+    """Insert a batch in ``seeding`` inside the caller's transaction, nothing seeded yet: it commits
+    with the caller's state change, and from then on the sweep seeds it (``continue_batches``) even
+    if the caller dies before seeding a first page itself (:func:`seed_batch`)."""
     if reverse_image_policy not in tuple(ReverseImagePolicy):
         raise InvalidRequest("reverse_image_policy must be 'forbid' or 'auto'", code="invalid_reverse_image_policy")
     if bool(all) == bool(image_ids):
         raise InvalidRequest("give either all=true or a non-empty image_ids list", code="invalid_batch_target")
     ids = None if all else _uuid_list(image_ids or [])
     now = orch.now()
-    with orch.engine.begin() as conn:
-        images.ensure_scope_txn(conn, scope_id)
-        if ids is not None:
-            missing = store.missing_ids_txn(conn, scope_id, ids, MISSING_SHOWN)
-            if missing:  # another scope's id behaves exactly like a missing one
-                raise NotFound(f"image not found: {', '.join(map(str, missing))}")
-            cursor: dict = {"offset": 0}
-            total = len(ids)
-        elif fill_models:
-            cursor = {"until": now.isoformat(), "after": None}
-            total = serving_q.count_needing_fill_txn(conn, scope_id, fill_models, now)
-        else:
-            cursor = {"until": now.isoformat(), "after": None}
-            total = store.count_images_until_txn(conn, scope_id, now)
-        batch = store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
-                                       policy=reverse_image_policy, cursor=cursor, total=total, now=now,
-                                       fill_models=fill_models).row
-    _, hints = seed_batch(orch, batch["id"], max_pages=1, page_size=first_page_size or orch.settings.batch_page_size)
-    return get_batch(orch, scope_id, batch["id"]), hints
+    images.ensure_scope_txn(conn, scope_id)
+    if ids is not None:
+        missing = store.missing_ids_txn(conn, scope_id, ids, MISSING_SHOWN)
+        if missing:  # another scope's id behaves exactly like a missing one
+            raise NotFound(f"image not found: {', '.join(map(str, missing))}")
+        cursor: dict = {"offset": 0}
+        total = len(ids)
+    elif fill_models:
+        cursor = {"until": now.isoformat(), "after": None}
+        total = serving_q.count_needing_fill_txn(conn, scope_id, fill_models, now)
+    else:
+        cursor = {"until": now.isoformat(), "after": None}
+        total = store.count_images_until_txn(conn, scope_id, now)
+    return store.insert_batch_txn(conn, scope_id, select_all=bool(all), requested_ids=ids,
+                                  policy=reverse_image_policy, cursor=cursor, total=total, now=now,
+                                  fill_models=fill_models).row
 
 
 def seed_batch(

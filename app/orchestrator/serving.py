@@ -30,6 +30,7 @@ from sqlalchemy.engine import Connection
 from app import metrics
 from app.db.engine import read_connection
 from app.db.enums import BatchStatus, ServingAction, ServingState
+from app.orchestrator import batches
 from app.orchestrator.errors import ServingStateConflict
 from app.orchestrator.hints import Hint
 from app.orchestrator.serving_reads import (
@@ -269,9 +270,15 @@ def cutover_early(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[s
 def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[str, Any], list[Hint]]:
     """During a backfill: abort it (the reads never moved). After a cutover: serve the previous model
     again (epoch + 1) and fill it for images added since. Either way the scope is pinned: no new
-    backfill starts until ``resume``."""
+    backfill starts until ``resume``.
+
+    The switch back and its fill batch commit together: a process killed right after the switch
+    left the previous model's gaps (images added since the cutover) with nothing to fill them — a
+    pinned scope starts no backfill. A committed batch is seeded by the sweep if this call does not
+    get to seed its first page."""
     kind, now = check_kind(kind), orch.now()
     hints: list[Hint] = []
+    fill = None
     with orch.engine.begin() as conn:
         row = q.serving_txn(conn, scope_id, kind)
         if row is None:
@@ -282,7 +289,7 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
                 raise ServingStateConflict("the scope's serving state changed meanwhile; look again")
             q.record_event_txn(conn, scope_id, kind, ServingAction.ABORT, done["epoch"],
                                from_model=row["target_model"], to_model=row["serving_model"], now=now)
-            cancel, fill, switched_back = row["batch_id"], None, False
+            cancel, switched_back = row["batch_id"], False
         else:
             done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now).row
             if done is None:
@@ -290,13 +297,14 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
             coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
             _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
             cancel, switched_back = None, True
-            fill = done if coverage["ready"] < coverage["total"] else None
+            if coverage["ready"] < coverage["total"]:  # images added since the cutover: embed them with it too
+                models = _fill_models(done, kind, configured_ref(orch, kind))
+                fill = batches.create_batch_txn(orch, conn, scope_id, all=True, fill_models=models)
     if switched_back:
         metrics.SEARCH_SWITCHES.labels(kind, ServingAction.ROLLBACK.value).inc()
     _cancel(orch, scope_id, cancel)
-    if fill is not None:  # images added since the cutover: embed them with the old model too
-        models = _fill_models(fill, kind, configured_ref(orch, kind))
-        _, hints = orch.create_batch(scope_id, all=True, fill_models=models, first_page_size=1)
+    if fill is not None:  # its first page now, for a prompt start; the sweep seeds the rest
+        _, hints = batches.seed_batch(orch, fill["id"], max_pages=1, page_size=1)
     return status(orch, scope_id, kind), hints
 
 

@@ -30,10 +30,22 @@ CURRENT = {
         " AND v.image_sha256 = i.sha256 AND v.model = {m} AND v.dims = {d} AND v.preprocess_version = {p})"
     ),
 }
-#: Images a model change waits for: text needs a context (images without one have no text yet); visual
-#: waits for images whose agent stage is done too, so a fill job never re-runs (pays for) a failed or
-#: unfinished agent — such an image gets the new vector from its own job (which embeds with both).
-NEEDS = {"text": "i.metadata_hash IS NOT NULL", "visual": "i.context_status <> 'pending'"}
+#: Images a model change waits for: text needs a context (images without one have no text yet).
+#: Visual needs a visual vector of the image's bytes (of any model: what look-alike search finds today
+#: — an image that never got one, its bytes undecodable, is not waited for) and, so that a fill job
+#: never re-runs (pays for) a failed agent, a context or an active job: an image whose agent is still
+#: under way is searchable by the serving model, and its own job re-plans its visual stage once the
+#: agent lands (the stage is valid only with the target too), so the cutover waits for it rather
+#: than drop it from look-alike search. An image whose job ended without a context (its agent
+#: failed) keeps only the old vector until it is retried (docs/operations.md).
+NEEDS = {
+    "text": "i.metadata_hash IS NOT NULL",
+    "visual": (
+        "(EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id"
+        " AND va.image_sha256 = i.sha256) AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM"
+        " processing_jobs ja WHERE ja.image_id = i.id AND ja.status IN ('queued', 'running'))))"
+    ),
+}
 
 
 def ref_json(ref: dict[str, Any] | None) -> str | None:
@@ -228,7 +240,11 @@ UPDATE search_serving SET previous_model = serving_model, previous_dims = servin
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
   AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
   AND (:early OR NOT EXISTS (
-    SELECT 1 FROM images i WHERE i.scope_id = :s AND i.context_status <> 'pending'
+    SELECT 1 FROM images i WHERE i.scope_id = :s
+      AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
+                        AND va.image_sha256 = i.sha256)
+               AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+                                                            AND ja.status IN ('queued', 'running'))))
       AND NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
                       AND v.image_sha256 = i.sha256 AND v.model = :t AND v.dims = :td
                       AND v.preprocess_version = :tp)))
@@ -330,7 +346,11 @@ SELECT count(*) AS total,
        count(*) FILTER (WHERE EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
                                       AND v.image_id = i.id AND v.image_sha256 = i.sha256
                                       AND v.model = :m AND v.dims = :d AND v.preprocess_version = :p)) AS ready
-FROM images i WHERE i.scope_id = :s AND i.context_status <> 'pending'
+FROM images i WHERE i.scope_id = :s
+  AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
+                    AND va.image_sha256 = i.sha256)
+           AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+                                                        AND ja.status IN ('queued', 'running'))))
 """)
 COVERAGE = {"text": COVERAGE_TEXT, "visual": COVERAGE_VISUAL}
 

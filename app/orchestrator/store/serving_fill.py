@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from app.db.jsoncodec import dumps
 from app.orchestrator.store._sql import sql
+from app.orchestrator.store.serving import NEEDS
 
 #: Validity of the text stage (app/orchestrator/planner.py) during a model change: besides the job's own
 #: model, an image needs a current embedding of its scope's serving and target text models, so uploads
@@ -63,7 +64,7 @@ SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u
 
 COUNT_NEEDING_FILL_VISUAL = sql("""
 SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u
-  AND (i.context_status <> 'pending' OR """ + _CONFIG_MISMATCH_FAILED + """)
+  AND (""" + NEEDS["visual"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
   AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
               WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
                                 AND v.image_sha256 = i.sha256 AND v.model = fm.model AND v.dims = fm.dims
@@ -94,7 +95,7 @@ ORDER BY i.created_at, i.id LIMIT :n
 
 FILL_PAGE_VISUAL = sql("""
 SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
-       ((i.context_status <> 'pending' OR """ + _CONFIG_MISMATCH_FAILED + """)
+       ((""" + NEEDS["visual"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
         AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
                     WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
                                       AND v.image_id = i.id AND v.image_sha256 = i.sha256
