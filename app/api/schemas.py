@@ -31,6 +31,7 @@ from app.db.enums import (
 )
 from app.orchestrator.batches import MAX_BATCH_IDS
 from app.stages.agent import limits
+from app.stages.agent.context_text import normalise_tags, single_line
 
 POLICIES = [p.value for p in ReverseImagePolicy]
 STAGES = [s.value for s in STAGE_ORDER]
@@ -77,6 +78,22 @@ class Text(fields.String):
         return out
 
 
+class SingleLineText(Text):
+    """A ``Text`` kept as one line (:func:`~app.stages.agent.context_text.single_line`: trimmed,
+    whitespace runs and line breaks one space); its validators see the normalised value."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        return single_line(super()._deserialize(value, attr, data, **kwargs))
+
+
+class Tags(fields.List):
+    """A list of tags as :func:`~app.stages.agent.context_text.normalise_tags` writes them (no
+    empty tag, none twice by case or width); the list's validators (its length) see that list."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        return normalise_tags(super()._deserialize(value, attr, data, **kwargs))
+
+
 class StrictSchema(Schema):
     class Meta:
         unknown = RAISE
@@ -103,13 +120,14 @@ class ErrorInfoSchema(Schema):
 # --- context --------------------------------------------------------------------------------
 
 class ContextSchema(StrictSchema):
-    """Editable context keys; anything else is rejected (422)."""
+    """Editable context keys; anything else is rejected (422). The title is stored as one line and
+    the tags normalised (:mod:`app.stages.agent.context_text`) before their limits are checked."""
 
-    title = Text(validate=validate.Length(max=limits.TITLE_MAX))
+    title = SingleLineText(validate=validate.Length(max=limits.TITLE_MAX))
     description = Text(validate=validate.Length(max=limits.DESCRIPTION_MAX))
     ocr_text = Text(validate=validate.Length(max=limits.OCR_TEXT_MAX))
-    tags = fields.List(Text(validate=validate.Length(min=1, max=limits.TAG_MAX)),
-                       validate=validate.Length(max=limits.TAGS_MAX))
+    tags = Tags(SingleLineText(validate=validate.Length(max=limits.TAG_MAX)),
+                validate=validate.Length(max=limits.TAGS_MAX))
 
 
 # --- images ---------------------------------------------------------------------------------

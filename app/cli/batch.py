@@ -7,7 +7,7 @@ import time
 
 import click
 
-from app.cli.common import Seconds, connected, friendly_errors, scope_param
+from app.cli.common import Seconds, connected, friendly_errors, require_scope, scope_param
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus
 
 BAD_OUTCOMES = ("failed", "blocked", "unknown_execution")
@@ -26,7 +26,7 @@ def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> Non
     """Process every image of the scope (stages already valid are reused, not recomputed).
 
     Exit code 0 when the batch is created (with --wait: completed with no failed, blocked or
-    unknown_execution job), 1 otherwise.
+    unknown_execution job), 1 otherwise — also for a scope that does not exist (nothing is created).
     """
     from rich.progress import (
         BarColumn,
@@ -39,6 +39,7 @@ def process_all(scope_id: str, policy: str, wait: bool, timeout_s: float) -> Non
     from app.publisher import publisher_from_settings
 
     with connected() as ctx:
+        require_scope(ctx, scope_id)  # a mistyped --scope is no new, empty scope
         batch, hints = ctx.orch.create_batch(scope_id, all=True, reverse_image_policy=policy)
         publisher_from_settings(ctx.settings).publish(hints)  # after the batch's commit
         click.echo(f"batch {batch['id']}: {batch['total']} images")

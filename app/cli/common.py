@@ -118,3 +118,21 @@ def connected() -> Iterator[Connected]:
         yield Connected(settings, engine, Orchestrator(engine, settings))
     finally:
         engine.dispose()
+
+
+def require_scope(c: Connected, scope_id: str, *, unless_default: bool = False) -> None:
+    """Refuse a scope that does not exist — exit 1 with a message, nothing created — so that a
+    command over a scope's images never reads a mistyped ``--scope`` as an empty library, nor
+    makes it a new scope (``process-all`` did). Uploads and ``ingest`` create scopes.
+
+    ``unless_default``: a read of the default scope (``--scope`` not given) before anything was
+    uploaded to it shows an empty library, as before."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    if unless_default and ctx is not None and ctx.get_parameter_source("scope_id") is ParameterSource.DEFAULT:
+        return
+    if not c.orch.scope_exists(scope_id):
+        raise click.ClickException(
+            f"scope {scope_id!r} does not exist ('memeflow scopes list' shows the scopes; "
+            "an upload or 'memeflow ingest' creates one)")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import connected, friendly_errors, scope_param
+from app.cli.common import connected, friendly_errors, require_scope, scope_param
 from app.cli.safe_text import cell, json_text, printable
 
 
@@ -82,6 +82,7 @@ def search(text: str, limit: int, scope_id: str, mode: str, as_json: bool) -> No
     if not text.strip():
         raise click.BadParameter("empty query", param_hint="TEXT")
     with connected() as ctx:
+        require_scope(ctx, scope_id, unless_default=True)
         result = text_search(ctx.engine, ctx.settings, scope_id, text, limit, mode)
     if as_json:
         # non-ASCII letters stay readable; control and bidi characters are \u escapes

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import connected, friendly_errors, scope_param
+from app.cli.common import connected, friendly_errors, require_scope, scope_param
 from app.cli.safe_text import cell, printable
 from app.db.enums import ServingKind
 
@@ -69,6 +69,7 @@ def status_cmd(scope_id: str | None, kind: str, as_json: bool) -> None:
 
     with connected() as ctx:
         if scope_id is not None:
+            require_scope(ctx, scope_id)
             _print(ctx.orch.search_serving_status(scope_id, kind), as_json)
             return
         rows = ctx.orch.search_serving_overview()
@@ -88,6 +89,7 @@ def status_cmd(scope_id: str | None, kind: str, as_json: bool) -> None:
 def cutover_cmd(scope_id: str, kind: str, as_json: bool) -> None:
     """Serve the target model now, before it covers every image (those it lacks are found by words only)."""
     with connected() as ctx:
+        require_scope(ctx, scope_id)
         _print(ctx.orch.search_cutover(scope_id, kind), as_json)
 
 
@@ -101,6 +103,7 @@ def rollback_cmd(scope_id: str, kind: str, as_json: bool) -> None:
     from app.publisher import publisher_from_settings
 
     with connected() as ctx:
+        require_scope(ctx, scope_id)
         doc, hints = ctx.orch.search_rollback(scope_id, kind)
         publisher_from_settings(ctx.settings).publish(hints)  # after the rollback's commit
         _print(doc, as_json)
@@ -114,4 +117,5 @@ def rollback_cmd(scope_id: str, kind: str, as_json: bool) -> None:
 def resume_cmd(scope_id: str, kind: str, as_json: bool) -> None:
     """Unpin: the sweep starts a backfill towards the configured model if it differs."""
     with connected() as ctx:
+        require_scope(ctx, scope_id)
         _print(ctx.orch.search_resume(scope_id, kind), as_json)

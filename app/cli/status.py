@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from app.cli.common import Seconds, connected, friendly_errors, scope_param
+from app.cli.common import Seconds, connected, friendly_errors, require_scope, scope_param
 from app.cli.safe_text import cell, printable
 from app.ids import parse_uuid
 
@@ -131,6 +131,7 @@ def status(job_id: str | None, scope_id: str, watch: bool, interval: float, as_j
         raise click.UsageError("--watch and --json do not go together")
     console = Console()
     with connected() as ctx:
+        require_scope(ctx, scope_id, unless_default=True)
         def render() -> tuple[Any, Any]:
             if job_id is not None:
                 job = ctx.orch.get_job(scope_id, job_id)  # NotFound → exit 1 via friendly_errors

@@ -17,6 +17,7 @@ from flask import Blueprint, Flask, abort, current_app, g, render_template, requ
 from app.library import queries
 from app.ops.queries import image_detail
 from app.ops.views import resolve_page_scope
+from app.stages.agent.context_text import single_line
 from app.thumbnails import DEFAULT_SIZE
 from app.web.csrf import set_csrf_cookie
 from app.web.page_auth import CSRF_HEADER
@@ -52,9 +53,16 @@ def _thumb_url(image_id: Any, sha256: str, size: int = DEFAULT_SIZE) -> str:
     return url_for("images.ImageThumbnail", image_id=image_id, size=size, v=sha256)
 
 
+def _tag_lines(tags: list[str]) -> str:
+    """The edit form's tags field: one tag a line. A tag holds no line break once stored
+    (app/stages/agent/context_text.py); one stored before that shows as PATCH would store it."""
+    return "\n".join(single_line(tag) for tag in tags)
+
+
 @library_bp.app_context_processor
 def _helpers() -> dict[str, Any]:
-    return {"thumb_url": _thumb_url, "csrf_header": CSRF_HEADER}
+    return {"thumb_url": _thumb_url, "csrf_header": CSRF_HEADER, "single_line": single_line,
+            "tag_lines": _tag_lines}
 
 
 @library_bp.get("/")

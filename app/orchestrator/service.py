@@ -75,6 +75,13 @@ class Orchestrator:
         with self.engine.begin() as conn:
             return ensure_scope_txn(conn, scope_id)
 
+    def scope_exists(self, scope_id: str) -> bool:
+        """Whether the scope exists (an upload, an ingest or ``memeflow scopes create`` made it)."""
+        from app.orchestrator.store.limits import scope_exists_txn
+
+        with self.engine.connect() as conn:
+            return scope_exists_txn(conn, scope_id)
+
     ingest_image = changes.ingest_image
     request_processing = changes.request_processing
     retry_job = changes.retry_job

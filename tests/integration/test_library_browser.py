@@ -134,11 +134,12 @@ def test_library_upload_live_progress_search_lookalikes_and_image_page(live_stac
         page.evaluate("document.querySelector('#f-title').value = ''")
         page.type_into("#f-title", "Deploy freeze, Friday edition")
         page.evaluate("document.querySelector('#f-tags').value = ''")
-        page.type_into("#f-tags", "deploy, friday, 周五")
+        page.type_into("#f-tags", "deploy\nfriday\n周五")  # one tag a line
         page.click("#save-context")
         page.wait_until("location.search.includes('updated=') && document.body.dataset.ready === '1' && "
                         "document.querySelector('#job-status').textContent === 'succeeded'", timeout=120)
         assert page.evaluate("document.querySelector('#f-title').value") == "Deploy freeze, Friday edition"
+        assert page.evaluate("document.querySelector('#f-tags').value") == "deploy\nfriday\n周五"
         assert page.evaluate("document.querySelector('#context-status').textContent") == "edited"
         stages = page.evaluate("[...document.querySelectorAll('#stages tr[data-stage]')]"
                                ".map(r => [r.dataset.stage, r.dataset.status])")

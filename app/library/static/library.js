@@ -407,7 +407,8 @@
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const value = (name) => form.elements[name].value;
-      const tags = value('tags').split(/[,，]/).map((t) => t.trim()).filter(Boolean);
+      // one tag a line: a tag may hold a comma (",", "，"); the API drops empty and repeated tags
+      const tags = value('tags').split('\n').map((t) => t.trim()).filter(Boolean);
       const body = {
         display_name: value('display_name').trim() || null,
         context: { title: value('title'), description: value('description'), ocr_text: value('ocr_text'), tags },

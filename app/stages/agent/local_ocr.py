@@ -6,6 +6,7 @@ from dataclasses import fields
 from typing import Any
 
 from app.stages.agent import limits, ocr_engine
+from app.stages.agent.context_text import normalise_tags, single_line
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.ocr_engine import OcrSettings, run_ocr
 from app.stages.agent.records import ResultRecords, check_attempt_id
@@ -97,9 +98,10 @@ class LocalOcrAgent:
         # within what a human may write (app/stages/agent/limits.py): a screenshot full of text
         # reads past it, and a context the edit form cannot save back is a trap; a tag is a
         # word or a short caption, so a whole long line (a CJK "word") is no tag
-        tags = [t for t in salient_words(lines, limit=None) if len(t) <= limits.TAG_MAX]
+        tags = normalise_tags(t for t in salient_words(lines, limit=None) if len(t) <= limits.TAG_MAX)
         context = {
-            "title": title[:limits.TITLE_MAX],
+            # one line, as PATCH stores a title (app/stages/agent/context_text.py)
+            "title": single_line(title)[:limits.TITLE_MAX].rstrip(),
             "description": "",
             "ocr_text": "\n".join(texts)[:limits.OCR_TEXT_MAX],
             "tags": tags[:min(self.max_tags, limits.TAGS_MAX)],

@@ -41,6 +41,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NewConnectionError
 
+from app.stages.agent.context_text import normalise_tags, single_line
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.records import check_attempt_id
 from app.stages.base import AgentResult, LookupResult, check_reverse_image_policy
@@ -105,7 +106,7 @@ def parse_context(content: str) -> dict[str, Any]:
                 "or unpaired surrogates",
                 code="agent_bad_output",
             )
-        context[key] = value.strip()
+        context[key] = single_line(value) if key == "title" else value.strip()
     tags = data.get("tags")
     if (
         not isinstance(tags, list)
@@ -118,7 +119,7 @@ def parse_context(content: str) -> dict[str, Any]:
             "or unpaired surrogates",
             code="agent_bad_output",
         )
-    context["tags"] = list(dict.fromkeys(t.strip().lower() for t in tags))
+    context["tags"] = normalise_tags(t.lower() for t in tags)  # as a human's edit is stored
     return context
 
 
