@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import random
+import unicodedata
 
 from sqlalchemy import text
 
@@ -138,6 +140,26 @@ def test_words_of_other_alphabets_and_unspaced_scripts_are_found(client, engine)
             lexemes = conn.execute(text("SELECT array_length(tsvector_to_array(to_tsvector('simple', :t)), 1)"),
                                    {"t": lexical.tsvector_source(terms)}).scalar()
             assert lexemes == len(set(terms)), (ocr, terms)
+
+
+def test_queries_of_random_scripts_never_fail(client):
+    """Letters, marks, digits, punctuation and symbols of any plane, in any mix: PostgreSQL's parser
+    drops some of them from a term (a digit sign, a Thai punctuation mark) — the search still
+    answers 200, and a term it keeps still finds its document."""
+    rng = random.Random(3)
+    pool = [chr(c) for c in range(0x20, 0x30000)
+            if unicodedata.category(chr(c))[0] in "LMNPSZ" and not 0xD800 <= c < 0xE000]
+    image = upload(client, png_bytes((9, 9, 9)), process=False).get_json()["image"]["id"]
+    client.patch(f"/api/v1/images/{image}", json={"context": {"ocr_text": "cat ❽ ๚鱍 ・守 Ꮔ"}})
+    for q in ["❽ cat", "❽", "๚", "・", "Ꮔ", "ꮔ", "守"]:
+        r = client.get("/api/v1/search/text", query_string={"q": q, "mode": "lexical"})
+        assert r.status_code == 200, r.get_json()
+        assert [h["image"]["id"] for h in r.get_json()["items"]] == ([] if q in ("❽", "๚", "・") else [image]), q
+    for _ in range(150):
+        q = "".join(rng.choice(pool) for _ in range(rng.randint(1, 12)))
+        for mode in ("lexical", "hybrid"):
+            r = client.get("/api/v1/search/text", query_string={"q": q, "mode": mode})
+            assert r.status_code in (200, 422), (q, mode, r.get_json())
 
 
 def test_semantic_queries_are_folded_like_the_documents(client, orch, publisher):
