@@ -160,6 +160,11 @@ class Settings:
     search_cutover_check_s: float = 5.0
     search_fill_rounds: int = 3
     search_rollback_window_s: float = 7 * 24 * 3600.0  # a replaced model's rows stay (for a rollback) this long
+    # a sweep acts on a configured model that differs from a scope's (begins a backfill, aborts or
+    # retargets one) only once sweeps have disagreed so, with no sweep agreeing, for this long: during
+    # a rolling restart old- and new-configuration workers both take sweeps, and would undo each
+    # other (docs/operations.md). Many sweep intervals: which worker takes a sweep is chance.
+    search_config_grace_s: float = 300.0
     # per-scope HNSW indexes (app/orchestrator/scope_indexes.py): beat runs the maintenance this often
     # (0 = never; ``memeflow search-indexes`` runs it once) for scopes above this many images
     # (unset: the exact-scan size, app.search.queries.EXACT_SCAN_MAX_IMAGES)
@@ -336,6 +341,8 @@ class Settings:
                                 "MEMEFLOW_BATCH_BACKLOG_THRESHOLD >= 0")
         if self.retention_budget_ms < 0:
             raise SettingsError("MEMEFLOW_RETENTION_BUDGET_MS must be >= 0 (0 = no budget)")
+        if self.search_config_grace_s < 0:
+            raise SettingsError("MEMEFLOW_SEARCH_CONFIG_GRACE_S must be >= 0 (0 = act on the first sweep)")
         if self.search_index_interval_s < 0 or (self.search_index_min_images or 0) < 0:
             raise SettingsError("MEMEFLOW_SEARCH_INDEX_INTERVAL_S and _MIN_IMAGES must be >= 0")
         if self.operation_policy not in ("allow-all", "quota"):

@@ -113,6 +113,9 @@ def settings(db_url, services, tmp_path) -> Settings:
         visual_provider="deterministic",
         agent_provider="deterministic",
         text_provider="deterministic",
+        # a model change acts on the first sweep, as most model-change tests expect; the tests of
+        # the grace itself (tests/db/test_serving_config_grace.py) set their own
+        search_config_grace_s=0.0,
         log_json=False,
     )
 

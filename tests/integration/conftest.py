@@ -87,6 +87,7 @@ class CeleryCluster:
             MEMEFLOW_BACKOFF_MAX_S=str(s.backoff_max_s), MEMEFLOW_VISUAL_PROVIDER=s.visual_provider,
             MEMEFLOW_AGENT_PROVIDER=s.agent_provider, MEMEFLOW_TEXT_PROVIDER=s.text_provider,
             MEMEFLOW_EMBEDDING_BATCH_SIZE=str(s.embedding_batch_size), MEMEFLOW_LOG_JSON="1",
+            MEMEFLOW_SEARCH_CONFIG_GRACE_S=str(s.search_config_grace_s),
             MEMEFLOW_LOG_LEVEL="INFO", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1",
         )
         if s.storage_dir:

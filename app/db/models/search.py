@@ -53,11 +53,18 @@ class SearchServing(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     switched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = timestamp_now()
+    # migration 0025: since when sweeps have been configured with another model than the row's
+    # direction (serving, or the target in a backfill), and which ({"model", "dims",
+    # "preprocess_version"}); acted on only after MEMEFLOW_SEARCH_CONFIG_GRACE_S
+    config_disagree_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    config_disagree_ref: Mapped[dict | None] = mapped_column(JSONB)
+    attended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # the sweep's round-robin
     __table_args__ = (
         ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
         status_check("kind", E.ServingKind),
         status_check("state", E.ServingState),
         CheckConstraint("(target_model IS NULL) = (state <> 'backfill')", name="target_iff_backfill"),
+        CheckConstraint("(config_disagree_since IS NULL) = (config_disagree_ref IS NULL)", name="config_disagree_both"),
         Index("ix_search_serving_state", "state", "kind"),
     )
 
