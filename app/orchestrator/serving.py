@@ -2,9 +2,11 @@
 (migration 0017), one row per (scope, kind).
 
 Per scope and kind (text, visual), ``search_serving`` names the model its search reads (*serving*). When the configured
-model differs, the sweep starts a *backfill*: the configured model becomes the *target*, a fill
-batch (a library batch seeding only the images that lack it, resumable, with the batches'
-back-pressure) computes it, and meanwhile
+model differs — and sweeps have seen it differ, none agreeing, for ``search_config_grace_s``: during a
+rolling restart sweeps of the old and the new configuration run side by side
+(store/serving_attention.py) — the sweep starts a *backfill*: the configured model becomes the
+*target*, a fill batch (a library batch seeding only the images that lack it, resumable, with the
+batches' back-pressure) computes it, and meanwhile
 
 - search keeps answering from the serving model — only rows current for the image's sha256 and
   metadata_hash, as always;
@@ -46,6 +48,7 @@ from app.orchestrator.serving_reads import (
 )
 from app.orchestrator.store import batches as batches_q
 from app.orchestrator.store import serving as q
+from app.orchestrator.store import serving_attention as attention
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
@@ -122,7 +125,8 @@ def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) 
 def reconcile(orch: Orchestrator) -> tuple[dict[str, int], list[Hint]]:
     """Sweep step, per kind: give new scopes a serving row (served by the configured model), start a
     backfill where the configured model changed, retarget or abort one whose target is no longer
-    configured, attach fill batches, and try the cutover of scopes whose fill is done."""
+    configured — each once sweeps have disagreed so for ``search_config_grace_s`` — attach fill
+    batches, and try the cutover of scopes whose fill is done."""
     counts = {"serving_bootstrapped": 0, "backfills_started": 0, "cutovers": 0}
     hints: list[Hint] = []
     for kind in KINDS:
@@ -140,15 +144,18 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
                 q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
                                    to_model=ref["model"], now=now)
                 counts["serving_bootstrapped"] += 1
-    with orch.engine.connect() as conn:
-        rows = q.needing_attention_txn(conn, kind, ref["model"], ref["dims"], SWEEP_SCOPES,
-                                       ref.get("preprocess_version"))
+    with orch.engine.begin() as conn:
+        # agreeing with a row's direction resets the clock of the sweeps that disagree (a rolling restart)
+        attention.clear_disagreement_txn(conn, kind, ref)  # matched or not: nothing else to do
+        rows = sorted(attention.attend_txn(conn, kind, ref, SWEEP_SCOPES, now).rows, key=lambda r: r["scope_id"])
     for row in rows:
         scope_id = row["scope_id"]
         if row["state"] == ServingState.SERVING:
+            started = None
             with orch.engine.begin() as conn:
-                begun = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
-                started = begun.row  # None: pinned or switched meanwhile (a lost race) — nothing to start
+                if _disagreement_due_txn(orch, conn, row, ref, now):
+                    begun = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
+                    started = begun.row  # None: pinned or switched meanwhile (a lost race) — nothing to start
                 if started is not None:
                     q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
                                        from_model=row["serving_model"], to_model=ref["model"], now=now)
@@ -169,6 +176,15 @@ def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> li
         elif outcome == GAP:  # verified just now: the fill, if finished, left images uncovered
             hints += _maybe_refill(orch, row, ref)
     return hints
+
+
+def _disagreement_due_txn(orch: Orchestrator, conn: Connection, row: Any, ref: dict[str, Any], now) -> bool:
+    """Note that this sweep's configured model ``ref`` disagrees with ``row``'s direction; True when
+    the disagreement has lasted ``search_config_grace_s`` (no agreeing sweep in between) and this
+    transaction may act on it — the row stays locked until it commits. A rolling restart runs old-
+    and new-configuration sweeps side by side: without the grace each undid the other's change."""
+    noted = attention.note_disagreement_txn(conn, row, ref, now, orch.settings.search_config_grace_s)
+    return noted.matched and bool(noted.row["due"])  # not matched: the row moved since it was read
 
 
 def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any]]:
@@ -220,9 +236,12 @@ def _maybe_refill(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hin
 
 def _target_changed(orch: Orchestrator, row: Any, ref: dict[str, Any]) -> list[Hint]:
     """The configuration changed again during a backfill: back to serving if it is the serving model
-    again (abort), else towards the new model (retarget). The old fill batch is cancelled."""
+    again (abort), else towards the new model (retarget) — once the disagreement has lasted the
+    grace (``_disagreement_due_txn``). The old fill batch is cancelled."""
     scope_id, kind, now = row["scope_id"], row["kind"], orch.now()
     with orch.engine.begin() as conn:
+        if not _disagreement_due_txn(orch, conn, row, ref, now):
+            return []
         if same(ref, slot(row, "serving")):
             done = q.end_backfill_txn(conn, scope_id, kind, state=ServingState.SERVING,
                                       from_target=row["target_model"], now=now).row

@@ -101,27 +101,10 @@ def bootstrap_txn(conn: Connection, scope_id: str, kind: str, ref: dict[str, Any
     }).scalars().all())
 
 
-def needing_attention_txn(
-    conn: Connection, kind: str, model: str, dims: int, limit: int, preprocess_version: str | None = None
-) -> list[RowMapping]:
-    """Rows the sweep must act on: in backfill, or served by a model other than the configured one
-    (and not pinned by an operator) — least recently checked first, so with more than ``limit`` such
-    scopes each gets its turn."""
-    return list(conn.execute(
-        sql(
-            "SELECT * FROM search_serving WHERE kind = :k AND (state = 'backfill'"
-            " OR (state = 'serving' AND (serving_model <> :m OR serving_dims <> :d"
-            "  OR coalesce(serving_ref->>'preprocess_version', '') <> coalesce(CAST(:p AS text), ''))))"
-            " ORDER BY checked_at NULLS FIRST, updated_at LIMIT :n"
-        ),
-        {"k": kind, "m": model, "d": int(dims), "p": preprocess_version, "n": limit},
-    ).mappings())
-
-
 BEGIN_BACKFILL = sql("""
 UPDATE search_serving SET state = 'backfill', target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb),
        batch_id = NULL, fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL,
-       started_at = :now, updated_at = :now
+       started_at = :now, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state = 'serving' AND serving_model = :from_
 RETURNING *
 """)
@@ -141,7 +124,7 @@ def begin_backfill_txn(
 RETARGET = sql("""
 UPDATE search_serving SET target_model = :m, target_dims = :d, target_ref = CAST(:ref AS jsonb), batch_id = NULL,
        fill_rounds = 0, ready = 0, total = 0, coverage_at = NULL, checked_at = NULL, started_at = :now,
-       updated_at = :now
+       updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :from_
 RETURNING *
 """)
@@ -160,7 +143,7 @@ def retarget_txn(
 
 END_BACKFILL = sql("""
 UPDATE search_serving SET state = :st, target_model = NULL, target_dims = NULL, target_ref = NULL, batch_id = NULL,
-       checked_at = NULL, updated_at = :now
+       checked_at = NULL, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND CAST(:st AS text) IN ('serving', 'pinned')
   AND (CAST(:from_ AS text) IS NULL OR target_model = :from_)
 RETURNING *
@@ -221,7 +204,7 @@ CUTOVER_TEXT = sql("""
 UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref,
        serving_model = target_model, serving_dims = target_dims, serving_ref = target_ref, target_model = NULL,
        target_dims = NULL, target_ref = NULL, state = 'serving', epoch = epoch + 1, batch_id = NULL,
-       switched_at = :now, updated_at = :now
+       switched_at = :now, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
   AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
   AND (:early OR NOT EXISTS (
@@ -236,7 +219,7 @@ CUTOVER_VISUAL = sql("""
 UPDATE search_serving SET previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref,
        serving_model = target_model, serving_dims = target_dims, serving_ref = target_ref, target_model = NULL,
        target_dims = NULL, target_ref = NULL, state = 'serving', epoch = epoch + 1, batch_id = NULL,
-       switched_at = :now, updated_at = :now
+       switched_at = :now, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
   AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
   AND (:early OR NOT EXISTS (
@@ -272,7 +255,7 @@ def cutover_txn(
 ROLLBACK = sql("""
 UPDATE search_serving SET serving_model = previous_model, serving_dims = previous_dims, serving_ref = previous_ref,
        previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref, state = 'pinned',
-       epoch = epoch + 1, switched_at = :now, updated_at = :now
+       epoch = epoch + 1, switched_at = :now, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state IN ('serving', 'pinned') AND previous_model IS NOT NULL AND epoch = :e
 RETURNING *
 """)
@@ -285,7 +268,9 @@ def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now:
 
 
 RESUME = sql("""
-UPDATE search_serving SET state = 'serving', updated_at = :now WHERE scope_id = :s AND kind = :k AND state = 'pinned'
+UPDATE search_serving SET state = 'serving', updated_at = :now, config_disagree_since = NULL,
+       config_disagree_ref = NULL
+WHERE scope_id = :s AND kind = :k AND state = 'pinned'
 RETURNING *
 """)
 
