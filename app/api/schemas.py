@@ -475,6 +475,13 @@ class ServingEventSchema(Schema):
     at = fields.String(required=True)
 
 
+class ServingPendingSchema(Schema):
+    model = fields.String(required=True)
+    dims = fields.Integer(required=True)
+    preprocess_version = fields.String(allow_none=True)
+    since = fields.String(required=True, metadata={"description": "when the sweeps began to disagree"})
+
+
 class ServingStateSchema(Schema):
     scope_id = fields.String(required=True)
     kind = fields.String(required=True)
@@ -488,6 +495,9 @@ class ServingStateSchema(Schema):
     previous = fields.Nested(ServingModelSchema, allow_none=True, metadata={"description": "the rollback target"})
     started_at = fields.String(allow_none=True)
     switched_at = fields.String(allow_none=True)
+    pending_change = fields.Nested(ServingPendingSchema, allow_none=True, metadata={
+        "description": "a configured model the sweeps disagree towards, not acted on yet: the change "
+                       "begins once no sweep agreed with the current direction for MEMEFLOW_SEARCH_CONFIG_GRACE_S"})
     events = fields.List(fields.Nested(ServingEventSchema))
 
 

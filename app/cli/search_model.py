@@ -41,6 +41,10 @@ def _print(doc: dict[str, Any], as_json: bool) -> None:
         t = doc["target"]
         click.echo(f"  target {printable(t['model'])}: {t['coverage']['ready']}/{t['coverage']['total']}"
                    f" (fill round {t['fill_rounds']}, batch {t['batch_id'] or '-'})")
+    if doc.get("pending_change"):
+        p = doc["pending_change"]
+        click.echo(f"  pending change to {printable(p['model'])}: sweeps disagree since {p['since']}"
+                   " (it begins once none agrees with the current model for MEMEFLOW_SEARCH_CONFIG_GRACE_S)")
     if doc.get("previous"):
         click.echo(f"  previous {printable(doc['previous']['model'])} (rollback target)")
     for e in doc.get("events", []):

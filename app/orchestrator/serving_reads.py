@@ -153,6 +153,9 @@ def describe(row: Any, *, serving_coverage: dict | None = None, target_coverage:
         "previous": {"model": row["previous_model"], "dims": row["previous_dims"]} if row["previous_model"] else None,
         "started_at": row["started_at"].isoformat() if row["started_at"] else None,
         "switched_at": row["switched_at"].isoformat() if row["switched_at"] else None,
+        # a rolling restart's disagreement, not acted on before MEMEFLOW_SEARCH_CONFIG_GRACE_S (store/serving_attention.py)
+        "pending_change": ({**row["config_disagree_ref"], "since": row["config_disagree_since"].isoformat()}
+                           if row["config_disagree_since"] else None),
     }
 
 
@@ -175,7 +178,7 @@ def status(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any
             cov = coverage_txn(conn, scope_id, kind, ref)
             return {"scope_id": scope_id, "kind": kind, "state": "unset", "epoch": 0, "model": ref["model"],
                     "dims": ref["dims"], "coverage": cov, "target": None, "previous": None, "started_at": None,
-                    "switched_at": None, "events": []}
+                    "switched_at": None, "pending_change": None, "events": []}
         doc = describe_live_txn(conn, row)
         events = q.events_txn(conn, scope_id, kind, 10)
     doc["events"] = [{"action": e["action"], "epoch": int(e["epoch"]), "from_model": e["from_model"],

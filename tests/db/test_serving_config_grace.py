@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import datetime
 
 from sqlalchemy import text
 
@@ -175,6 +176,8 @@ def test_a_lone_sweep_begins_a_backfill_only_after_the_grace(engine, settings):
     old.reconcile_serving()
     to_b.reconcile_serving()  # the disagreement is noted, not acted on
     assert _state(engine) == ("serving", A, None)
+    pending = old.search_serving_status("s1")["pending_change"]  # shown to operators (API, CLI)
+    assert pending["model"] == B and datetime.fromisoformat(pending["since"]) == clock()
     clock.advance(GRACE / 2)
     to_c.reconcile_serving()  # towards another model: the clock starts again
     clock.advance(GRACE / 2)
@@ -189,6 +192,7 @@ def test_a_lone_sweep_begins_a_backfill_only_after_the_grace(engine, settings):
     assert _events(engine) == ["bootstrap", "backfill"]
     [mark] = _rows(engine, "SELECT config_disagree_since FROM search_serving WHERE scope_id = 's1' AND kind = 'text'")
     assert mark == (None,)  # a change of direction clears it
+    assert old.search_serving_status("s1")["pending_change"] is None
 
 
 def test_racing_sweeps_of_both_configurations_act_at_most_once(engine, settings):
