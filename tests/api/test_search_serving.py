@@ -120,3 +120,33 @@ def test_cli_search_model_and_status(settings, engine, publisher, store):
         assert "early_cutover" in runner.invoke(main, ["search-model", "status", "--scope", "local"]).output
     finally:
         reset_settings(None)
+
+
+def test_a_pending_change_shows_in_the_api_ops_and_cli(settings, engine, publisher, store):
+    """A model change the sweeps have not acted on yet (MEMEFLOW_SEARCH_CONFIG_GRACE_S) is shown
+    where operators look, so a change that has not begun does not look ignored."""
+    from click.testing import CliRunner
+
+    from app.cli import main
+    from app.config import reset_settings
+
+    client, orch = _app(settings, engine, publisher, store)
+    _process(client, orch, publisher, n=1)
+    orch.sweep()
+    new_settings = settings.replace(text_provider=SPEC_B, search_config_grace_s=3600.0)
+    new, new_orch = _app(new_settings, engine, publisher, store)
+    new_orch.sweep()  # the disagreement is noted; the backfill waits for the grace
+    state = new.get("/api/v1/search/serving").get_json()
+    assert state["state"] == "serving" and state["target"] is None
+    assert state["pending_change"]["model"] == B and state["pending_change"]["since"]
+    html = new.get("/ops/").get_data(as_text=True)
+    assert 'data-pending-change="text"' in html and B in html
+    reset_settings(new_settings)
+    try:
+        r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["search-model", "status", "--scope", "local"])
+        assert r.exit_code == 0 and f"pending change to {B}" in r.output, r.output
+    finally:
+        reset_settings(None)
+    orch.sweep()  # a sweep configured with the serving model agrees: nothing is pending any more
+    assert new.get("/api/v1/search/serving").get_json()["pending_change"] is None
+    assert "data-pending-change" not in new.get("/ops/").get_data(as_text=True)
