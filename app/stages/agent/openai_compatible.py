@@ -2,7 +2,9 @@
 
 Error classification is what keeps paid calls from being silently repeated (SPEC §4.5):
 
-* refused / DNS / connect timeout -> RetryableError(not_executed=True)
+* failed before the request started -> RetryableError(agent_unreachable, not_executed=True)
+  (refused, DNS, TCP connect, TLS handshake or a proxy's CONNECT failed, timed out or passed
+  the deadline)
 * HTTP 429                         -> RetryableError(agent_rate_limited, not_executed=True)
 * HTTP 5xx                         -> RetryableError(agent_server_error, not_executed=False)
 * other HTTP 4xx                   -> PermanentError(agent_request_rejected)
@@ -11,14 +13,19 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 * answer body over the size cap     -> PermanentError(agent_response_too_large)
 * total deadline passed after send  -> OutcomeUnknownError(agent_deadline_exceeded)
 
+"Before the request started" is recorded by the connection itself (``_Watch``), not guessed from
+exception types: once it starts sending, every failure leaves the outcome unknown.
+
 Hostile or broken providers are bounded: the request asks for at most ``max_tokens``; the answer
-is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, headers, body —
-has one ``deadline_s`` (each body read waits at most what is left of it, and while the request is
-sent and the headers read — inside http.client — a watchdog shuts the socket at the deadline, so
-a slow drip cannot stretch it; an HTTPS connection's TLS handshake, done before the request, is
-bounded per read by the connect timeout only); the Markdown fence around the JSON is stripped in linear time. The messages these
-errors carry are stored on tasks and shown to tenants, so they are generic: status codes and our
-own limits only. Provider bodies, URLs and host names go to the log.
+is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, TLS handshake,
+request, headers, body — has one ``deadline_s``. The TCP connect waits at most the connect timeout
+cut to what is left (per address tried; name resolution is the resolver's); from the moment the
+socket exists until the headers have arrived a watchdog shuts it at the deadline, so a slow drip of
+handshake or header bytes cannot stretch the call; each body read waits at most what is left.
+
+The Markdown fence around the JSON is stripped in linear time. The messages these errors carry are
+stored on tasks and shown to tenants, so they are generic: status codes and our own limits only.
+Provider bodies, URLs and host names go to the log.
 """
 
 from __future__ import annotations
@@ -39,7 +46,6 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import NewConnectionError
 
 from app.stages.agent.context_text import normalise_tags, single_line
 from app.stages.agent.facts import visual_facts
@@ -145,90 +151,118 @@ def _storable_id(value: Any) -> str | None:
     return None
 
 
-def _sent_nothing(exc: requests.ConnectionError) -> bool:
-    """True when the connection was never established (refused, DNS), so nothing was sent."""
-    if isinstance(exc, requests.ConnectTimeout):
-        return True
-    reason = exc.args[0] if exc.args else None
-    reason = getattr(reason, "reason", reason)  # MaxRetryError wraps the low-level error
-    return isinstance(reason, NewConnectionError)  # NameResolutionError is a subclass
+class _NothingSent(Exception):
+    """The exchange failed before its request started: no byte of it reached the provider."""
 
 
 class _DeadlineExceeded(Exception):
     """The call's total deadline passed while the answer was still arriving."""
 
 
-class _Watch:
-    """The deadline of the exchange running on this thread, and whether its watchdog fired."""
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self.fired = False
-
-
 _watch = threading.local()  # .current: the _Watch of this thread's exchange, or None
 WATCHDOG_THREAD = "agent-header-watchdog"
-_WATCH_LOCK = threading.Lock()  # arming, disarming and a firing timer's check of it, one at a time
 
 
-class _WatchedConnection:
-    """Sending the request and reading the status line and headers happen inside http.client,
-    where each socket read waits up to the read timeout: a provider dripping header bytes would
-    stretch the call without end. While they run, a watchdog timer shuts the socket down when the
-    exchange's deadline passes (the blocked read then returns at once, and the exchange reports
-    the deadline); the body is read by ``_exchange``, which bounds every read itself."""
+class _Watch:
+    """The watchdog of one exchange, and its record of how far the exchange got.
 
-    _timer: threading.Timer | None = None
+    Connecting (TCP, TLS handshake, a proxy's CONNECT), sending the request and reading the status
+    line and headers happen inside urllib3 and http.client, where each socket read waits up to a
+    timeout: a peer dripping bytes would stretch the call without end. From entry to exit a timer
+    shuts the socket of the connection carrying the exchange down when the deadline passes (the
+    blocked read returns at once). The connection (``_WatchedConnection``) reports to it: its
+    socket as soon as it exists, and the moment the request starts — before that moment no byte
+    of the request can have left, so a failure proves the provider never saw the call."""
 
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        self._arm()
-        try:
-            return super().request(*args, **kwargs)  # type: ignore[misc]
-        except BaseException:
-            self._disarm()
-            raise
+    def __init__(self, deadline: float) -> None:
+        self.fired = False
+        self.watched = False  # a watched connection carries the exchange (then the flag below is exact)
+        self.request_started = False  # request bytes may have left (never reset)
+        self._conn: HTTPConnection | None = None
+        self._stopped = False
+        self._lock = threading.Lock()  # the timer's check and shutdown vs. publish, start and stop
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
+        self._timer.name, self._timer.daemon = WATCHDOG_THREAD, True
 
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            watch = getattr(_watch, "current", None)
-            if watch is not None and watch.fired:  # it fired while connecting, before a socket existed
-                self._expire(watch)
-            return super().getresponse(*args, **kwargs)  # type: ignore[misc]
-        finally:
-            self._disarm()
+    def __enter__(self) -> _Watch:
+        _watch.current = self
+        self._timer.start()
+        return self
 
-    def _arm(self) -> None:
-        self._disarm()
-        watch = getattr(_watch, "current", None)
-        if watch is None:
-            return
-        timer = threading.Timer(max(0.0, watch.deadline - time.monotonic()), self._expire, (watch,))
-        timer.args = (watch, timer)
-        timer.name, timer.daemon = WATCHDOG_THREAD, True
-        with _WATCH_LOCK:
-            self._timer = timer
-        timer.start()
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            # a timer that fires from now on (cancel() cannot stop a callback already running)
+            # must not touch the connection: back in the pool, it may carry the next call
+            self._stopped = True
+        self._timer.cancel()
+        _watch.current = None
 
-    def _disarm(self) -> None:
-        with _WATCH_LOCK:
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+    def nothing_sent(self) -> bool:
+        """True when a watched connection carried the exchange and its request never started."""
+        return self.watched and not self.request_started
 
-    def _expire(self, watch: _Watch, timer: threading.Timer | None = None) -> None:
-        with _WATCH_LOCK:
-            # a timer that fired just as its exchange disarmed it (cancel() cannot stop a callback
-            # already running) must not touch the connection: back in the pool, it may carry the
-            # next call's request now
-            if timer is not None and self._timer is not timer:
+    def publish(self, conn: HTTPConnection, sock: socket.socket) -> bool:
+        """Make ``sock`` ``conn``'s socket, where the timer can shut it, before the TLS handshake
+        or anything else uses it; False (the caller drops it) when the deadline already passed."""
+        with self._lock:
+            if self.fired:
+                return False
+            self._conn, conn.sock = conn, sock
+            return True
+
+    def start_request(self, conn: HTTPConnection) -> bool:
+        """Record that ``conn`` starts sending the request; False when the deadline already
+        passed (nothing is sent)."""
+        with self._lock:
+            self.watched = True
+            if self.fired:
+                return False
+            self._conn, self.request_started = conn, True
+            return True
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._stopped:
                 return
-            watch.fired = True
-            sock = getattr(self, "sock", None)
+            self.fired = True
+            sock = getattr(self._conn, "sock", None)
             if sock is not None:
                 try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
                     socket.socket.shutdown(sock, socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class _WatchedConnection:
+    """A urllib3 connection that reports to its thread's exchange ``_Watch``: its socket as soon
+    as the TCP connect returns, and the start of the request, which it sends only once connected
+    (urllib3 connects HTTPS before the request; plain HTTP would connect inside it)."""
+
+    def _new_conn(self) -> socket.socket:
+        watch = getattr(_watch, "current", None)
+        if watch is not None:
+            watch.watched = True
+        sock = super()._new_conn()  # type: ignore[misc]
+        if watch is not None and not watch.publish(self, sock):  # type: ignore[arg-type]
+            sock.close()
+            raise TimeoutError("the call's deadline passed while connecting")
+        return sock
+
+    def _tunnel(self) -> None:
+        super()._tunnel()  # type: ignore[misc]
+        watch = getattr(_watch, "current", None)
+        # http.client takes an EOF in the proxy's CONNECT answer for its end: one the watchdog
+        # caused is no tunnel (and TLS over the dead socket would fail, leaking it in ssl.py)
+        if watch is not None and watch.fired:
+            raise TimeoutError("the call's deadline passed while the proxy tunnel was made")
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        if self.sock is None:  # type: ignore[attr-defined]
+            self.connect()  # type: ignore[attr-defined]
+        watch = getattr(_watch, "current", None)
+        if watch is not None and not watch.start_request(self):  # type: ignore[arg-type]
+            raise TimeoutError("the call's deadline passed before the request was sent")
+        return super().request(*args, **kwargs)  # type: ignore[misc]
 
 
 class _WatchedHTTPConnection(_WatchedConnection, HTTPConnection):
@@ -255,6 +289,13 @@ class _DeadlineAdapter(HTTPAdapter):
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = dict(self._POOLS)
+
+    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
+        response = super().send(request, *args, **kwargs)
+        watch = getattr(_watch, "current", None)
+        if watch is not None:  # an answer came, so a request went out, on whatever connection: a
+            watch.request_started = True  # redirect's next hop failing early must not look unsent
+        return response
 
     def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
         manager = super().proxy_manager_for(proxy, **proxy_kwargs)
@@ -371,18 +412,18 @@ class OpenAICompatibleAgent:
         """One HTTP exchange, streamed: the body is read in chunks, each socket read waiting at
         most what is left before ``deadline``, and cut at ``max_response_bytes``."""
         remaining = deadline - time.monotonic()
-        watch = _watch.current = _Watch(deadline)
-        try:
-            response = self.session.request(
-                method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
-                stream=True, **kwargs,
-            )
-        except Exception:
-            if watch.fired:
-                raise _DeadlineExceeded from None
-            raise
-        finally:
-            _watch.current = None
+        with _Watch(deadline) as watch:
+            try:
+                response = self.session.request(
+                    method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
+                    stream=True, **kwargs,
+                )
+            except Exception as exc:
+                if watch.nothing_sent():  # refused, DNS, connect or TLS handshake failed or timed out
+                    raise _NothingSent from exc
+                if watch.fired:
+                    raise _DeadlineExceeded from None
+                raise
         if watch.fired:  # headers cut short by the watchdog: not the provider's answer
             response.close()
             raise _DeadlineExceeded
@@ -433,13 +474,13 @@ class OpenAICompatibleAgent:
                 f"the agent call was sent but did not finish within {self.deadline_s:g} s; its outcome is unknown",
                 code="agent_deadline_exceeded",
             ) from None
-        except requests.ConnectionError as exc:  # includes ConnectTimeout
-            if _sent_nothing(exc):
-                log.warning("agent unreachable at %s: %s", url, exc)
-                raise RetryableError(
-                    "the agent endpoint could not be reached; nothing was sent",
-                    code="agent_unreachable", not_executed=True,
-                ) from None
+        except _NothingSent as exc:
+            log.warning("agent unreachable at %s: %r", url, exc.__cause__)
+            raise RetryableError(
+                "the agent endpoint could not be reached; nothing was sent",
+                code="agent_unreachable", not_executed=True,
+            ) from None
+        except requests.ConnectionError as exc:  # the request had started: it may have arrived
             log.warning("agent connection to %s lost after sending: %s", url, exc)
             raise OutcomeUnknownError("the connection to the agent was lost after sending; the outcome is unknown") \
                 from None

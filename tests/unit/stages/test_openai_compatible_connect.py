@@ -1,0 +1,190 @@
+"""openai-compatible agent: the connect phase (TCP, TLS handshake, a proxy's CONNECT) is bounded
+by the call's deadline, and a call that never got past it is reported as not executed — while a
+deadline that passes once the request has started leaves the outcome unknown.
+
+Real local peers: a raw TCP server that stalls the handshake, and the chat-completions fake
+served over TLS with a certificate the test makes."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+from PIL import Image
+
+from app.stages.agent.openai_compatible import WATCHDOG_THREAD, OpenAICompatibleAgent
+from app.stages.errors import OutcomeUnknownError, RetryableError
+from tests.conftest import poll_until
+
+from .helpers import decoded
+from .test_openai_compatible import FakeServer, _describe
+
+DEADLINE_S = 1.0
+# generous: the stalling peers below would hold an unbounded call 30 s, the connect timeout is 30 s
+BOUND_S = DEADLINE_S + 4.0
+DRIP_S, DRIP_MAX = 0.05, 600  # one byte every 50 ms, for 30 s at most
+
+
+class StallingPeer:
+    """A TCP server that lets every connection in and never lets it finish connecting.
+
+    ``silent``: reads the ClientHello, answers nothing. ``tlsdrip``: answers a TLS handshake record
+    header announcing 16 KiB, then one byte of it every 50 ms (no read ever waits long).
+    ``connectdrip`` (an HTTP proxy): answers the CONNECT with a status line, then drips a header.
+    ``first`` holds what each connection sent first (a ClientHello, a CONNECT line)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.first: list[bytes] = []
+        self._stop = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # the accept loop notices the stop
+        self.port = self._listener.getsockname()[1]
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+
+    def __enter__(self) -> StallingPeer:
+        self._accepting.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._accepting.join(10)
+        for thread in self._threads:
+            thread.join(10)
+        for conn in self._conns:
+            conn.close()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            self._conns.append(conn)
+            thread = threading.Thread(target=self._stall, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _stall(self, conn: socket.socket) -> None:
+        try:
+            self.first.append(conn.recv(4096))
+            if self.mode == "tlsdrip":
+                self._drip(conn, b"\x16\x03\x03\x40\x00", b"\x00")
+            elif self.mode == "connectdrip":
+                self._drip(conn, b"HTTP/1.1 200 Connection established\r\nX-Slow: ", b"a")
+            else:
+                self._stop.wait()
+        except OSError:
+            pass  # the client gave up: the point of the test
+
+    def _drip(self, conn: socket.socket, start: bytes, byte: bytes) -> None:
+        conn.sendall(start)
+        for _ in range(DRIP_MAX):
+            if self._stop.wait(DRIP_S):
+                return
+            conn.sendall(byte)
+
+
+@pytest.fixture(scope="module")
+def image():
+    return decoded(Image.new("RGB", (64, 48), (200, 30, 30)))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    """The chat-completions fake behind TLS, with a certificate for 127.0.0.1 made here."""
+    home = tmp_path_factory.mktemp("tls")
+    cert, key = home / "cert.pem", home / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    fake = FakeServer()
+    fake.httpd.socket = context.wrap_socket(fake.httpd.socket, server_side=True)
+    fake.url = fake.url.replace("http://", "https://")
+    fake.cafile = str(cert)
+    fake.thread.start()
+    yield fake
+    fake.release.set()
+    fake.httpd.shutdown()
+    fake.httpd.server_close()
+
+
+def _trusting(agent: OpenAICompatibleAgent, cafile: str) -> OpenAICompatibleAgent:
+    agent.session.trust_env = False  # the environment's CA bundle would override ``verify``
+    agent.session.verify = cafile
+    return agent
+
+
+def _watchdogs() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD and t.is_alive()]
+
+
+def _stalled_call(agent: OpenAICompatibleAgent, image) -> tuple[pytest.ExceptionInfo, float]:
+    started = time.monotonic()
+    with pytest.raises((RetryableError, OutcomeUnknownError)) as info:
+        _describe(agent, image)
+    return info, time.monotonic() - started
+
+
+@pytest.mark.parametrize("mode", ["silent", "tlsdrip"])
+def test_a_stalled_tls_handshake_ends_at_the_deadline_and_sent_nothing(image, mode):
+    """The connect timeout (30 s) is far past the deadline (1 s). The peer takes the connection and
+    the ClientHello, then never completes the handshake: the call ends at about the deadline, and
+    since the request never started, it provably did not reach the provider (safe to retry)."""
+    with StallingPeer(mode) as peer:
+        agent = OpenAICompatibleAgent(base_url=f"https://127.0.0.1:{peer.port}/v1", model="m",
+                                      connect_timeout_s=30, timeout_s=30, deadline_s=DEADLINE_S)
+        info, elapsed = _stalled_call(agent, image)
+        assert peer.first and peer.first[0][:1] == b"\x16"  # a TLS handshake record: TCP did connect
+    assert elapsed < BOUND_S, elapsed
+    assert isinstance(info.value, RetryableError), info.value
+    assert info.value.not_executed is True and info.value.code == "agent_unreachable"
+    poll_until(lambda: not _watchdogs(), timeout=10, what="the exchange's watchdog to end")
+
+
+def test_a_proxy_dripping_its_connect_answer_ends_at_the_deadline_and_sent_nothing(image):
+    """Through an HTTP proxy the tunnel's CONNECT answer is read before the request, one socket read
+    at a time: a proxy dripping it byte by byte must still be stopped by the deadline (before the
+    watchdog covered the connect, this call took the whole 30 s drip)."""
+    with StallingPeer("connectdrip") as proxy:
+        agent = OpenAICompatibleAgent(base_url="https://provider.test/v1", model="m",
+                                      connect_timeout_s=30, timeout_s=30, deadline_s=DEADLINE_S)
+        agent.session.trust_env = False
+        agent.session.proxies = {"https": f"http://127.0.0.1:{proxy.port}"}
+        info, elapsed = _stalled_call(agent, image)
+        assert proxy.first and proxy.first[0].startswith(b"CONNECT provider.test:443")
+    assert elapsed < BOUND_S, elapsed
+    assert isinstance(info.value, RetryableError), info.value
+    assert info.value.not_executed is True and info.value.code == "agent_unreachable"
+
+
+def test_a_call_over_tls_succeeds(tls_server, image):
+    agent = _trusting(tls_server.agent("good", deadline_s=30), tls_server.cafile)
+    assert _describe(agent, image).context["title"] == "Sleepy cat"
+
+
+@pytest.mark.parametrize("mode", ["headerdrip", "drip"])
+def test_a_deadline_after_the_tls_handshake_is_outcome_unknown(tls_server, image, mode):
+    """Once the handshake is done and the request started, the provider may have it: the deadline
+    passing while the answer drips in is an unknown outcome, never a retryable one."""
+    agent = _trusting(tls_server.agent(mode, timeout_s=5, deadline_s=DEADLINE_S), tls_server.cafile)
+    attempt_id = uuid.uuid4().hex
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknownError) as info:
+        _describe(agent, image, attempt_id)
+    assert time.monotonic() - started < BOUND_S
+    assert info.value.code == "agent_deadline_exceeded"
+    assert not isinstance(info.value, RetryableError)
+    poll_until(lambda: any(r["headers"]["Idempotency-Key"] == attempt_id for r in tls_server.requests),
+               timeout=30, what="the TLS server to record the request whose answer passed the deadline")
