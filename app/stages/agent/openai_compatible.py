@@ -226,6 +226,8 @@ class _Watch:
                 return
             self.fired = True
             sock = getattr(self._conn, "sock", None)
+            while sock is not None and not isinstance(sock, socket.socket):
+                sock = getattr(sock, "socket", None)  # TLS inside a TLS proxy tunnel: urllib3's SSLTransport
             if sock is not None:
                 try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
                     socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -188,3 +188,30 @@ def test_a_deadline_after_the_tls_handshake_is_outcome_unknown(tls_server, image
     assert not isinstance(info.value, RetryableError)
     poll_until(lambda: any(r["headers"]["Idempotency-Key"] == attempt_id for r in tls_server.requests),
                timeout=30, what="the TLS server to record the request whose answer passed the deadline")
+
+
+def test_the_watchdog_shuts_a_tls_in_tls_tunnel_at_its_plain_socket():
+    """Through an HTTPS proxy the connection's socket is urllib3's SSLTransport, no socket object:
+    the watchdog shuts the plain socket under it (it used to raise TypeError in the timer thread)."""
+    from urllib3.util.ssltransport import SSLTransport
+
+    from app.stages.agent.openai_compatible import _Watch
+
+    ours, peer = socket.socketpair()
+
+    class Transport(SSLTransport):  # the attributes the watchdog reads, over a real socket
+        def __init__(self, sock):
+            self.socket = sock
+
+    class Conn:
+        sock = Transport(ours)
+
+    try:
+        with _Watch(time.monotonic() + 0.05) as watch:
+            assert watch.publish(Conn(), Conn.sock)
+            poll_until(lambda: watch.fired, timeout=10)
+            ours.settimeout(10)
+            assert ours.recv(1) == b""  # shut down: the blocked read returns at once
+    finally:
+        ours.close()
+        peer.close()
