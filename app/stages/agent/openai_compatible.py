@@ -7,7 +7,8 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
   the deadline)
 * HTTP 429                         -> RetryableError(agent_rate_limited, not_executed=True)
 * HTTP 5xx                         -> RetryableError(agent_server_error, not_executed=False)
-* other HTTP 4xx                   -> PermanentError(agent_request_rejected)
+* other HTTP 4xx, any 3xx          -> PermanentError(agent_request_rejected) (redirects are never
+  followed: a 307 would re-send the paid call, with the image, wherever the provider points)
 * read timeout / lost after send   -> OutcomeUnknownError(agent_outcome_unknown)
 * 200 but not the JSON context     -> PermanentError(agent_bad_output)
 * answer body over the size cap     -> PermanentError(agent_response_too_large)
@@ -418,7 +419,7 @@ class OpenAICompatibleAgent:
             try:
                 response = self.session.request(
                     method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),
-                    stream=True, **kwargs,
+                    stream=True, allow_redirects=False, **kwargs,  # a 3xx fails the call (``_result``)
                 )
             except Exception as exc:
                 if watch.nothing_sent():  # refused, DNS, connect or TLS handshake failed or timed out
@@ -511,6 +512,11 @@ class OpenAICompatibleAgent:
         if status >= 500:
             raise RetryableError(
                 f"the agent provider failed (HTTP {status})", code="agent_server_error", not_executed=False
+            )
+        if 300 <= status < 400:  # never followed: a 307 would re-send the paid call wherever it points
+            raise PermanentError(
+                f"the agent provider redirected the request (HTTP {status}); redirects are not followed — "
+                "configure the endpoint's final URL", code="agent_request_rejected",
             )
         if not 200 <= status < 300:
             raise PermanentError(

@@ -139,6 +139,8 @@ class FakeServer:
                     self._endless(b" " * 65536)
                 elif mode == "gzipbomb":  # 16 MiB of spaces in ~16 KiB of gzip
                     self._send(200, GZIP_BOMB, {"Content-Encoding": "gzip"})
+                elif mode == "redirect":  # "the model moved": to the good endpoint, re-POSTing the image
+                    self._send(307, {"error": "moved"}, {"Location": f"{fake.url}/good/v1/chat/completions"})
                 elif mode == "slow":
                     fake.release.wait(10)  # released at teardown; the client gives up first
                     self._send(200, completion(json.dumps(GOOD_CONTEXT)))
@@ -146,6 +148,9 @@ class FakeServer:
             def do_GET(self):
                 # /lookup/<attempt_id>: complete if we received that attempt, else 404.
                 parts = self.path.split("/")
+                if parts[1] == "redirect":
+                    self._send(302, {"error": "moved"}, {"Location": f"{fake.url}/lookup/{parts[-1]}"})
+                    return
                 if parts[1] == "lookup-broken":
                     self._send(503, {"error": "down"})
                     return
@@ -441,3 +446,16 @@ def test_unreachable_message_carries_no_host(image):
         with pytest.raises(RetryableError) as info:
             _describe(agent, image)
     assert "127.0.0.1" not in info.value.message and str(port) not in info.value.message
+
+
+def test_a_redirect_is_never_followed(server, image):
+    """The provider's 3xx is not followed (a 307 would re-send the paid call, with the image, where
+    the provider points — another host, or one inside our network): the call is rejected as a
+    4xx is, and the lookup proves nothing."""
+    before = len(server.requests)
+    agent = server.agent("redirect", lookup_url=f"{server.url}/redirect/{{attempt_id}}")
+    with pytest.raises(PermanentError) as err:
+        _describe(agent, image)
+    assert err.value.code == "agent_request_rejected" and "307" in str(err.value)
+    assert [r["mode"] for r in server.requests[before:]] == ["redirect"]  # the good endpoint saw nothing
+    assert agent.lookup(uuid.uuid4().hex).status == "unknown"
