@@ -228,6 +228,31 @@ def test_replacing_content_with_another_images_bytes_is_409(client, engine, sett
     assert client.get(f"/api/v1/jobs/{a['job']['id']}").get_json()["status"] == a["job"]["status"]
 
 
+def test_an_oversized_list_is_refused_before_its_items_are_read(client, unchanged):
+    """A list one past its field's limit is 422 on its length alone: its items (all invalid here)
+    are never read — reading a million of them held an API thread for seconds."""
+    from app.api.schemas import MAX_IMAGE_IDS, TAGS_SENT_MAX
+
+    some = uuid.uuid4()
+    cases = [
+        ("patch", f"/api/v1/images/{some}", {"context": {"tags": [0] * (TAGS_SENT_MAX + 1)}}, "context.tags",
+         "validation_error"),
+        ("post", f"/api/v1/images/{some}/process", {"force_stages": [0] * 4}, "force_stages", "invalid_stage"),
+        ("post", "/api/v1/batches", {"image_ids": [0] * (MAX_IMAGE_IDS + 1)}, "image_ids", "validation_error"),
+        ("post", "/api/v1/webhooks", {"url": "https://example.com/h", "event_types": [0] * 33}, "event_types",
+         "invalid_event_type"),
+    ]
+    for method, path, body, field, code in cases:
+        r = getattr(client, method)(path, json=body)
+        out = r.get_json()
+        assert (r.status_code, out["error"]) == (422, code), (path, out)
+        assert out["details"]["fields"] == {field: [out["details"]["fields"][field][0]]}, out
+        assert out["details"]["fields"][field][0].startswith("Longer than maximum length"), out
+    # at the limit, the items are read (and the invalid ones named)
+    r = client.patch(f"/api/v1/images/{some}", json={"context": {"tags": [0] * TAGS_SENT_MAX}})
+    assert r.status_code == 422 and "Longer than" not in str(r.get_json()), r.get_json()
+
+
 def test_deeply_nested_json_is_400(client, unchanged):
     """json.loads raises RecursionError (not ValueError) on deep nesting: a 400, not a 500."""
     deep = ["[" * 100_000, '{"a":' * 100_000, "[" * 100_000 + "]" * 100_000]
