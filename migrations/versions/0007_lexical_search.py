@@ -28,7 +28,7 @@ def upgrade() -> None:
 
 
 def _backfill() -> None:
-    from app.db.backfills import remake_image_terms
+    from app.search.lexical_backfill import remake_image_terms
 
     remake_image_terms(op.get_bind())
 

@@ -24,7 +24,7 @@ def upgrade() -> None:
 
 
 def _remake_terms() -> None:
-    from app.db.backfills import remake_image_terms
+    from app.search.lexical_backfill import remake_image_terms
 
     remake_image_terms(op.get_bind())
 

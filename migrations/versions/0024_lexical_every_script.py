@@ -20,7 +20,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    from app.db.backfills import remake_image_terms
+    from app.search.lexical_backfill import remake_image_terms
 
     remake_image_terms(op.get_bind())
 

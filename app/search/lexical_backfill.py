@@ -1,4 +1,5 @@
-"""Data backfills that migrations share: each re-derives stored values from the current code."""
+"""Re-making stored lexical terms from the current code: the backfill migrations 0007, 0019 and 0024
+share (app.search, not app.db: it renders terms with app/search/lexical.py)."""
 
 from __future__ import annotations
 
