@@ -6,27 +6,12 @@ from __future__ import annotations
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
-from app.worker.run import handle_hint
 from tests.support.agents import rows
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import drive, png_bytes, store_and_ingest
 from tests.support.textmodels import SPEC_B
 
 B = "deterministic-text-b"
-
-
-def _drive(orch, pub, providers, clock, rounds=8):
-    """Workers of one configuration handle every hint; sweeps between rounds."""
-    for _ in range(rounds):
-        for _ in range(50):
-            hints = pub.drain()
-            if not hints:
-                break
-            for h in hints:
-                if h.task_id is not None:
-                    handle_hint(orch, h.lane, h.task_id, "w", providers, pub)
-        clock.advance(orch.settings.sweep_interval_s + orch.settings.rehint_grace_s + 1)
-        pub.publish(orch.sweep().hints)
 
 
 def test_an_early_cutover_keeps_filling_what_the_target_lacks(engine, settings):
@@ -34,7 +19,7 @@ def test_an_early_cutover_keeps_filling_what_the_target_lacks(engine, settings):
     old = Orchestrator(engine, settings, clock=clock)
     for i in range(4):
         pub.publish(store_and_ingest(old, "s1", png_bytes(i)).hints)
-    _drive(old, pub, Providers(settings), clock, rounds=4)  # processed with A; the sweep bootstraps serving
+    drive(old, pub, Providers(settings), clock, rounds=4)  # processed with A; the sweep bootstraps serving
     assert rows(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == 4
 
     new_settings = settings.replace(text_provider=SPEC_B, search_cutover_check_s=3600.0)
@@ -44,6 +29,6 @@ def test_an_early_cutover_keeps_filling_what_the_target_lacks(engine, settings):
     st = new.search_cutover("s1")  # the operator does not wait
     assert (st["state"], st["model"]) == ("serving", B)
 
-    _drive(new, pub, Providers(new_settings), clock)
+    drive(new, pub, Providers(new_settings), clock, rounds=8)
     cov = new.search_serving_status("s1")["coverage"]
     assert cov == {"ready": 4, "total": 4}, cov  # the fill went on: every image searchable by B

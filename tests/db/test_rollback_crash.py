@@ -11,10 +11,9 @@ from sqlalchemy import event
 
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.providers import Providers
-from app.worker.run import handle_hint
 from tests.conftest import poll_until
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import drive, png_bytes, store_and_ingest
 from tests.support.textmodels import SPEC_B
 
 A, B = "deterministic-text-v1", "deterministic-text-b"
@@ -46,26 +45,13 @@ def killed_after_first_commit(engine):
         event.remove(engine, "before_cursor_execute", on_statement)
 
 
-def _drive_once(orch, pub, providers, clock) -> None:
-    """One round: workers handle every hint there is, then a sweep (its hints are published)."""
-    for _ in range(50):
-        hints = pub.drain()
-        if not hints:
-            break
-        for h in hints:
-            if h.task_id is not None:
-                handle_hint(orch, h.lane, h.task_id, "w", providers, pub)
-    clock.advance(orch.settings.sweep_interval_s + orch.settings.rehint_grace_s + 1)
-    pub.publish(orch.sweep().hints)
-
-
 def test_a_rollback_killed_after_its_switch_still_fills_the_previous_model(engine, settings):
     clock, pub = FakeClock(), RecordingPublisher()
     old = Orchestrator(engine, settings, clock=clock)
     for i in range(3):
         pub.publish(store_and_ingest(old, "s1", png_bytes(i)).hints)
     for _ in range(4):
-        _drive_once(old, pub, Providers(settings), clock)  # processed with A; serving bootstrapped
+        drive(old, pub, Providers(settings), clock)  # processed with A; serving bootstrapped
 
     new_settings = settings.replace(text_provider=SPEC_B, search_cutover_check_s=3600.0)
     new, providers = Orchestrator(engine, new_settings, clock=clock), Providers(new_settings)
@@ -75,7 +61,7 @@ def test_a_rollback_killed_after_its_switch_still_fills_the_previous_model(engin
         pub.publish(store_and_ingest(new, "s1", png_bytes(i)).hints)
 
     def covered_by_b():
-        _drive_once(new, pub, providers, clock)
+        drive(new, pub, providers, clock)
         cov = new.search_serving_status("s1")["coverage"]
         return cov == {"ready": 6, "total": 6}
 
@@ -90,7 +76,7 @@ def test_a_rollback_killed_after_its_switch_still_fills_the_previous_model(engin
     assert st["coverage"]["ready"] == 3  # the three images added since the cutover lack A
 
     def covered_by_a():
-        _drive_once(new, pub, providers, clock)  # the normal sweep and workers, nothing else
+        drive(new, pub, providers, clock)  # the normal sweep and workers, nothing else
         return new.search_serving_status("s1")["coverage"] == {"ready": 6, "total": 6}
 
     poll_until(covered_by_a, timeout=30, interval=0, what="A covers every image again")

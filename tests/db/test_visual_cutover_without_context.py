@@ -13,24 +13,11 @@ from app.worker.run import handle_hint
 from tests.conftest import poll_until
 from tests.support.agents import rows
 from tests.support.clock import FakeClock
-from tests.support.pipeline import png_bytes, store_and_ingest
+from tests.support.pipeline import drive, png_bytes, store_and_ingest
 from tests.support.poison import POISON_WIDTH
 from tests.support.textmodels import VISUAL_SPEC_B
 
 V1, VB = "deterministic-v1", "deterministic-visual-b"
-
-
-def _drive_once(orch, pub, providers, clock) -> None:
-    """One round: workers handle every hint there is, then a sweep (its hints are published)."""
-    for _ in range(50):
-        hints = pub.drain()
-        if not hints:
-            break
-        for h in hints:
-            if h.task_id is not None:
-                handle_hint(orch, h.lane, h.task_id, "w", providers, pub)
-    clock.advance(orch.settings.sweep_interval_s + orch.settings.rehint_grace_s + 1)
-    pub.publish(orch.sweep().hints)
 
 
 def _visual_models(engine, image_id) -> set[str]:
@@ -48,7 +35,7 @@ def test_a_visual_cutover_waits_for_an_image_whose_context_is_still_coming(engin
     for i in range(3):
         pub.publish(store_and_ingest(old, "s1", png_bytes(i)).hints)
     for _ in range(3):
-        _drive_once(old, pub, old_providers, clock)
+        drive(old, pub, old_providers, clock)
     res = store_and_ingest(old, "s1", png_bytes(3))  # its agent will wait for a retry
     waiting = res.image["id"]
     pub.publish(res.hints)
@@ -66,7 +53,7 @@ def test_a_visual_cutover_waits_for_an_image_whose_context_is_still_coming(engin
     new_settings = settings.replace(visual_provider=VISUAL_SPEC_B, search_cutover_check_s=0.0)
     new, providers = Orchestrator(engine, new_settings, clock=clock), Providers(new_settings)
     for _ in range(6):  # backfill towards B, the fill runs, the cutover is checked every sweep
-        _drive_once(new, pub, providers, clock)
+        drive(new, pub, providers, clock)
         if _visual_serving(new) == VB:  # whenever the reads switch, nothing searchable may drop out
             assert VB in _visual_models(engine, waiting), "the cutover dropped an image from look-alike search"
     assert _visual_serving(new) == V1
@@ -78,7 +65,7 @@ def test_a_visual_cutover_waits_for_an_image_whose_context_is_still_coming(engin
                        " AND status = 'queued'"), {"i": waiting, "now": clock()})
 
     def switched():
-        _drive_once(new, pub, providers, clock)
+        drive(new, pub, providers, clock)
         return _visual_serving(new) == VB
 
     poll_until(switched, timeout=60, interval=0, what="the visual cutover")
@@ -97,10 +84,10 @@ def test_a_visual_cutover_does_not_wait_for_an_image_that_never_gets_a_visual_ve
     bad = store_and_ingest(old, "s1", png_bytes(9, size=(POISON_WIDTH, 40)))
     pub.publish(bad.hints)
     for _ in range(3):
-        _drive_once(old, pub, old_providers, clock)
+        drive(old, pub, old_providers, clock)
     pub.publish(old.edit_context("s1", bad.image["id"], context={"title": "a broken file"}).hints)
     for _ in range(2):
-        _drive_once(old, pub, old_providers, clock)
+        drive(old, pub, old_providers, clock)
     assert _visual_models(engine, bad.image["id"]) == set()
     assert rows(engine, "SELECT context_status FROM images WHERE id = :i", i=bad.image["id"])[0][0] == "edited"
 
@@ -108,7 +95,7 @@ def test_a_visual_cutover_does_not_wait_for_an_image_that_never_gets_a_visual_ve
     new, providers = Orchestrator(engine, new_settings, clock=clock), Providers(new_settings)
 
     def switched():
-        _drive_once(new, pub, providers, clock)
+        drive(new, pub, providers, clock)
         return _visual_serving(new) == VB
 
     poll_until(switched, timeout=30, interval=0, what="the visual cutover")

@@ -43,6 +43,21 @@ def store_and_ingest(orch: Orchestrator, scope: str, data: bytes, **kwargs):
     )
 
 
+def drive(orch: Orchestrator, pub: RecordingPublisher, providers: Providers, clock, rounds: int = 1) -> None:
+    """``rounds`` rounds of: workers (this thread) handle every published hint, then ``clock`` passes
+    a sweep interval and the re-hint grace, and a sweep runs (its hints published)."""
+    for _ in range(rounds):
+        for _ in range(50):
+            hints = pub.drain()
+            if not hints:
+                break
+            for h in hints:
+                if h.task_id is not None:
+                    handle_hint(orch, h.lane, h.task_id, "w", providers, pub)
+        clock.advance(orch.settings.sweep_interval_s + orch.settings.rehint_grace_s + 1)
+        pub.publish(orch.sweep().hints)
+
+
 def visual_task(res) -> Hint:
     """A hint naming the visual task an ingest created. (The ingest itself may publish none: an
     upload joins the open wake-up group of the uploads just before it, whose hint wakes it.)"""
