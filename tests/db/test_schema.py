@@ -233,48 +233,42 @@ def test_long_model_names_sharing_a_prefix_get_an_index_each(conn):
     assert found == created and len(created) == 2
 
 
-def test_0019_remakes_lexical_terms_with_traditional_chinese_folded(fresh_db):
-    """Terms stored before the folding (traditional bigrams) are re-made from the current text."""
+def _terms_after_upgrade(fresh_db, before: str, after: str, images: list[tuple[str, str, str, str]]) -> dict[str, str]:
+    """Upgrade to ``before``, store ``images`` — (display name, context JSON, context status, the
+    text of its stored terms) — as that schema's code left them, upgrade to ``after``; each image's
+    terms by display name."""
     url = fresh_db(None)
     cfg = alembic_config(url)
-    command.upgrade(cfg, "0013")
+    command.upgrade(cfg, before)
     eng = create_engine(url)
-    ctx = '{"ocr_text": "躺平\\n是我最後的倔強", "title": "躺平", "tags": []}'
     with eng.begin() as conn:
         conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('local', gen_random_uuid())"))
-        conn.execute(text(
-            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
-            " display_name, context, context_status, search_tsv) VALUES"
-            " (gen_random_uuid(), 'local', md5('a'), '.png', 'image/png', 1, 1, 1, 'ka', 'a.png', CAST(:c AS jsonb),"
-            "  'ready', to_tsvector('simple', '倔強 最後')),"
-            " (gen_random_uuid(), 'local', md5('b'), '.png', 'image/png', 1, 1, 1, 'kb', 'b.png', CAST(:c AS jsonb),"
-            "  'pending', to_tsvector('simple', 'stale'))"), {"c": ctx})
-    command.upgrade(cfg, "0019")
+        for name, ctx, status, terms in images:
+            conn.execute(text(
+                "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height,"
+                " storage_key, display_name, context, context_status, search_tsv) VALUES (gen_random_uuid(), 'local',"
+                " md5(:n), '.png', 'image/png', 1, 1, 1, 'k' || :n, :n, CAST(:c AS jsonb), :st,"
+                " to_tsvector('simple', :t))"), {"n": name, "c": ctx, "st": status, "t": terms})
+    command.upgrade(cfg, after)
     with eng.connect() as conn:
         rows = dict(conn.execute(text("SELECT display_name, search_tsv::text FROM images")).all())
     eng.dispose()
+    return rows
+
+
+def test_0019_remakes_lexical_terms_with_traditional_chinese_folded(fresh_db):
+    """Terms stored before the folding (traditional bigrams) are re-made from the current text."""
+    ctx = '{"ocr_text": "躺平\\n是我最後的倔強", "title": "躺平", "tags": []}'
+    rows = _terms_after_upgrade(fresh_db, "0013", "0019", [("a.png", ctx, "ready", "倔強 最後"),
+                                                            ("b.png", ctx, "pending", "stale")])
     assert "'倔强'" in rows["a.png"] and "'最后'" in rows["a.png"] and "倔強" not in rows["a.png"]
     assert rows["b.png"] == "'b':1 'png':2"  # a pending context: the display name's terms only
 
 
 def test_0024_remakes_lexical_terms_with_words_of_every_script(fresh_db):
     """Terms stored before (no term for a Cyrillic word or a Thai run) are re-made from the current text."""
-    url = fresh_db(None)
-    cfg = alembic_config(url)
-    command.upgrade(cfg, "0023")
-    eng = create_engine(url)
     ctx = '{"ocr_text": "Кот СМЕЁТСЯ\\nแมวน่ารัก", "title": "", "tags": []}'
-    with eng.begin() as conn:
-        conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('local', gen_random_uuid())"))
-        conn.execute(text(
-            "INSERT INTO images (id, scope_id, sha256, extension, media_type, size_bytes, width, height, storage_key,"
-            " display_name, context, context_status, search_tsv) VALUES"
-            " (gen_random_uuid(), 'local', md5('a'), '.png', 'image/png', 1, 1, 1, 'ka', 'a.png', CAST(:c AS jsonb),"
-            "  'edited', to_tsvector('simple', 'a png'))"), {"c": ctx})
-    command.upgrade(cfg, "0024")
-    with eng.connect() as conn:
-        stored = conn.execute(text("SELECT search_tsv::text FROM images")).scalar()
-    eng.dispose()
+    stored = _terms_after_upgrade(fresh_db, "0023", "0024", [("a.png", ctx, "edited", "a png")])["a.png"]
     assert "'кот'" in stored and "'смеётся'" in stored and "'น่า'" in stored and "'png'" in stored, stored
 
 
