@@ -14,15 +14,14 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 * answer body over the size cap     -> PermanentError(agent_response_too_large)
 * total deadline passed after send  -> OutcomeUnknownError(agent_deadline_exceeded)
 
-"Before the request started" is recorded by the connection itself (``_Watch``), not guessed from
+"Before the request started" is recorded by the connection itself (``Watch``), not guessed from
 exception types: once it starts sending, every failure leaves the outcome unknown.
 
 Hostile or broken providers are bounded: the request asks for at most ``max_tokens``; the answer
 is streamed and cut at ``max_response_bytes`` (decoded); the whole call — connect, TLS handshake,
-request, headers, body — has one ``deadline_s``. The TCP connect waits at most the connect timeout
-cut to what is left (per address tried; name resolution is the resolver's); from the moment the
-socket exists until the headers have arrived a watchdog shuts it at the deadline, so a slow drip of
-handshake or header bytes cannot stretch the call; each body read waits at most what is left.
+request, headers, body — has one ``deadline_s``: name resolution, each address's TCP connect, the
+TLS handshake and the headers are bounded by it (:mod:`app.stages.agent.watched_http`); each body
+read waits at most what is left.
 
 The Markdown fence around the JSON is stripped in linear time. The messages these errors carry are
 stored on tasks and shown to tenants, so they are generic: status codes and our own limits only.
@@ -36,21 +35,17 @@ import io
 import json
 import logging
 import re
-import socket
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import requests
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from app.stages.agent.context_text import normalise_tags, single_line
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.records import check_attempt_id
+from app.stages.agent.watched_http import DeadlineAdapter, Watch
 from app.stages.base import AgentResult, LookupResult, check_reverse_image_policy
 from app.stages.errors import OutcomeUnknownError, PermanentError, RetryableError, StageError
 from app.stages.images import DecodedImage
@@ -160,153 +155,6 @@ class _DeadlineExceeded(Exception):
     """The call's total deadline passed while the answer was still arriving."""
 
 
-_watch = threading.local()  # .current: the _Watch of this thread's exchange, or None
-WATCHDOG_THREAD = "agent-header-watchdog"
-
-
-class _Watch:
-    """The watchdog of one exchange, and its record of how far the exchange got.
-
-    Connecting (TCP, TLS handshake, a proxy's CONNECT), sending the request and reading the status
-    line and headers happen inside urllib3 and http.client, where each socket read waits up to a
-    timeout: a peer dripping bytes would stretch the call without end. From entry to exit a timer
-    shuts the socket of the connection carrying the exchange down when the deadline passes (the
-    blocked read returns at once). The connection (``_WatchedConnection``) reports to it: its
-    socket as soon as it exists, and the moment the request starts — before that moment no byte
-    of the request can have left, so a failure proves the provider never saw the call."""
-
-    def __init__(self, deadline: float) -> None:
-        self.fired = False
-        self.watched = False  # a watched connection carries the exchange (then the flag below is exact)
-        self.request_started = False  # request bytes may have left (never reset)
-        self._conn: HTTPConnection | None = None
-        self._stopped = False
-        self._lock = threading.Lock()  # the timer's check and shutdown vs. publish, start and stop
-        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._expire)
-        self._timer.name, self._timer.daemon = WATCHDOG_THREAD, True
-
-    def __enter__(self) -> _Watch:
-        _watch.current = self
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            # a timer that fires from now on (cancel() cannot stop a callback already running)
-            # must not touch the connection: back in the pool, it may carry the next call
-            self._stopped = True
-        self._timer.cancel()
-        _watch.current = None
-
-    def nothing_sent(self) -> bool:
-        """True when a watched connection carried the exchange and its request never started."""
-        return self.watched and not self.request_started
-
-    def publish(self, conn: HTTPConnection, sock: socket.socket) -> bool:
-        """Make ``sock`` ``conn``'s socket, where the timer can shut it, before the TLS handshake
-        or anything else uses it; False (the caller drops it) when the deadline already passed."""
-        with self._lock:
-            if self.fired:
-                return False
-            self._conn, conn.sock = conn, sock
-            return True
-
-    def start_request(self, conn: HTTPConnection) -> bool:
-        """Record that ``conn`` starts sending the request; False when the deadline already
-        passed (nothing is sent)."""
-        with self._lock:
-            self.watched = True
-            if self.fired:
-                return False
-            self._conn, self.request_started = conn, True
-            return True
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self.fired = True
-            sock = getattr(self._conn, "sock", None)
-            while sock is not None and not isinstance(sock, socket.socket):
-                sock = getattr(sock, "socket", None)  # TLS inside a TLS proxy tunnel: urllib3's SSLTransport
-            if sock is not None:
-                try:  # the plain socket's shutdown (an SSLSocket's would also drop its TLS state)
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
-class _WatchedConnection:
-    """A urllib3 connection that reports to its thread's exchange ``_Watch``: its socket as soon
-    as the TCP connect returns, and the start of the request, which it sends only once connected
-    (urllib3 connects HTTPS before the request; plain HTTP would connect inside it)."""
-
-    def _new_conn(self) -> socket.socket:
-        watch = getattr(_watch, "current", None)
-        if watch is not None:
-            watch.watched = True
-        sock = super()._new_conn()  # type: ignore[misc]
-        if watch is not None and not watch.publish(self, sock):  # type: ignore[arg-type]
-            sock.close()
-            raise TimeoutError("the call's deadline passed while connecting")
-        return sock
-
-    def _tunnel(self) -> None:
-        super()._tunnel()  # type: ignore[misc]
-        watch = getattr(_watch, "current", None)
-        # http.client takes an EOF in the proxy's CONNECT answer for its end: one the watchdog
-        # caused is no tunnel (and TLS over the dead socket would fail, leaking it in ssl.py)
-        if watch is not None and watch.fired:
-            raise TimeoutError("the call's deadline passed while the proxy tunnel was made")
-
-    def request(self, *args: Any, **kwargs: Any) -> Any:
-        if self.sock is None:  # type: ignore[attr-defined]
-            self.connect()  # type: ignore[attr-defined]
-        watch = getattr(_watch, "current", None)
-        if watch is not None and not watch.start_request(self):  # type: ignore[arg-type]
-            raise TimeoutError("the call's deadline passed before the request was sent")
-        return super().request(*args, **kwargs)  # type: ignore[misc]
-
-
-class _WatchedHTTPConnection(_WatchedConnection, HTTPConnection):
-    pass
-
-
-class _WatchedHTTPSConnection(_WatchedConnection, HTTPSConnection):
-    pass
-
-
-class _WatchedHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTPConnection
-
-
-class _WatchedHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPSConnection
-
-
-class _DeadlineAdapter(HTTPAdapter):
-    """requests' adapter whose connections honour the exchange's deadline (``_WatchedConnection``)."""
-
-    _POOLS = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = dict(self._POOLS)
-
-    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> requests.Response:
-        response = super().send(request, *args, **kwargs)
-        watch = getattr(_watch, "current", None)
-        if watch is not None:  # an answer came, so a request went out, on whatever connection: a
-            watch.request_started = True  # redirect's next hop failing early must not look unsent
-        return response
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
-        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
-        if not proxy.lower().startswith("socks"):  # SOCKS pools are their own classes: not watched
-            manager.pool_classes_by_scheme = dict(self._POOLS)
-        return manager
-
-
 @dataclass(frozen=True)
 class _Answer:
     """A provider's HTTP answer, read in full within the size cap and the deadline."""
@@ -359,7 +207,7 @@ class OpenAICompatibleAgent:
         self.json_response_format = bool(json_response_format)
         self.session = requests.Session()
         for prefix in ("http://", "https://"):
-            self.session.mount(prefix, _DeadlineAdapter())
+            self.session.mount(prefix, DeadlineAdapter())
 
     def config(self) -> dict[str, Any]:
         """What determines the answer: endpoint, model, prompt version, image preprocessing.
@@ -415,7 +263,7 @@ class OpenAICompatibleAgent:
         """One HTTP exchange, streamed: the body is read in chunks, each socket read waiting at
         most what is left before ``deadline``, and cut at ``max_response_bytes``."""
         remaining = deadline - time.monotonic()
-        with _Watch(deadline) as watch:
+        with Watch(deadline) as watch:
             try:
                 response = self.session.request(
                     method, url, timeout=(min(self.timeout[0], remaining), max(0.001, min(self.timeout[1], remaining))),

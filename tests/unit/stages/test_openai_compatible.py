@@ -372,7 +372,7 @@ def test_slow_drip_of_headers_hits_the_total_deadline(server, image):
 def test_a_finished_exchange_leaves_no_watchdog_behind(server, image):
     """The header watchdog is disarmed once the headers arrived: no timer outlives its exchange
     (one left running would shut the socket of a later call on the pooled connection)."""
-    from app.stages.agent.openai_compatible import WATCHDOG_THREAD
+    from app.stages.agent.watched_http import WATCHDOG_THREAD
 
     def watchdogs() -> list:
         return [t for t in threading.enumerate() if t.name == WATCHDOG_THREAD and t.is_alive()]

@@ -17,7 +17,8 @@ import uuid
 import pytest
 from PIL import Image
 
-from app.stages.agent.openai_compatible import WATCHDOG_THREAD, OpenAICompatibleAgent
+from app.stages.agent.openai_compatible import OpenAICompatibleAgent
+from app.stages.agent.watched_http import WATCHDOG_THREAD
 from app.stages.errors import OutcomeUnknownError, RetryableError
 from tests.conftest import poll_until
 
@@ -195,7 +196,7 @@ def test_the_watchdog_shuts_a_tls_in_tls_tunnel_at_its_plain_socket():
     the watchdog shuts the plain socket under it (it used to raise TypeError in the timer thread)."""
     from urllib3.util.ssltransport import SSLTransport
 
-    from app.stages.agent.openai_compatible import _Watch
+    from app.stages.agent.watched_http import Watch
 
     ours, peer = socket.socketpair()
 
@@ -207,7 +208,7 @@ def test_the_watchdog_shuts_a_tls_in_tls_tunnel_at_its_plain_socket():
         sock = Transport(ours)
 
     try:
-        with _Watch(time.monotonic() + 0.05) as watch:
+        with Watch(time.monotonic() + 0.05) as watch:
             assert watch.publish(Conn(), Conn.sock)
             poll_until(lambda: watch.fired, timeout=10)
             ours.settimeout(10)
@@ -215,3 +216,115 @@ def test_the_watchdog_shuts_a_tls_in_tls_tunnel_at_its_plain_socket():
     finally:
         ours.close()
         peer.close()
+
+
+class Blackhole:
+    """A listener whose accept queue is full: a TCP connect to it is never answered (the kernel
+    drops the SYN), as with an address behind a firewall that drops packets."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.port = self.listener.getsockname()[1]
+        self.filler = socket.create_connection(("127.0.0.1", self.port), timeout=5)  # the one queued
+
+    def __enter__(self) -> Blackhole:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.filler.close()
+        self.listener.close()
+
+
+@pytest.fixture
+def resolver(monkeypatch):
+    """The system resolver with two test names: ``stall.test`` is never answered (until the test
+    ends), ``many.test`` resolves to every address in ``many`` (a list the test fills)."""
+    real, release, many, asked = socket.getaddrinfo, threading.Event(), [], []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == "stall.test":
+            asked.append(host)
+            release.wait(60)
+            raise socket.gaierror(socket.EAI_AGAIN, "released")
+        if host == "many.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", address) for address in many]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield many, asked
+    release.set()
+
+
+def test_a_name_that_never_resolves_ends_at_the_deadline_and_sent_nothing(image, resolver):
+    """The system resolver has no timeout of ours: a name server that never answers held the call
+    for as long as the resolver liked. Resolution is now waited for only until the deadline."""
+    agent = OpenAICompatibleAgent(base_url="http://stall.test/v1", model="m",
+                                  connect_timeout_s=30, timeout_s=30, deadline_s=DEADLINE_S)
+    info, elapsed = _stalled_call(agent, image)
+    assert resolver[1] == ["stall.test"]
+    assert elapsed < DEADLINE_S + 1.5, elapsed
+    assert isinstance(info.value, RetryableError), info.value
+    assert info.value.not_executed is True and info.value.code == "agent_unreachable"
+
+
+def test_stuck_resolutions_hold_a_bounded_pool_and_every_call_ends_at_its_deadline(image, resolver):
+    """Eight calls at once against a name that never resolves: each ends at about its deadline,
+    and at most RESOLVER_THREADS threads are ever stuck in the resolver."""
+    from app.stages.agent.watched_http import RESOLVER_THREADS
+
+    results: list[tuple[BaseException, float]] = []
+
+    def call() -> None:
+        agent = OpenAICompatibleAgent(base_url="http://stall.test/v1", model="m",
+                                      connect_timeout_s=30, timeout_s=30, deadline_s=DEADLINE_S)
+        started = time.monotonic()
+        try:
+            _describe(agent, image)
+        except Exception as exc:  # noqa: BLE001 - the test asserts the kind below
+            results.append((exc, time.monotonic() - started))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    resolving = [t for t in threading.enumerate() if t.name.startswith("agent-resolver")]
+    assert len(results) == 8
+    assert all(isinstance(exc, RetryableError) and exc.not_executed for exc, _ in results), results
+    assert max(elapsed for _, elapsed in results) < DEADLINE_S + 1.5, results
+    assert 1 <= len(resolving) <= RESOLVER_THREADS
+
+
+def test_a_name_with_many_unreachable_addresses_ends_at_the_deadline(image, resolver):
+    """Five addresses, none answering the TCP connect: urllib3 waited the connect timeout (cut to
+    the deadline) for each in turn, five times the deadline in all. Every address now shares the
+    one deadline."""
+    with Blackhole() as hole:
+        resolver[0].extend([("127.0.0.1", hole.port)] * 5)
+        agent = OpenAICompatibleAgent(base_url=f"http://many.test:{hole.port}/v1", model="m",
+                                      connect_timeout_s=30, timeout_s=30, deadline_s=DEADLINE_S)
+        info, elapsed = _stalled_call(agent, image)
+    assert elapsed < DEADLINE_S + 1.5, elapsed
+    assert isinstance(info.value, RetryableError), info.value
+    assert info.value.not_executed is True and info.value.code == "agent_unreachable"
+
+
+def test_a_later_address_that_answers_is_used(image, resolver):
+    """The first address refuses, the second is the provider: the call succeeds through it."""
+    fake = FakeServer()
+    fake.thread.start()
+    try:
+        refused = socket.socket()
+        refused.bind(("127.0.0.1", 0))
+        dead_port = refused.getsockname()[1]
+        refused.close()  # nothing listens there: the connect is refused at once
+        port = int(fake.url.rsplit(":", 1)[1])
+        resolver[0].extend([("127.0.0.1", dead_port), ("127.0.0.1", port)])
+        agent = OpenAICompatibleAgent(base_url=f"http://many.test:{port}/good/v1", model="m", deadline_s=10)
+        assert _describe(agent, image).context["title"]
+    finally:
+        fake.release.set()
+        fake.httpd.shutdown()
+        fake.httpd.server_close()
