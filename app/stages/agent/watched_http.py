@@ -21,6 +21,7 @@ provider never saw the call.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import sys
 import threading
@@ -41,7 +42,26 @@ __all__ = ["RESOLVER_THREADS", "WATCHDOG_THREAD", "DeadlineAdapter", "Watch"]
 #: Resolver threads shared by every call of the process (a stuck resolution holds one until the
 #: system resolver gives up; calls beyond them queue and end at their deadlines).
 RESOLVER_THREADS = 4
-_resolver = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="agent-resolver")
+_resolver: ThreadPoolExecutor | None = None
+_resolver_lock = threading.Lock()
+
+
+def _resolver_pool() -> ThreadPoolExecutor:
+    global _resolver
+    with _resolver_lock:
+        if _resolver is None:
+            _resolver = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="agent-resolver")
+        return _resolver
+
+
+def _forget_resolver_pool() -> None:
+    """In a forked child: the parent's pool threads do not exist here, and a submit to their queue
+    would never run (every call would end at its deadline); the child makes its own."""
+    global _resolver, _resolver_lock
+    _resolver, _resolver_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_resolver_pool)
 
 _watch = threading.local()  # .current: the Watch of this thread's exchange, or None
 WATCHDOG_THREAD = "agent-header-watchdog"
@@ -70,7 +90,7 @@ def resolve(host: str, port: int, deadline: float) -> list[tuple[Any, ...]]:
         host.encode("idna")
     except UnicodeError:
         raise socket.gaierror(socket.EAI_NONAME, f"not a valid host name: {host!r}") from None
-    pending = _resolver.submit(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
+    pending = _resolver_pool().submit(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
     try:
         return pending.result(timeout=_left(deadline, "before name resolution"))
     except FutureTimeout:

@@ -328,3 +328,21 @@ def test_a_later_address_that_answers_is_used(image, resolver):
         fake.release.set()
         fake.httpd.shutdown()
         fake.httpd.server_close()
+
+
+def test_a_forked_child_resolves_with_its_own_pool(resolver):
+    """A worker forked after its parent resolved a name (prefork pools) must not queue on the
+    parent's resolver threads, which do not exist in the child."""
+    import os
+
+    from app.stages.agent.watched_http import resolve
+
+    assert resolve("localhost", 80, time.monotonic() + 10)  # the parent's pool now has a thread
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when it resolves in time
+        try:
+            os._exit(0 if resolve("localhost", 80, time.monotonic() + 5) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
