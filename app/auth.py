@@ -181,8 +181,7 @@ def create_token(
         raise ValueError("expires_in must be positive")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as conn:
-        if conn.execute(text("SELECT 1 FROM scopes WHERE id = :id"), {"id": scope_id}).first() is None:
-            raise LookupError(f"scope {scope_id!r} does not exist")
+        _require_scope(conn, scope_id)
         if conn.execute(
             text("SELECT 1 FROM api_tokens WHERE scope_id = :s AND name = :n"), {"s": scope_id, "n": name}
         ).first():
@@ -199,13 +198,22 @@ def create_token(
     return TokenInfo(**row._mapping), token
 
 
+def _require_scope(conn: Any, scope_id: str | None) -> None:
+    """LookupError for a ``scope_id`` that names no scope (a typo must not read as "no tokens")."""
+    if scope_id is not None and conn.execute(
+            text("SELECT 1 FROM scopes WHERE id = :id"), {"id": scope_id}).first() is None:
+        raise LookupError(f"scope {scope_id!r} does not exist")
+
+
 def list_tokens(engine: Engine, scope_id: str | None = None) -> list[TokenInfo]:
+    """Every token, or ``scope_id``'s (LookupError when that scope does not exist)."""
     sql = f"SELECT {TOKEN_COLUMNS} FROM api_tokens"
     params: dict[str, Any] = {}
     if scope_id is not None:
         sql += " WHERE scope_id = :s"
         params["s"] = scope_id
     with engine.connect() as conn:
+        _require_scope(conn, scope_id)
         return [TokenInfo(**r._mapping) for r in conn.execute(text(sql + " ORDER BY scope_id, name"), params)]
 
 
@@ -213,7 +221,8 @@ def revoke_token(engine: Engine, id_or_name: str, scope_id: str | None = None) -
     """Revoke the token with this id, or the token with this name (in ``scope_id`` when given).
 
     A name that exists in several scopes raises :class:`AmbiguousTokenName` unless ``scope_id``
-    says which, and then nothing is revoked. Returns the revoked tokens (empty: no match)."""
+    says which, and then nothing is revoked. Returns the revoked tokens (empty: no match);
+    LookupError when ``scope_id`` names no scope."""
     token_id = parse_uuid(id_or_name)
     cond = "id = :id" if token_id is not None else "name = :name"
     params: dict[str, Any] = {"id": token_id, "name": id_or_name}
@@ -221,6 +230,7 @@ def revoke_token(engine: Engine, id_or_name: str, scope_id: str | None = None) -
         cond += " AND scope_id = :s"
         params["s"] = scope_id
     with engine.begin() as conn:
+        _require_scope(conn, scope_id)
         # Lock the matching rows first so that the ambiguity check and the update see the same set.
         scopes = sorted({r.scope_id for r in conn.execute(
             text(f"SELECT scope_id FROM api_tokens WHERE {cond} FOR UPDATE"), params)})

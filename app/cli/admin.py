@@ -140,7 +140,7 @@ def tokens_revoke(id_or_name: str, scope_id: str | None) -> None:
     with _engine() as engine:
         try:
             revoked = revoke_token(engine, id_or_name, scope_id)
-        except AmbiguousTokenName as exc:
+        except (AmbiguousTokenName, LookupError) as exc:
             raise click.ClickException(printable(exc)) from None
     if not revoked:
         raise click.ClickException(printable(f"no token {id_or_name!r}"))
@@ -156,7 +156,10 @@ def tokens_list(scope_id: str | None) -> None:
     from app.auth import list_tokens
 
     with _engine() as engine:
-        rows = list_tokens(engine, scope_id)
+        try:
+            rows = list_tokens(engine, scope_id)
+        except LookupError as exc:
+            raise click.ClickException(printable(exc)) from None
     for t in rows:
         state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
         if t.expires_at and not t.revoked_at:

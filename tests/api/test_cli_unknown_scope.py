@@ -22,6 +22,8 @@ OVER_A_SCOPE = [
     ["search-model", "cutover", "--scope", "typo"],
     ["search-model", "rollback", "--scope", "typo"],
     ["search-model", "resume", "--scope", "typo"],
+    ["tokens", "list", "--scope", "typo"],
+    ["tokens", "revoke", "ops", "--scope", "typo"],
 ]
 
 
@@ -66,3 +68,9 @@ def test_before_any_upload_reads_of_the_default_scope_are_empty_and_process_all_
     r = cli.invoke(main, ["process-all"])  # it would create the scope: refused, even by default
     assert r.exit_code == 1 and "scope 'local' does not exist" in r.output, r.output
     assert _rows(engine) == ([], 0)
+
+
+def test_tokens_of_an_existing_scope_without_tokens_list_nothing(cli, client):
+    assert upload(client, png_bytes(), process=False).status_code == 201  # the scope "local" exists
+    r = cli.invoke(main, ["tokens", "list", "--scope", "local"])
+    assert r.exit_code == 0 and r.output == "", r.output
