@@ -64,6 +64,9 @@ def _limit(value: str | None) -> int | None:
 
 
 _LIMIT_HELP = "0 = unlimited, 'default' = back to the global MEMEFLOW_* setting"
+#: The largest value each limit's column holds (scope_limits: max_bytes bigint, the others integer).
+_LIMIT_MAX = {"max_bytes": 2**63 - 1, "max_images": 2**31 - 1, "uploads_per_minute": 2**31 - 1,
+              "processing_per_minute": 2**31 - 1}
 
 
 @scopes.command("limits")
@@ -86,6 +89,8 @@ def scopes_limits(scope_id: str, **options: str | None) -> None:
             values[name] = _limit(raw)
         except ValueError:
             raise click.BadParameter(f"{raw!r} is not a number or 'default'", param_hint=f"--{name.replace('_', '-')}") from None
+        if values[name] is not None and values[name] > _LIMIT_MAX[name]:  # the database would refuse it
+            raise click.BadParameter(f"{raw!r} is more than {_LIMIT_MAX[name]}", param_hint=f"--{name.replace('_', '-')}")
     with connected() as c:
         report = c.orch.set_scope_limits(scope_id, values)
     effective = report["effective"]

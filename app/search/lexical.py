@@ -224,7 +224,9 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
     if not text or not wanted or scan <= 0:
         return None
     longer = len(text) > scan
-    cut = longer and text[scan].isalnum()  # the scan ends inside a word: its head is no match
+    # the scan ends inside a word or run: before a letter, a digit or a mark of the last character
+    cut_mark = longer and unicodedata.category(text[scan]).startswith("M")
+    cut = longer and (text[scan].isalnum() or cut_mark)
     text = text[:scan]
     norm = normalise(text)
     # NFKC and lower case can change lengths (ligatures, combining accents, İ): spans found in the
@@ -232,10 +234,13 @@ def highlight(text: str, terms: Iterable[str], *, width: int = 80, scan: int = H
     source = text if _aligned(text, norm) else norm
     spans: list[list[int]] = []
     for tok in _normalised_tokens(norm):
-        if cut and tok.end >= len(norm):  # a word the scan limit cut short is no match
+        at_cut = cut and tok.end >= len(norm)
+        if at_cut and not tok.run:  # a word the scan limit cut short is no match
             break
         if tok.run:
             units = [(m.group(), m.start(), m.end()) for m in _RUN_UNIT.finditer(tok.text)]
+            if at_cut and cut_mark:  # a run the scan cut keeps its characters, less one cut from its marks
+                units = units[:-1]
             for k, (unit, start, end) in enumerate(units):
                 if k + 1 < len(units) and unit + units[k + 1][0] in wanted:
                     spans.append([tok.start + start, tok.start + units[k + 1][2]])

@@ -226,6 +226,12 @@ def test_cli_sets_shows_and_resets_a_scopes_limits(settings, engine):
         assert tuple(row) == (None, 0)
         assert runner.invoke(main, ["scopes", "limits", "gamma", "--max-images", "-1"]).exit_code == 1
         assert runner.invoke(main, ["scopes", "limits", "gamma", "--max-images", "lots"]).exit_code == 2
+        # past what the column holds: a usage error, not a database traceback
+        for option, value in (("--max-images", str(2**31)), ("--max-bytes", "9" * 30)):
+            r = runner.invoke(main, ["scopes", "limits", "gamma", option, value])
+            assert r.exit_code == 2 and "is more than" in r.output, (r.output, r.exception)
+        r = runner.invoke(main, ["scopes", "limits", "gamma", "--max-bytes", str(2**63 - 1)])
+        assert r.exit_code == 0 and f"max-bytes: {2**63 - 1} (scope)" in r.output, r.output
         assert runner.invoke(main, ["scopes", "limits", "nosuch"]).exit_code == 1
     finally:
         reset_settings(None)

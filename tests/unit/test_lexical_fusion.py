@@ -222,6 +222,25 @@ def test_highlight_scans_the_first_characters_only_and_never_marks_a_cut_word():
     assert hl["text"][start:end] == "cats" and hl["text"].endswith("…")
 
 
+def test_highlight_marks_a_chinese_or_thai_run_the_scan_limit_cut():
+    """A run of a script without spaces may be thousands of characters long: the scan cutting it
+    leaves its bigrams before the cut whole (only a character cut from its marks is no match)."""
+    from app.search import service
+
+    ocr = "抢红包手速太慢了打工人摸鱼" * 1600  # one run of 20,800 characters
+    hl = service._highlight({"display_name": "x", "context": {"ocr_text": ocr}}, ["红包"])
+    assert hl["field"] == "ocr_text" and hl["marks"][0] == [1, 3], hl
+    hl = lexical.highlight("ภาษาไทย" * 1000, ["ภา"])
+    assert hl is not None and hl["text"][slice(*hl["marks"][0])] == "ภา"
+    hl = lexical.highlight("中文字", ["中文"], scan=2)
+    assert [hl["text"][s:e] for s, e in hl["marks"]] == ["中文"]
+    # the scan ends between a Thai letter and its vowel mark: that letter is no match, the one before is
+    assert lexical.highlight("ab ขกั", ["ขก"], scan=5) is None
+    assert lexical.highlight("ab ขกั", ["ข"], scan=5)["marks"] == [[3, 4]]
+    # nor is a Latin word cut before its combining accent
+    assert lexical.highlight("cafe\u0301 x", ["cafe"], scan=4) is None
+
+
 def test_near_terms_index_answers_as_every_pair_compared():
     """The one-edit index finds exactly the query words ``within_one_edit`` of some text word."""
     import random

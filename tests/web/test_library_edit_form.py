@@ -68,3 +68,41 @@ def test_saving_the_form_unchanged_round_trips_the_context(make_app, engine, tmp
     # the old multi-line title is stored as one line (as PATCH stores every title); the rest as it was
     stored, _ = _stored(engine, legacy)
     assert stored == {**context, "title": "Deploy freeze Friday edition"}
+
+
+def test_saving_the_context_leaves_an_untouched_display_name_as_stored(make_app, engine, tmp_path):
+    """A name may hold what a one-line input cannot show (a line break, which the browser drops from
+    the field's value, or spaces at its ends, which the form trims): saving the context without
+    touching the name must not rename the image."""
+    app = make_app("none")
+    api = app.test_client()
+    name = " meme\ncollection "
+    created = upload(api, png_bytes(color=(10, 120, 200)), name="name.png", process=False, display_name=name)
+    assert created.status_code == 201, created.get_json()
+    image_id = created.get_json()["image"]["id"]
+    _set_context(engine, image_id, {"title": "t", "description": "", "ocr_text": "", "tags": ["cat"]})
+
+    with serving(app) as base, Browser(tmp_path / "profile") as browser:
+        page = browser.new_page()
+        page.goto(f"{base}/library/images/{image_id}")
+        page.wait_until("document.body.dataset.ready === '1'")
+        page.evaluate("document.querySelector('#f-title').value = 'a new title'")
+        page.click("#save-context")
+        page.wait_until("location.search.includes('updated=') || "
+                        "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT display_name, context FROM images WHERE id = :id"), {"id": image_id}).one()
+        assert row.context["title"] == "a new title"
+        assert row.display_name == name
+        # a name the user edits is sent (trimmed)
+        page.goto(f"{base}/library/images/{image_id}")
+        page.wait_until("document.body.dataset.ready === '1'")
+        page.evaluate("document.querySelector('#f-display_name').value = ' renamed '")
+        page.click("#save-context")
+        page.wait_until("location.search.includes('updated=') || "
+                        "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
+        page.goto("about:blank")
+
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT display_name FROM images WHERE id = :id"), {"id": image_id}).scalar_one() \
+            == "renamed"

@@ -404,15 +404,18 @@
     if (!form) return;
     const imageId = form.dataset.imageId;
     const message = $('#context-message');
+    // A one-line input drops a stored name's line breaks (and the form trims it): a name the user
+    // did not touch is not sent, so saving the context never renames the image.
+    const nameAsLoaded = form.elements.display_name.value;
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       const value = (name) => form.elements[name].value;
       // one tag a line: a tag may hold a comma (",", "，"); the API drops empty and repeated tags
       const tags = value('tags').split('\n').map((t) => t.trim()).filter(Boolean);
       const body = {
-        display_name: value('display_name').trim() || null,
         context: { title: value('title'), description: value('description'), ocr_text: value('ocr_text'), tags },
       };
+      if (value('display_name') !== nameAsLoaded) body.display_name = value('display_name').trim() || null;
       message.textContent = 'saving…';
       form.dataset.state = 'saving';
       const r = await api(`/api/v1/images/${encodeURIComponent(imageId)}`, { method: 'PATCH', json: body });
