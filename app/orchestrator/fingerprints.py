@@ -154,8 +154,12 @@ def semantic_query(query: str, version: str = "1") -> str:
     """A search query as the text embedding of ``document_version`` ``version`` expects it: the
     same script folding as the documents (versions "3" to "5": traditional → simplified; version
     5's glosses are document-side only — expanding queries the same way was measured to change
-    nothing)."""
-    return to_simplified(query) if version in ("3", "4", "5") else query
+    nothing), after NFKC: a Chinese input method's full-width ``ｍｏｎｄａｙ`` or a ligature is the
+    word the English-only models know (and is routed to them, app/search/service.py); e5 applies
+    the same per-character folding itself (its vectors of the benchmark's queries are unchanged)."""
+    if version not in ("3", "4", "5"):
+        return query
+    return to_simplified(unicodedata.normalize("NFKC", query))
 
 
 def _with_glosses(document: str, ctx: dict[str, Any]) -> str:

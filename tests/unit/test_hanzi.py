@@ -77,6 +77,21 @@ def test_queries_are_folded_like_the_documents_of_their_version():
     assert semantic_query("Monday again", "3") == "Monday again"
 
 
+def test_queries_are_nfkc_folded_for_the_models_and_their_routing():
+    """A Chinese input method's full-width Latin is the English word for the English-only models,
+    and the query is routed like its ASCII form (it counted as a non-Latin script: e5 alone)."""
+    from app.search.service import route_weights
+
+    parts = ["multilingual-e5-small", "all-MiniLM-L6-v2"]
+    for version in ("3", "4", "5"):
+        assert semantic_query("ｍｏｎｄａｙ ａｇａｉｎ ２０２４", version) == "monday again 2024"
+        assert semantic_query("ﬁre", version) == "fire"
+        assert semantic_query("打工人，加油", version) == "打工人,加油"
+    assert semantic_query("ｍｏｎｄａｙ", "2") == "ｍｏｎｄａｙ"  # a pinned version embeds queries as before
+    assert route_weights(semantic_query("ｍｏｎｄａｙ ａｇａｉｎ", "5"), parts) == route_weights("monday again", parts)
+    assert route_weights(semantic_query("打工人，加油", "5"), parts)["all-MiniLM-L6-v2"] == 0.0
+
+
 def test_text_without_a_character_t2s_changes_skips_the_converter(monkeypatch):
     """Simplified text is its own conversion: the pure-Python converter (~5 µs a character) is not
     run on it, and mixed text still converts exactly as OpenCC does."""
