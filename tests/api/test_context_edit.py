@@ -33,7 +33,7 @@ def test_patch_stores_tags_and_title_normalised(client, engine):
     r = client.patch(f"/api/v1/images/{image_id}", json={"context": {
         "title": "  Deploy\nfreeze,\t Friday  ",
         "tags": [" Cat ", "cat", "ＣＡＴ", "", "   ", "deploy\n  freeze", "Deploy Freeze", "yes, and",
-                 "周五", "周五 ", "ｃａｔ　meme", "cat meme"],
+                 "周五", "周五 ", "ｃａｔ　meme", "cat meme", "\u200b", "\u0301", "\u200bcat"],
     }})
     assert r.status_code == 200, r.get_json()
     context = r.get_json()["image"]["context"]

@@ -27,6 +27,13 @@ def test_tags_are_trimmed_single_spaced_and_each_once_in_the_first_spelling():
     assert normalise_tags(normalise_tags(tags)) == normalise_tags(tags)
 
 
+def test_tags_without_a_visible_character_are_dropped_and_invisible_ones_do_not_count():
+    tags = ["\u200b", "\ufeff", "\u200d", "\u0301", " \u2060 ", "\u00ad", "\u200bcat\u200b", "cat", "ca\u00adt",
+            "👨\u200d👩\u200d👧", "\ue000", "e\u0301t\u00e9"]
+    assert normalise_tags(tags) == ["cat", "👨\u200d👩\u200d👧", "\ue000", "e\u0301t\u00e9"]
+    assert normalise_tags(normalise_tags(tags)) == normalise_tags(tags)
+
+
 def test_an_openai_compatible_answer_is_normalised_as_an_edit_is():
     answer = ('{"title": "Sleepy\\ncat  on a desk", "description": "d", "ocr_text": "",'
               ' "tags": ["Cat", " cat", "ＣＡＴ", "sleepy  cat", "Sleepy Cat"]}')
