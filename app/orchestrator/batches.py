@@ -170,6 +170,14 @@ def _seed_page(orch: Orchestrator, batch_id: uuid.UUID, page_size: int) -> tuple
             if image is None:
                 gone += 1  # deleted since the snapshot: no longer part of the target set
                 continue
+            if batch["fill_models"]:
+                # its active job locked first (image, then job: the lock order), so the job cannot end
+                # between this look and create_or_reuse_job_txn: a fill never turns an image whose
+                # agent failed meanwhile into a job of its own that runs that agent again
+                jobs.active_job_txn(conn, image_id)
+                if not serving_q.needs_fill_txn(conn, batch["scope_id"], image_id, batch["fill_models"]):
+                    gone += 1  # its job ended or embedded it since the page scan: not filled
+                    continue
             try:
                 policy = policies.get(image_id, batch["reverse_image_policy"])
                 job, _, job_hints = create_or_reuse_job_txn(

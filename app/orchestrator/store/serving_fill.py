@@ -80,14 +80,24 @@ def count_needing_fill_txn(conn: Connection, scope_id: str, models: list[dict[st
     ).scalar_one()
 
 
-FILL_PAGE_TEXT = sql("""
-SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
-       ((i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
+# Whether the image ``i`` needs filling, per kind: what a fill page reads of each image it scans, and
+# reads again of an image once the seeder holds it locked (``needs_fill_txn``).
+_NEEDS_FILL_TEXT = """((i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
         AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
                     WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id
                                       AND t.image_id = i.id AND t.image_sha256 = i.sha256
                                       AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
-                                      AND t.model = fm.model AND t.dims = fm.dims))) AS needs
+                                      AND t.model = fm.model AND t.dims = fm.dims)))"""
+_NEEDS_FILL_VISUAL = """((""" + NEEDS["visual"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
+        AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
+                    WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
+                                      AND v.image_id = i.id AND v.image_sha256 = i.sha256
+                                      AND v.model = fm.model AND v.dims = fm.dims
+                                      AND v.preprocess_version = fm.pv)))"""
+
+FILL_PAGE_TEXT = sql("""
+SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
+       """ + _NEEDS_FILL_TEXT + """ AS needs
 FROM images i WHERE i.scope_id = :s
   AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))
 ORDER BY i.created_at, i.id LIMIT :n
@@ -95,17 +105,16 @@ ORDER BY i.created_at, i.id LIMIT :n
 
 FILL_PAGE_VISUAL = sql("""
 SELECT i.id, i.created_at, coalesce(i.context_provenance->>'reverse_image_policy', 'forbid') AS policy,
-       ((""" + NEEDS["visual"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
-        AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
-                    WHERE NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id
-                                      AND v.image_id = i.id AND v.image_sha256 = i.sha256
-                                      AND v.model = fm.model AND v.dims = fm.dims
-                                      AND v.preprocess_version = fm.pv))) AS needs
+       """ + _NEEDS_FILL_VISUAL + """ AS needs
 FROM images i WHERE i.scope_id = :s
   AND i.created_at <= :u AND (CAST(:ac AS timestamptz) IS NULL OR (i.created_at, i.id) > (:ac, :aid))
 ORDER BY i.created_at, i.id LIMIT :n
 """)
 FILL_PAGE = {"text": FILL_PAGE_TEXT, "visual": FILL_PAGE_VISUAL}
+
+NEEDS_FILL_TEXT = sql("SELECT " + _NEEDS_FILL_TEXT + " FROM images i WHERE i.scope_id = :s AND i.id = :id")
+NEEDS_FILL_VISUAL = sql("SELECT " + _NEEDS_FILL_VISUAL + " FROM images i WHERE i.scope_id = :s AND i.id = :id")
+NEEDS_FILL = {"text": NEEDS_FILL_TEXT, "visual": NEEDS_FILL_VISUAL}
 
 
 def fill_page_txn(
@@ -122,6 +131,17 @@ def fill_page_txn(
     ).mappings().all()
     position = (rows[-1]["created_at"], rows[-1]["id"]) if len(rows) == n else None
     return [r for r in rows if r["needs"]], position
+
+
+def needs_fill_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, models: list[dict[str, Any]]) -> bool:
+    """Whether the image still needs a fill of ``models``, read with its row locked by the caller.
+
+    The page scan read it before that lock: meanwhile its own job may have ended — a visual fill
+    seeds an image whose agent is under way, and once that agent failed an explicit fill job would
+    run it again (a paid call a model change never makes) — or embedded it."""
+    return bool(conn.execute(
+        NEEDS_FILL[fill_kind(models)], {"s": scope_id, "id": image_id, "models": _models_doc(models)},
+    ).scalar())
 
 
 def _models_doc(models: list[dict[str, Any]]) -> str:
