@@ -74,3 +74,48 @@ def test_building_a_new_models_index_does_not_block_other_embedding_writes(engin
         builder.join(timeout=30)
     assert not builder.is_alive() and errors == []
     assert _valid(engine, vector_index_name("text_embeddings", "new-model", DIMS)) is True
+
+
+def test_a_completion_landing_a_new_models_first_vector_does_not_wait_for_its_index(engine, settings):
+    """The build first waits for every older transaction that writes the table. Inline, the
+    completion that landed the first vector of a new model waited with it — up to the lock timeout,
+    and a long build held its claims past their lease. Now the completion commits at once, and the
+    build (in a thread of the worker, waiting without a lock timeout) finishes once the older
+    transaction has."""
+    from app.orchestrator import RecordingPublisher
+    from app.orchestrator import service as service_mod
+    from app.stages.providers import Providers
+    from app.worker.run import handle_hint
+    from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
+
+    name = vector_index_name("visual_embeddings", "deterministic-v1", 64)
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP INDEX IF EXISTS "{name}"'))
+    with service_mod._INDEX_LOCK:  # this process has not seen the model's index yet
+        service_mod._INDEXED.clear()
+        service_mod._INDEX_RETRY_AT.clear()
+    orch = Orchestrator(engine, settings)
+    hint = visual_task(store_and_ingest(orch, "local", png_bytes(40)))
+    older = engine.connect()  # another completion's open transaction on the table
+    older.execute(text("LOCK TABLE visual_embeddings IN ROW EXCLUSIVE MODE"))
+    claimed: list[int] = []
+    worker = threading.Thread(target=lambda: claimed.append(
+        handle_hint(orch, "visual", hint.task_id, "w1", Providers(settings), RecordingPublisher())))
+    try:
+        worker.start()
+
+        def landed() -> bool:
+            with engine.connect() as conn:
+                return bool(conn.execute(text("SELECT count(*) FROM visual_embeddings")).scalar())
+
+        poll_until(landed, timeout=30, what="the completion to commit its vector")
+        with engine.connect() as watch:  # the build is still there, waiting for the older transaction
+            assert watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'CREATE INDEX CONCURRENTLY%'"
+                " AND wait_event_type = 'Lock'")).scalar() == 1
+    finally:
+        older.commit()
+        older.close()
+        worker.join(timeout=30)
+    assert claimed == [1]
+    poll_until(lambda: _valid(engine, name) is True, timeout=30, what="the index built in the background")
