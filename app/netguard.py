@@ -130,16 +130,25 @@ def allowed_networks(raw: str | None) -> tuple[ipaddress.IPv4Network | ipaddress
     return tuple(nets)
 
 
+#: NAT64's well-known prefix (RFC 6052): the last 32 bits are the IPv4 address a gateway reaches.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
 def outbound_address_allowed(address: str, networks: tuple = ()) -> bool:
     """A public (global unicast) address, or one inside an explicitly allowed network. Loopback,
     private, link-local (cloud metadata 169.254.169.254), CGNAT, multicast, reserved and unspecified
-    addresses are refused; an IPv4-mapped IPv6 address is judged as its IPv4 address."""
+    addresses are refused; an IPv6 address that carries an IPv4 one to a gateway (IPv4-mapped, 6to4,
+    NAT64's 64:ff9b::/96) is judged as that IPv4 address, and the rest of the reserved IPv6 space
+    (IPv4-compatible ``::a.b.c.d``, local-use NAT64, deprecated site-local) is refused."""
     ip = ipaddress.ip_address(address.split("%")[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    ip = mapped or ip
+    if ip.version == 6:
+        if ip in _NAT64:
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        else:
+            ip = ip.ipv4_mapped or ip.sixtofour or ip
     if any(ip.version == net.version and ip in net for net in networks):
         return True
-    return ip.is_global and not ip.is_multicast
+    return ip.is_global and not ip.is_multicast and not ip.is_reserved and not (ip.version == 6 and ip.is_site_local)
 
 
 def check_outbound_url(url: str, networks: tuple = (), *, resolve: bool = True) -> tuple[str, str, int, list[str]]:
