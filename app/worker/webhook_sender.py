@@ -29,11 +29,13 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from app.netguard import OutboundRefused, check_outbound_url
 
 USER_AGENT = "memeflow-webhooks/1"
+#: Kept as is in a request target (every printable ASCII character: an existing %XX stays as typed).
+_ASCII_PRINTABLE = "".join(map(chr, range(0x21, 0x7F)))
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -151,7 +153,9 @@ def send_event(
         "Idempotency-Key": str(event["id"]), "Connection": "close",
     }
     parts = urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # http.client sends the request line as ASCII: a path or query typed with non-ASCII characters
+    # (an IRI, which the URL check accepts) goes out percent-encoded as UTF-8, as browsers send it
+    target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_ASCII_PRINTABLE)
     conn_cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
     deadline = _Deadline(timeout_s)
     conn = conn_cls(host, port, addresses[0], timeout_s, deadline)
@@ -174,7 +178,7 @@ def send_event(
         resp = conn.getresponse()
         resp.read(max_response_bytes)  # read (bounded) and drop: a receiver's answer is not used
         status = resp.status
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: a request it cannot encode
         if expired.is_set() or isinstance(exc, TimeoutError | socket.timeout):
             return SendResult(False, None, "timeout", f"no complete answer within {timeout_s:g}s")
         return SendResult(False, None, "connection_error", f"{type(exc).__name__}: {exc}")
