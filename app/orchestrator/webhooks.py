@@ -149,15 +149,19 @@ def claim_webhook(orch: Orchestrator, subscription_id: uuid.UUID, owner: str) ->
 
 
 @contextmanager
-def next_webhook_event(orch: Orchestrator, claim: WebhookClaim, after: int) -> Iterator[dict[str, Any] | None]:
+def next_webhook_event(orch: Orchestrator, claim: WebhookClaim, after: int
+                       ) -> Iterator[tuple[dict[str, Any], int] | None]:
     """The claim's next event after ``after`` — of the subscription's own scope and types only —
-    for a block that delivers it: read through the fence (None: nothing due, or the claim was
-    fenced out — deleted, lease lost), and the subscription cannot be deleted until the block
-    ends, so no delivery is in flight or starts once a DELETE returned. The block holds a
-    connection for the delivery (≤ ``webhook_timeout_s``)."""
+    and the failed attempts already spent on it, for a block that delivers it: read through the
+    fence (None: nothing due, or the claim was fenced out — deleted, lease lost), and the
+    subscription cannot be deleted until the block ends, so no delivery is in flight or starts
+    once a DELETE returned. The block holds a connection for the delivery (≤ ``webhook_timeout_s``).
+
+    The attempts are the row's, not the claim's: a prune since the claim may have removed the
+    event they were spent on and reset them for this one."""
     with orch.engine.begin() as conn:
         row = q.next_event_txn(conn, claim.subscription_id, claim.owner, claim.generation, after)
-        yield event_doc(row) if row is not None else None
+        yield (event_doc(row), int(row["attempts"])) if row is not None else None
 
 
 def webhook_delivered(orch: Orchestrator, claim: WebhookClaim, event_id: int) -> bool:

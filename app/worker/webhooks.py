@@ -45,14 +45,16 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
         return []
     s = orch.settings
     networks = allowed_networks(s.webhook_allowed_networks)
-    attempts, cursor = claim.attempts, claim.cursor
+    cursor = claim.cursor
     turn = _Turn(orch, claim)
     for n in range(s.webhook_events_per_claim):
         if n and turn.is_up():
             return orch.hand_over_webhook(claim)
         # resolved before the row lock: a DELETE waits only for what the exchange's deadline bounds
         target = resolve_receiver(claim.url, networks)
-        with orch.next_webhook_event(claim, cursor) as event:  # a DELETE waits for this block
+        with orch.next_webhook_event(claim, cursor) as due:  # a DELETE waits for this block
+            # attempts: the failures already spent on this event (the row's: a prune may have reset them)
+            event, attempts = due if due is not None else (None, 0)
             result = None if event is None else target if isinstance(target, SendResult) else send(
                 claim.url, claim.secret, event, timeout_s=s.webhook_timeout_s,
                 max_response_bytes=s.webhook_max_response_bytes, networks=networks, target=target)
@@ -62,7 +64,7 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
         if result.ok:
             if not orch.webhook_delivered(claim, event["id"]):
                 return []  # fenced out (deleted, or the lease was lost and re-claimed)
-            cursor, attempts = event["id"], 0
+            cursor = event["id"]
             continue
         attempts += 1
         log.info("webhook delivery failed", extra={"scope_id": claim.scope_id, "code": result.code,
@@ -70,7 +72,7 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
         outcome = orch.webhook_failed(claim, event["id"], attempts, result.error())
         if outcome != "gave_up":
             return []  # retried after backoff (the poller or sweep hints it), or fenced
-        cursor, attempts = event["id"], 0
+        cursor = event["id"]
     return orch.hand_over_webhook(claim)  # more may be due: come back after the others
 
 

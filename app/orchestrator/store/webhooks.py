@@ -176,8 +176,9 @@ def clear_hint_txn(conn: Connection, sub_id: uuid.UUID, now: datetime) -> None:
 # subscription or a lost lease reads nothing. FOR KEY SHARE OF s keeps the row from being deleted
 # until the caller's transaction ends (the delivery's POST runs inside it): a DELETE waits for a
 # delivery in flight. It blocks nothing else of the lane (its UPDATEs take FOR NO KEY UPDATE).
+# Its ``attempts`` is the subscription's own count for that event (a prune since the claim reset it).
 NEXT_EVENT = sql("""
-SELECT e.id, e.scope_id, e.type, e.job_id, e.image_id, e.batch_id, e.payload, e.created_at
+SELECT e.id, e.scope_id, e.type, e.job_id, e.image_id, e.batch_id, e.payload, e.created_at, s.attempts
 FROM webhook_subscriptions s JOIN events e ON e.scope_id = s.scope_id AND e.id > :after
  AND e.type = ANY(s.event_types)
 WHERE s.id = :id AND s.lease_owner = :o AND s.claim_generation = :g
@@ -188,9 +189,10 @@ FOR KEY SHARE OF s
 
 def next_event_txn(conn: Connection, sub_id: uuid.UUID, owner: str, generation: int, after: int
                    ) -> RowMapping | None:
-    """The claim's first event after ``after`` (of the subscription's scope and types), the
-    subscription row share-locked against deletion to the end of the transaction; None when
-    nothing is due or the claim was fenced out (deleted, lease lost)."""
+    """The claim's first event after ``after`` (of the subscription's scope and types) with the
+    subscription's ``attempts`` (failures already spent on it), the subscription row share-locked
+    against deletion to the end of the transaction; None when nothing is due or the claim was
+    fenced out (deleted, lease lost)."""
     return conn.execute(NEXT_EVENT, {"id": sub_id, "o": owner, "g": generation, "after": after}).mappings().first()
 
 
