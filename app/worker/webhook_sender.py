@@ -122,10 +122,29 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
 Target = tuple[str, str, int, list[str]]
 
 
-def resolve_receiver(url: str, networks: tuple = ()) -> Target | SendResult:
+def resolve_receiver(url: str, networks: tuple = (), *, timeout_s: float | None = None) -> Target | SendResult:
     """Check and resolve ``url`` for one delivery: its :data:`Target`, or the failed
     :class:`SendResult` a refused or unresolvable URL is recorded as (not bounded by the exchange's
-    deadline: the resolver's own timeouts apply, so call it holding no lock)."""
+    deadline, so call it holding no lock).
+
+    ``timeout_s``: an answer that takes longer (a receiver's dead or stalling nameserver — the
+    resolver's own timeouts can add up to tens of seconds) is a ``timeout`` failure, so a claim's
+    lease (> 2 × the exchange's timeout) outlasts resolving plus the exchange, and a hostile
+    nameserver holds a lane thread no longer than a hostile receiver does. The lookup itself goes
+    on in a daemon thread until the resolver gives up."""
+    if timeout_s is None:
+        return _resolve(url, networks)
+    done: list[Target | SendResult] = []
+    lookup = threading.Thread(target=lambda: done.append(_resolve(url, networks)), name="webhook-resolve",
+                              daemon=True)
+    lookup.start()
+    lookup.join(timeout_s)
+    if not done:
+        return SendResult(False, None, "timeout", f"the receiver's name did not resolve within {timeout_s:g}s")
+    return done[0]
+
+
+def _resolve(url: str, networks: tuple) -> Target | SendResult:
     try:
         return check_outbound_url(url, networks)
     except OutboundRefused as exc:

@@ -50,8 +50,9 @@ def deliver_subscription(orch: Orchestrator, subscription_id: uuid.UUID, owner: 
     for n in range(s.webhook_events_per_claim):
         if n and turn.is_up():
             return orch.hand_over_webhook(claim)
-        # resolved before the row lock: a DELETE waits only for what the exchange's deadline bounds
-        target = resolve_receiver(claim.url, networks)
+        # resolved before the row lock: a DELETE waits only for what the exchange's deadline bounds;
+        # bounded by the timeout too, so the lease outlasts resolving plus the exchange
+        target = resolve_receiver(claim.url, networks, timeout_s=s.webhook_timeout_s)
         with orch.next_webhook_event(claim, cursor) as due:  # a DELETE waits for this block
             # attempts: the failures already spent on this event (the row's: a prune may have reset them)
             event, attempts = due if due is not None else (None, 0)

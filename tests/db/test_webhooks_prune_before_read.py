@@ -49,11 +49,11 @@ def test_a_prune_while_resolving_does_not_charge_the_pruned_events_attempts_to_t
     real_resolve = lane.resolve_receiver
     second = []
 
-    def resolve_while_the_sweep_prunes(url, networks):
+    def resolve_while_the_sweep_prunes(url, networks, **kw):
         if not second:  # the sweep prunes the retried event (and a new one commits) during the lookup
             assert prune_after_retention(orch) == 1
             second.extend(emit(orch, "local", 1))
-        return real_resolve(url, networks)
+        return real_resolve(url, networks, **kw)
 
     monkeypatch.setattr(lane, "resolve_receiver", resolve_while_the_sweep_prunes)
     deliver_subscription(orch, sub, "w", send=_failing)  # the claim read attempts = 2 (of the pruned event)
