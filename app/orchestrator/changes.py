@@ -185,6 +185,7 @@ def edit_context(
                                         provenance=prov, metadata_hash=mhash, now=orch.now()).expect(
             "the image row is locked (lock_image_txn above)").row
         hints: list = []
+        images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
         active = jobs.active_job_txn(conn, image_id)
         policy = active["reverse_image_policy"] if active else "forbid"
         if active is not None:
@@ -219,6 +220,7 @@ def replace_content(
                 job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, scope_id, image_id)
                 return ImageJobResult(image=orch.get_image(scope_id, image_id),
                                       job=orch.get_job(scope_id, job["id"]) if job else None)
+            images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
             active = jobs.active_job_txn(conn, image_id)
             policy = active["reverse_image_policy"] if active else "forbid"
             if active is not None:
@@ -249,6 +251,7 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
         image = images.lock_image_txn(conn, scope_id, image_id)
         if image is None:
             raise NotFound("image not found")
+        images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
         active = jobs.active_job_txn(conn, image_id)
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:
