@@ -149,6 +149,9 @@ def retry_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> JobResult
 
 def cancel_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> dict:
     with orch.engine.begin() as conn:
+        ref = jobs.image_ref_txn(conn, job_id)
+        if ref is not None and ref["scope_id"] == scope_id:  # its image's tasks before the job (lock order)
+            images.lock_open_tasks_of_image_txn(conn, scope_id, ref["image_id"])
         job = jobs.lock_job_txn(conn, job_id, scope_id)
         if job is None:
             raise NotFound("job not found")

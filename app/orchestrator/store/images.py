@@ -81,7 +81,7 @@ SELECT id FROM tasks WHERE scope_id = :s AND image_id = :i AND status IN ('queue
 
 def lock_open_tasks_of_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> None:
     """Lock the image's queued and running tasks, in id order, before its active job is locked
-    to be ended (delete, content replace, context edit). A claim and a worker's failure lock a
+    to be ended (delete, content replace, context edit, cancel). A claim and a worker's failure lock a
     task and then its job; taking the job first and then waiting for one of its tasks closed a
     lock cycle that PostgreSQL broke by aborting one side (a 500, or a lost failure)."""
     conn.execute(LOCK_OPEN_TASKS_OF_IMAGE, {"s": scope_id, "i": image_id})
