@@ -20,6 +20,11 @@ from app.storage import storage_key
 
 blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", description="Images"))
 
+# A reader of an image's file reads its row, then the file; a replace or delete that commits in
+# between removes that file, so the reader looks at the row again (each round means another
+# change committed meanwhile: a few are plenty).
+_FILE_READS = 3
+
 _UPLOAD_ERRORS = {
     400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
     415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / invalid_text / validation_error",
@@ -142,17 +147,21 @@ class ImageContent(MethodView):
     def get(self, image_id: uuid.UUID):
         """The stored bytes with the right Content-Type; honours If-None-Match."""
         svc = services()
-        row = image_file(svc.engine, scope_id(), image_id)
-        if row is None:
-            raise ApiError(404, "not_found", "image not found")
-        if request.if_none_match.contains(row.sha256):
-            resp = Response(status=304)
-        else:
+        for _ in range(_FILE_READS):
+            row = image_file(svc.engine, scope_id(), image_id)
+            if row is None:
+                raise ApiError(404, "not_found", "image not found")
+            if request.if_none_match.contains(row.sha256):
+                resp = Response(status=304)
+                break
             try:
                 data = svc.store.read(row.storage_key)
-            except FileNotFoundError:
-                raise ApiError(404, "not_found", "the image file is gone") from None
+            except FileNotFoundError:  # replaced (or deleted) since the row was read: read the row again
+                continue
             resp = Response(data, mimetype=row.media_type)
+            break
+        else:
+            raise ApiError(404, "not_found", "the image file is gone")
         resp.set_etag(row.sha256)
         resp.headers["Cache-Control"] = "private, no-cache"
         return resp
@@ -190,32 +199,46 @@ class ImageThumbnail(MethodView):
         With ``v=<sha256>`` the answer is for that version only (404 once it is replaced) and may be
         cached for good; without it, clients revalidate with the ETag."""
         svc = services()
-        row = image_file(svc.engine, scope_id(), image_id)
-        if row is None or ("v" in args and args["v"] != row.sha256):
-            raise ApiError(404, "not_found", "image not found" if row is None else "that version of the image is gone")
         size = args["size"]
-        tag = thumbnails.etag(row.sha256, size)
-        if request.if_none_match.contains(tag):
-            resp = Response(status=304)
+        for _ in range(_FILE_READS):
+            row = image_file(svc.engine, scope_id(), image_id)
+            if row is None or ("v" in args and args["v"] != row.sha256):
+                raise ApiError(404, "not_found",
+                               "image not found" if row is None else "that version of the image is gone")
+            tag = thumbnails.etag(row.sha256, size)
+            if request.if_none_match.contains(tag):
+                resp = Response(status=304)
+                break
+            made = _thumbnail(svc, row, size)
+            if made is not None:  # None: the original was replaced (or deleted) since the row was read
+                resp = Response(made.data, mimetype=thumbnails.MEDIA_TYPE)
+                break
         else:
-            resp = Response(_thumbnail(svc, row, size).data, mimetype=thumbnails.MEDIA_TYPE)
+            raise ApiError(404, "not_found", "the image file is gone")
         resp.set_etag(tag)
         resp.headers["Cache-Control"] = "private, max-age=31536000, immutable" if "v" in args else "private, no-cache"
         return resp
 
 
-def _thumbnail(svc: Any, row: Any, size: int) -> thumbnails.Thumbnail:
-    """The cached thumbnail of this row's version, made from the stored original if missing."""
+class _OriginalGone(Exception):
+    """The stored original of the row a thumbnail was asked for is gone."""
+
+
+def _thumbnail(svc: Any, row: Any, size: int) -> thumbnails.Thumbnail | None:
+    """The cached thumbnail of this row's version, made from the stored original if missing;
+    None when that original is gone (a replace or delete committed after the row was read)."""
     def source() -> bytes:
         try:
             return svc.store.read(row.storage_key)
         except FileNotFoundError:
-            raise ApiError(404, "not_found", "the image file is gone") from None
+            raise _OriginalGone() from None
 
     cache = thumbnails.ThumbnailCache(svc.store.root)
     namespace = row.storage_key.split("/", 1)[0]
     try:
         made = cache.get_or_create(namespace, row.sha256, size, source, max_pixels=svc.settings.max_image_pixels)
+    except _OriginalGone:
+        return None
     except thumbnails.ThumbnailError as exc:
         raise ApiError(exc.status, exc.code, str(exc)) from None
     if made.generated:

@@ -149,6 +149,9 @@ def retry_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> JobResult
 
 def cancel_job(orch: Orchestrator, scope_id: str, job_id: uuid.UUID) -> dict:
     with orch.engine.begin() as conn:
+        ref = jobs.image_ref_txn(conn, job_id)
+        if ref is not None and ref["scope_id"] == scope_id:  # its image's tasks before the job (lock order)
+            images.lock_open_tasks_of_image_txn(conn, scope_id, ref["image_id"])
         job = jobs.lock_job_txn(conn, job_id, scope_id)
         if job is None:
             raise NotFound("job not found")
@@ -185,6 +188,7 @@ def edit_context(
                                         provenance=prov, metadata_hash=mhash, now=orch.now()).expect(
             "the image row is locked (lock_image_txn above)").row
         hints: list = []
+        images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
         active = jobs.active_job_txn(conn, image_id)
         policy = active["reverse_image_policy"] if active else "forbid"
         if active is not None:
@@ -219,6 +223,7 @@ def replace_content(
                 job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, scope_id, image_id)
                 return ImageJobResult(image=orch.get_image(scope_id, image_id),
                                       job=orch.get_job(scope_id, job["id"]) if job else None)
+            images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
             active = jobs.active_job_txn(conn, image_id)
             policy = active["reverse_image_policy"] if active else "forbid"
             if active is not None:
@@ -249,6 +254,7 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
         image = images.lock_image_txn(conn, scope_id, image_id)
         if image is None:
             raise NotFound("image not found")
+        images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
         active = jobs.active_job_txn(conn, image_id)
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:

@@ -72,6 +72,21 @@ def lock_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, *, shar
     return conn.execute(LOCK_IMAGE_SHARE if share else LOCK_IMAGE, {"s": scope_id, "id": image_id}).mappings().first()
 
 
+# ix_tasks_image (scope_id, image_id); a task a worker is finishing waits here, and one it
+# finished meanwhile no longer matches (EvalPlanQual re-checks the status)
+LOCK_OPEN_TASKS_OF_IMAGE = sql("""
+SELECT id FROM tasks WHERE scope_id = :s AND image_id = :i AND status IN ('queued', 'running') ORDER BY id FOR UPDATE
+""")
+
+
+def lock_open_tasks_of_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> None:
+    """Lock the image's queued and running tasks, in id order, before its active job is locked
+    to be ended (delete, content replace, context edit, cancel). A claim and a worker's failure lock a
+    task and then its job; taking the job first and then waiting for one of its tasks closed a
+    lock cycle that PostgreSQL broke by aborting one side (a 500, or a lost failure)."""
+    conn.execute(LOCK_OPEN_TASKS_OF_IMAGE, {"s": scope_id, "i": image_id})
+
+
 # What a completion needs of its images (target check, planning facts, the metadata hash's
 # inputs) — not the context document itself, which can be large and is not read there.
 LOCK_IMAGES = sql("""
