@@ -483,24 +483,34 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
     )
     err = {"code": decision.code or error.code, "message": error.message}
     with orch.engine.begin() as conn:
-        if decision.retry:
-            done = tasks.requeue_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
-                                            decision.available_at, err)
-        else:
-            done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
-                                           status=TaskStatus.FAILED, error=err)
-        if not done.matched:  # fenced out: nothing was written; count the rejection
-            rejected_txn(orch, conn, claim, "fail")
-            return []
+        # a retry of a task whose job ended while it ran (cancel requested, no job waits on it): it
+        # ends cancelled, as abandon_task records a stop — requeued, no claim could ever take it
+        cancelled = decision.retry and tasks.end_cancel_requested_txn(
+            conn, claim.task_id, claim.owner, claim.generation, now,
+            {"code": "cancelled", "message": f"cancelled while it ran; not retried after: {error.message}"},
+        ).matched  # not matched: fenced out (seen below), not cancelled, or a job waits on it — requeue
+        if not cancelled:
+            if decision.retry:
+                done = tasks.requeue_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
+                                                decision.available_at, err)
+            else:
+                done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
+                                               status=TaskStatus.FAILED, error=err)
+            if not done.matched:  # fenced out: nothing was written; count the rejection
+                rejected_txn(orch, conn, claim, "fail")
+                return []
         if claim.attempt_id:
             state = AttemptState.UNKNOWN_EXECUTION if decision.unknown else AttemptState.FAILED
             if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, state, now, error=err).matched:
                 log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
         lanes.release_slot_txn(orch, conn, claim)
-        if decision.retry:
+        hints: list[Hint] = []
+        if cancelled:
+            grants.release_if_unattempted_txn(orch, conn, claim.task_id)
+            hints = lanes.next_fair_hints_txn(orch, conn, claim)
+        elif decision.retry:
             # not matched: no stage waits on the task any more (its job ended meanwhile) — nothing to do
             jobs.requeue_stages_of_task_txn(conn, claim.task_id, err, decision.available_at, claim.attempt_count, now)
-            hints: list[Hint] = []
         else:
             stage_status = StageStatus.UNKNOWN_EXECUTION if decision.unknown else StageStatus.FAILED
             job_status = JobStatus.UNKNOWN_EXECUTION if decision.unknown else JobStatus.FAILED
@@ -511,7 +521,8 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
                 if not jobs.end_job_txn(conn, job_id, job_status, err, now).matched:
                     log.info("job already ended", extra={"job_id": job_id, "task_id": claim.task_id})
             hints = lanes.next_fair_hints_txn(orch, conn, claim)
-    metrics.COMPLETIONS.labels(claim.lane, "retry" if decision.retry else decision.code or "failed").inc()
+    metrics.COMPLETIONS.labels(
+        claim.lane, "abandoned" if cancelled else "retry" if decision.retry else decision.code or "failed").inc()
     log.info("task failed", extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
                                    "stage": claim.stage, "generation": claim.generation, "code": err["code"]})
     return hints

@@ -109,7 +109,12 @@ def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, 
 
     Driven by recently finished tasks (``ix_tasks_finished``), not by the active jobs: with a
     million queued jobs the cost stays proportional to what finished in the look-back window.
-    Every transition advances its job in the same transaction, so this only repairs anomalies.
+    Every transition advances its job in the same transaction, so this only repairs anomalies
+    (a task that failed or ended between a new job's dedupe read and its link's commit).
+
+    The window reaches back ``lookback_s`` from now, or from the last completed sweep
+    (``sweep_state``) when that is older: a task that finished while no sweep ran (beat down for
+    longer than the look-back) is still seen by the first sweep after, not left behind for ever.
     """
     return list(
         conn.execute(
@@ -119,10 +124,13 @@ def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, 
                 " JOIN processing_jobs j ON j.id = s.job_id AND j.current_stage = s.stage"
                 "  AND j.status IN ('queued', 'running')"
                 " WHERE t.status IN ('succeeded', 'failed', 'cancelled')"
-                " AND t.completed_at >= :since AND t.completed_at < :cutoff"
+                " AND t.completed_at >= least(:since, (SELECT last_success_at FROM sweep_state WHERE id = 1)"
+                "  - make_interval(secs => :lookback))"
+                " AND t.completed_at < :cutoff"
                 " LIMIT :n"
             ),
-            {"since": now - timedelta(seconds=lookback_s), "cutoff": now - timedelta(seconds=grace_s), "n": limit},
+            {"since": now - timedelta(seconds=lookback_s), "lookback": lookback_s,
+             "cutoff": now - timedelta(seconds=grace_s), "n": limit},
         ).scalars()
     )
 

@@ -448,9 +448,13 @@ def withdraw_cancel_txn(conn: Connection, task_id: uuid.UUID, now: datetime) -> 
     return Outcome.count(conn.execute(WITHDRAW_CANCEL, {"id": task_id, "now": now}).rowcount)
 
 
+# A queued task is claimable only without a cancel request (CLAIM), so a requeue never keeps one:
+# a task whose job ended while it ran, and that no open stage waits on, is ended instead
+# (END_CANCEL_REQUESTED, tried first); a request some open stage still waits past speaks for no one
+# and is withdrawn here, as the sweep withdraws it from an expired lease (store/sweep.py).
 REQUEUE_FENCED = sql("""
 UPDATE tasks SET status = 'queued', available_at = :at, error = CAST(:err AS jsonb), lease_owner = NULL,
-       lease_expires_at = NULL, last_hint_at = NULL, updated_at = :now
+       lease_expires_at = NULL, last_hint_at = NULL, cancel_requested = false, updated_at = :now
 WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
 RETURNING id, job_id, stage, lane, attempt_count
 """)
@@ -460,10 +464,34 @@ RETURNING id, job_id, stage, lane, attempt_count
 def requeue_fenced_txn(
     conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, available_at: datetime, error: dict
 ) -> Outcome[RowMapping]:
-    """running → queued after a retryable error, due at ``available_at`` (fenced). Not matched: fenced out."""
+    """running → queued after a retryable error, due at ``available_at``, any cancel request
+    withdrawn (fenced; call ``end_cancel_requested_txn`` first). Not matched: fenced out."""
     return Outcome.of(conn.execute(REQUEUE_FENCED, {
         "id": task_id, "owner": owner, "gen": gen, "now": now, "at": available_at, "err": canonical_json(error),
     }).mappings().all())
+
+
+END_CANCEL_REQUESTED = sql("""
+UPDATE tasks SET status = 'cancelled', error = CAST(:err AS jsonb), completed_at = :now, updated_at = :now,
+       lease_expires_at = NULL
+WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running' AND cancel_requested
+  AND NOT EXISTS (SELECT 1 FROM job_stages js WHERE js.task_id = tasks.id AND js.status IN ('queued', 'running'))
+RETURNING id
+""")
+
+
+@transition
+def end_cancel_requested_txn(
+    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, error: dict
+) -> Outcome[uuid.UUID]:
+    """running (cancel requested, no open stage waits on it) → cancelled, the current execution only
+    (fenced): what a retryable error of a task whose job ended while it ran comes to. Requeued, it
+    could never be claimed again (CLAIM skips cancel-requested tasks) yet would stay active for
+    dedupe, so a later job of its image would wait on it forever. Not matched: fenced out, no cancel
+    request, or a job waits on the task (requeue it: ``requeue_fenced_txn``)."""
+    return Outcome.of(conn.execute(END_CANCEL_REQUESTED, {
+        "id": task_id, "owner": owner, "gen": gen, "now": now, "err": canonical_json(error),
+    }).scalars().all())
 
 
 CANCEL_QUEUED_TASKS_OF_JOB = sql("""
