@@ -249,6 +249,9 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                 ref = jobs.image_ref_txn(conn, job_id)
                 if ref is None or images.lock_image_txn(conn, ref["scope_id"], ref["image_id"]) is None:
                     continue
+                # its open tasks before the job (image → tasks → job), as a claim and a failure
+                # lock a task and then its job: the other order deadlocked with them (a 500)
+                images.lock_open_tasks_of_image_txn(conn, ref["scope_id"], ref["image_id"])
                 job = jobs.lock_job_txn(conn, job_id)
                 if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
                     end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")

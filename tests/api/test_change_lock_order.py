@@ -128,3 +128,32 @@ def test_a_change_racing_the_claim_of_a_task_of_the_image_both_succeed(app, orch
     assert not isinstance(changed[0], BaseException), changed[0]
     assert changed[0].status_code == status or (status is None and changed[0].status_code in (200, 409)), \
         changed[0].get_json()
+
+
+def test_a_batch_cancel_racing_a_failing_task_of_its_image_both_succeed(app, orch, engine, monkeypatch):
+    """``POST /batches/{id}/cancel`` locks the image, then (now) its open tasks, then the job: the
+    worker's failure locks the task and then the job. Job before task deadlocked (a 500)."""
+
+    client = app.test_client()
+    image_id = upload(client, png_bytes((9, 9, 9)), process=False).get_json()["image"]["id"]
+    made = client.post("/api/v1/batches", json={"image_ids": [image_id]})
+    assert made.status_code == 202, made.get_json()
+    batch_id = made.get_json()["batch"]["id"]
+
+    def task_id():
+        job = client.get(f"/api/v1/images/{image_id}").get_json()["latest_job"]
+        return job and client.get(f"/api/v1/jobs/{job['id']}").get_json()["stages"][0]["task_id"]
+
+    claim = orch.claim_task(poll_until(task_id, timeout=30, what="the batch's job"), "w")
+    assert claim is not None
+    reached, go = _pause(monkeypatch, store_jobs, "end_stages_of_task_txn")
+    failing, failed = _run(lambda: orch.fail_task(claim, PermanentError("bad", code="invalid_image")))
+    assert reached.wait(30)
+    cancelling, cancelled = _run(lambda: app.test_client().post(f"/api/v1/batches/{batch_id}/cancel"))
+    poll_until(lambda: _lock_waiters(engine) >= 1 or not cancelling.is_alive(), timeout=30,
+               what="the cancel to wait for a lock")
+    go.set()
+    failing.join(60)
+    cancelling.join(60)
+    assert not isinstance(failed[0], BaseException), failed[0]
+    assert cancelled[0].status_code == 200, cancelled[0].get_json()
