@@ -37,10 +37,8 @@ class WorkerRuntime:
         # fenced write after the POST released it), so a big box's pool never makes them queue;
         # the spare one serves a webhooks worker's hint poller (its LISTEN connection is its own);
         # the agent's completion thread (settings.agent_completes_async, app/worker/run.py) one
-        # more, so it never waits for (or makes wait) a call thread's claim; a model change's
-        # per-model index builds (a thread each, the serving and the target model: Orchestrator.
-        # ensure_vector_index) two more, held for the whole build
-        overflow = max(4, (concurrency or 1) + 2) + (1 if settings.agent_completes_async else 0) + 2
+        # more, so it never waits for (or makes wait) a call thread's claim
+        overflow = max(4, (concurrency or 1) + 2) + (1 if settings.agent_completes_async else 0)
         self.engine = make_engine(database_url_for(settings), pool_size=2, max_overflow=overflow, pre_ping=False)
         self.orch = Orchestrator(self.engine, settings)
         self.publisher = _publisher_factory()(celery_app) if os.environ.get(PUBLISHER_ENV) else CeleryHintPublisher(

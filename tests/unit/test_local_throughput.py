@@ -160,11 +160,10 @@ def test_a_threads_worker_warms_one_local_ocr_engine_per_thread(monkeypatch):
     assert warmed == [3, None, "text"]
 
 
-@pytest.mark.parametrize(("threads", "connections"), [(None, 8), (1, 8), (2, 8), (16, 22)])
+@pytest.mark.parametrize(("threads", "connections"), [(None, 6), (1, 6), (2, 6), (16, 20)])
 def test_a_workers_connection_pool_grows_with_its_threads(threads, connections):
     # every task thread and the heartbeat thread may hold one connection at once: a 16-thread
-    # worker on a big box must not queue its claims for one of 6 (no connection is opened here);
-    # two more for a model change's index builds in the background
+    # worker on a big box must not queue its claims for one of 6 (no connection is opened here)
     from app.worker.celery_app import celery_app
     from app.worker.runtime import WorkerRuntime
 
