@@ -171,8 +171,7 @@ def ensure_vector_index(conn: Connection, table: str, model: str, dims: int) -> 
 _INDEX_VALID = text("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(:n)")
 
 
-def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dims: int, *,
-                                     wait_for_locks: bool = False) -> bool:
+def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dims: int) -> bool:
     """Build the per-model partial HNSW index if missing, ``CREATE INDEX CONCURRENTLY`` on a
     connection of its own; True once it is valid, False when another process is building it (not
     waited for: rows written meanwhile are in that build).
@@ -183,10 +182,7 @@ def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dim
     lock timeout), and a build past the statement timeout failed and was tried again by the next
     completion. One builder per index name (a session advisory lock, the key
     :func:`ensure_vector_index` takes); an INVALID leftover of a builder that died is dropped and
-    built again.
-
-    ``wait_for_locks``: the build waits for older transactions without the connection's lock
-    timeout (a background builder, which blocks nothing while it waits)."""
+    built again."""
     if table not in ("visual_embeddings", "text_embeddings"):
         raise ValueError(f"no vector column on {table}")
     name = vector_index_name(table, model, int(dims))
@@ -201,8 +197,6 @@ def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dim
             if valid is True:
                 return True
             conn.execute(text("SET statement_timeout = 0"))  # the build scans the whole table
-            if wait_for_locks:
-                conn.execute(text("SET lock_timeout = 0"))
             if valid is False:  # we hold the builders' lock: an interrupted build's leftover
                 conn.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
             conn.execute(text(
@@ -214,7 +208,6 @@ def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dim
         finally:
             try:
                 conn.execute(text("RESET statement_timeout"))
-                conn.execute(text("RESET lock_timeout"))
                 conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name})
             except Exception:  # noqa: BLE001 - a broken connection released the lock with its session
                 conn.invalidate()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,9 +39,6 @@ _INDEXED: set[tuple[str, str, str, int]] = set()  # (database, table, model, dim
 _INDEX_RETRY_AT: dict[tuple[str, str, str, int], float] = {}
 INDEX_RETRY_AFTER_FAILURE_S = 60.0
 INDEX_RETRY_WHILE_BUILDING_S = 5.0
-_INDEX_BUILDING: set[tuple[str, str, str, int]] = set()  # the same key: a thread of this process builds it
-_INDEX_LOCK = threading.Lock()  # the three above, between completions and build threads
-VECTOR_INDEX_THREAD = "vector-index-build"
 
 
 def utcnow() -> datetime:
@@ -176,7 +172,7 @@ class Orchestrator:
                 for vec in (artifact, *getattr(artifact, "extra", ())):
                     wanted.add((spec.artifact_table, vec.model, int(vec.dims)))
         for table, model, dims in sorted(wanted):
-            self.ensure_vector_index(table, model, dims, wait=False)
+            self.ensure_vector_index(table, model, dims)
         hints = execution.complete_tasks(self, results, landed)
         spec = by_lane(results[0][0].lane) if results else None
         kind = spec.serving_kind if spec is not None else None
@@ -200,58 +196,30 @@ class Orchestrator:
         return {iid: {**dict(r), "extra_models": extra.get(iid, [])}
                 for iid, r in rows.items() if scopes.get(iid) == r["scope_id"]}
 
-    def ensure_vector_index(self, table: str, model: str, dims: int, *, wait: bool = True) -> None:
+    def ensure_vector_index(self, table: str, model: str, dims: int) -> None:
         """Make sure the per-model HNSW index exists (or is being built) when a vector of a model
         lands: built CONCURRENTLY, so other writes go on (``ensure_vector_index_concurrently``).
-        Never fails the caller: search is exact without the index, and a build that failed is
-        tried again by a later call.
-
-        ``wait=False`` (what a completion asks): the build runs in a thread of this process, and
-        the completion goes on at once. A build scans the whole table and first waits for every
-        older transaction that writes it; inline, it held the completion's claims past their
-        lease (their results thrown away, the work done again) and stalled the lane for as long
-        as it ran. In the background it also waits for older transactions without a lock
-        timeout: it blocks nothing while it waits."""
+        Never fails the completion that asks: search is exact without the index, and a build that
+        failed (a lock timeout while it waited for older transactions) is tried again by the next."""
         key = (self._database_key, table, model, int(dims))
-        with _INDEX_LOCK:
-            if key in _INDEXED or key in _INDEX_BUILDING or time.monotonic() < _INDEX_RETRY_AT.get(key, 0.0):
-                return
-            if not wait:
-                _INDEX_BUILDING.add(key)
-        if wait:
-            self._build_vector_index(key, table, model, int(dims), background=False)
+        if key in _INDEXED or time.monotonic() < _INDEX_RETRY_AT.get(key, 0.0):
             return
-        thread = threading.Thread(target=self._build_vector_index, args=(key, table, model, int(dims)),
-                                  kwargs={"background": True}, name=VECTOR_INDEX_THREAD, daemon=True)
-        try:
-            thread.start()
-        except BaseException:
-            with _INDEX_LOCK:
-                _INDEX_BUILDING.discard(key)
-            raise
-
-    def _build_vector_index(self, key: tuple[str, str, str, int], table: str, model: str, dims: int, *,
-                            background: bool) -> None:
         from app.db.engine import ensure_vector_index_concurrently
 
         try:
-            built = ensure_vector_index_concurrently(self.engine, table, model, dims, wait_for_locks=background)
+            built = ensure_vector_index_concurrently(self.engine, table, model, int(dims))
         except Exception:  # noqa: BLE001 - the index is for speed; the vectors are what must land
             # e.g. a lock timeout behind a long transaction: this process asks again in a minute,
             # not at every completion (each attempt waits up to the lock timeout)
-            with _INDEX_LOCK:
-                _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_AFTER_FAILURE_S
-                _INDEX_BUILDING.discard(key)
+            _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_AFTER_FAILURE_S
             log.warning("per-model vector index build failed; this process tries again in %.0f s",
-                        INDEX_RETRY_AFTER_FAILURE_S, exc_info=True, extra={"code": f"{table}:{model}:{dims}"})
+                        INDEX_RETRY_AFTER_FAILURE_S, exc_info=True, extra={"code": f"{table}:{model}:{int(dims)}"})
             return
-        with _INDEX_LOCK:
-            if built:
-                _INDEXED.add(key)
-                _INDEX_RETRY_AT.pop(key, None)
-            else:  # another process builds it: look again in a while
-                _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_WHILE_BUILDING_S
-            _INDEX_BUILDING.discard(key)
+        if built:
+            _INDEXED.add(key)
+            _INDEX_RETRY_AT.pop(key, None)
+        else:  # another process builds it: look again in a while
+            _INDEX_RETRY_AT[key] = time.monotonic() + INDEX_RETRY_WHILE_BUILDING_S
 
     def fail_task(self, claim: Claim, error) -> list[Hint]:
         """A stage error of a claim; a configuration mismatch replans the job instead (replan.py)."""
