@@ -27,15 +27,21 @@ def _task(engine, task_id):
     return rows(engine, "SELECT status, cancel_requested FROM tasks WHERE id = :t", t=task_id)[0]
 
 
-def test_a_retryable_failure_of_a_cancelled_task_ends_it_and_the_next_job_completes(engine, settings):
+def _claimed_visual_task(engine, settings, seed: int):
+    """An uploaded image's visual task, claimed by "worker" (the clock is a FakeClock)."""
     clock = FakeClock()
     orch = Orchestrator(engine, settings, clock=clock)
     pub, providers = RecordingPublisher(), Providers(settings)
-    res = store_and_ingest(orch, "local", png_bytes(31))
+    res = store_and_ingest(orch, "local", png_bytes(seed))
     task_id = visual_task(res).task_id
     pub.drain()
     claim = orch.claim_task(task_id, "worker")
     assert claim is not None
+    return orch, clock, pub, providers, res, task_id, claim
+
+
+def test_a_retryable_failure_of_a_cancelled_task_ends_it_and_the_next_job_completes(engine, settings):
+    orch, clock, pub, providers, res, task_id, claim = _claimed_visual_task(engine, settings, 31)
     orch.cancel_job("local", res.job["id"])  # running: cancel requested
     assert _task(engine, task_id) == ("running", True)
     # the handler was already failing: the worker records its retryable error
@@ -55,14 +61,7 @@ def test_a_retryable_failure_of_a_cancelled_task_ends_it_and_the_next_job_comple
 def test_a_retryable_failure_of_a_task_a_job_still_waits_on_is_requeued_without_the_request(engine, settings):
     """A cancel request an open stage waits past (set by hand here, as the sweep test does) is
     withdrawn by the requeue: the task stays claimable and its job completes."""
-    clock = FakeClock()
-    orch = Orchestrator(engine, settings, clock=clock)
-    pub, providers = RecordingPublisher(), Providers(settings)
-    res = store_and_ingest(orch, "local", png_bytes(32))
-    task_id = visual_task(res).task_id
-    pub.drain()
-    claim = orch.claim_task(task_id, "worker")
-    assert claim is not None
+    orch, clock, pub, providers, res, task_id, claim = _claimed_visual_task(engine, settings, 32)
     with engine.begin() as conn:
         conn.execute(text("UPDATE tasks SET cancel_requested = true WHERE id = :t"), {"t": task_id})
     orch.fail_task(claim, RetryableError("provider timed out", code="timeout"))
