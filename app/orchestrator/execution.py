@@ -473,8 +473,12 @@ def _close_paid_txn(orch: Orchestrator, conn: Connection, results: list[tuple[Cl
 
 
 @retry_on_disconnect
-def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]:
-    """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code."""
+def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expired: bool = False) -> list[Hint]:
+    """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code.
+
+    ``lease_expired``: the sweep ends the execution for a worker it believes dead — only while its
+    lease is still expired (``tasks.lock_expired_lease_txn``); a worker that renewed it meanwhile
+    keeps its execution."""
     now = orch.now()
     decision = decide_retry(
         error, attempt=claim.attempt_count, max_attempts=claim.max_attempts, now=now,
@@ -483,6 +487,12 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError) -> list[Hint]
     )
     err = {"code": decision.code or error.code, "message": error.message}
     with orch.engine.begin() as conn:
+        if lease_expired and not tasks.lock_expired_lease_txn(
+            conn, claim.task_id, claim.owner, claim.generation, now,
+        ).matched:  # renewed by its (live) worker, finished, or claimed again since the sweep read it
+            log.info("lease no longer expired; not ended",
+                     extra={"task_id": claim.task_id, "generation": claim.generation})
+            return []
         # a retry of a task whose job ended while it ran (cancel requested, no job waits on it): it
         # ends cancelled, as abandon_task records a stop — requeued, no claim could ever take it
         cancelled = decision.retry and tasks.end_cancel_requested_txn(

@@ -140,7 +140,7 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
             if claim.attempt_id
             else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
         )
-        report.hints += fail_task(orch, claim, err)
+        report.hints += fail_task(orch, claim, err, lease_expired=True)
         report.counts["exhausted"] += 1
 
 

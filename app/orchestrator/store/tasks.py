@@ -433,6 +433,29 @@ def end_abandoned_txn(conn: Connection, task_id: uuid.UUID, owner: str, gen: int
     }).scalars().all())
 
 
+LOCK_EXPIRED_LEASE = sql("""
+SELECT id FROM tasks
+WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
+  AND lease_expires_at < :now
+FOR NO KEY UPDATE
+""")
+
+
+@transition
+def lock_expired_lease_txn(
+    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime
+) -> Outcome[uuid.UUID]:
+    """(running, lease expired, locked): the execution the sweep saw still holds an expired lease.
+
+    Taken first in the transaction that ends an exhausted task for its dead worker: the lock keeps
+    the worker's heartbeat (``heartbeat_txn``) out until the end commits, and a lease the worker
+    renewed between the sweep's read and this lock is not matched — the worker is alive and its
+    execution is left to finish. Not matched: renewed, finished, or a claim took it."""
+    return Outcome.of(conn.execute(
+        LOCK_EXPIRED_LEASE, {"id": task_id, "owner": owner, "gen": gen, "now": now},
+    ).scalars().all())
+
+
 WITHDRAW_CANCEL = sql("""
 UPDATE tasks SET cancel_requested = false, updated_at = :now
 WHERE id = :id AND status = 'running' AND cancel_requested
