@@ -104,3 +104,44 @@ def test_a_cancelled_agent_task_whose_call_provably_did_not_happen_frees_its_slo
     pub.publish(again.hints)
     step(orch, providers, pub)
     assert orch.get_job("local", again.job["id"])["status"] == "succeeded"
+
+
+def test_0026_repairs_tasks_the_old_retry_left_queued_with_a_cancel_request(engine, db_url, settings):
+    """Two tasks stranded as the old retry left them (queued, cancel requested): one a later job of
+    its image waits on, one nothing waits on. The migration withdraws the first's request (it runs
+    and the waiting job completes) and ends the second cancelled (the image's next job gets a task
+    of its own)."""
+    from alembic import command
+
+    from app.db.engine import alembic_config
+
+    orch, clock, pub, providers, waited, waited_task, _ = _claimed_visual_task(engine, settings, 35)
+    alone = store_and_ingest(orch, "local", png_bytes(36))
+    alone_task = visual_task(alone).task_id
+    assert orch.claim_task(alone_task, "worker") is not None
+    orch.cancel_job("local", waited.job["id"])
+    orch.cancel_job("local", alone.job["id"])
+    stranded = ("UPDATE tasks SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL"
+                " WHERE id = ANY(:t) AND cancel_requested")  # the old requeue: the request stayed
+    with engine.begin() as conn:
+        assert conn.execute(text(stranded), {"t": [waited_task, alone_task]}).rowcount == 2
+    clock.advance(5)
+    again = orch.request_processing("local", waited.image["id"])  # links its stage to the stranded task
+    assert again.job["stages"][0]["task_id"] == str(waited_task)
+
+    cfg = alembic_config(db_url)
+    command.downgrade(cfg, "0025")
+    command.upgrade(cfg, "0026")
+
+    assert _task(engine, waited_task) == ("queued", False)
+    assert _task(engine, alone_task) == ("cancelled", True)
+    pub.publish(again.hints)
+    clock.advance(settings.rehint_grace_s + 1)
+    pub.publish(orch.sweep().hints)  # the request is gone: the re-hint wakes a worker for it
+    drive(orch, pub, providers, clock, rounds=4)
+    assert orch.get_job("local", again.job["id"])["status"] == "succeeded"
+    later = orch.request_processing("local", alone.image["id"])
+    assert later.job["stages"][0]["task_id"] != str(alone_task)  # a fresh task, not the dead one
+    pub.publish(later.hints)
+    drive(orch, pub, providers, clock, rounds=4)
+    assert orch.get_job("local", later.job["id"])["status"] == "succeeded"
