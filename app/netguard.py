@@ -16,6 +16,7 @@ import ipaddress
 import socket
 from typing import Any
 
+from app.bounded_dns import getaddrinfo_by
 from app.config import SettingsError
 
 DEFAULT_ALLOWED_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -151,8 +152,14 @@ def outbound_address_allowed(address: str, networks: tuple = ()) -> bool:
     return ip.is_global and not ip.is_multicast and not ip.is_reserved and not (ip.version == 6 and ip.is_site_local)
 
 
-def check_outbound_url(url: str, networks: tuple = (), *, resolve: bool = True) -> tuple[str, str, int, list[str]]:
+def check_outbound_url(
+    url: str, networks: tuple = (), *, resolve: bool = True, deadline: float | None = None,
+) -> tuple[str, str, int, list[str]]:
     """Validate an outbound http(s) URL and resolve it: (scheme, host, port, allowed addresses).
+
+    ``deadline`` (``time.monotonic()``): the lookup is waited for until then at most, in the
+    ``webhooks`` resolver pool (:mod:`app.bounded_dns`), and ``TimeoutError`` is raised after — a
+    receiver's stalling nameserver holds no caller longer than that.
 
     Raises :class:`OutboundRefused` with ``invalid_webhook_url`` (not http(s), no host, credentials
     in it, bad port), ``webhook_url_too_long``, ``webhook_url_unresolvable`` or
@@ -182,7 +189,12 @@ def check_outbound_url(url: str, networks: tuple = (), *, resolve: bool = True) 
     if not resolve:
         return scheme, host, port, []
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if deadline is None:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        else:
+            infos = getaddrinfo_by("webhooks", deadline, host, port, 0, socket.SOCK_STREAM)
+    except TimeoutError:
+        raise
     except (OSError, UnicodeError):
         raise OutboundRefused("webhook_url_unresolvable", f"the host {host!r} does not resolve") from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))

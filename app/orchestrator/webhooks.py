@@ -14,6 +14,7 @@ claim hands over (``hand_over_webhook``) when its turn is up.
 from __future__ import annotations
 
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,10 +72,17 @@ def webhook_doc(row: Any) -> dict[str, Any]:
 
 
 def _checked_url(orch: Orchestrator, url: str) -> str:
+    """``url`` checked and resolved; the lookup gets a delivery's timeout (``webhook_timeout_s``)
+    at most, so a stalling nameserver holds the API thread no longer than a delivery's would."""
+    timeout_s = orch.settings.webhook_timeout_s
     try:
-        check_outbound_url(url, allowed_networks(orch.settings.webhook_allowed_networks))
+        check_outbound_url(url, allowed_networks(orch.settings.webhook_allowed_networks),
+                           deadline=time.monotonic() + timeout_s)
     except OutboundRefused as exc:
         raise InvalidWebhook(str(exc), code=exc.code) from None
+    except TimeoutError:
+        raise InvalidWebhook(f"the URL's host did not resolve within {timeout_s:g}s",
+                             code="webhook_url_unresolvable") from None
     return url
 
 

@@ -131,24 +131,15 @@ def resolve_receiver(url: str, networks: tuple = (), *, timeout_s: float | None 
     resolver's own timeouts can add up to tens of seconds) is a ``timeout`` failure, so a claim's
     lease (> 2 × the exchange's timeout) outlasts resolving plus the exchange, and a hostile
     nameserver holds a lane thread no longer than a hostile receiver does. The lookup itself goes
-    on in a daemon thread until the resolver gives up."""
-    if timeout_s is None:
-        return _resolve(url, networks)
-    done: list[Target | SendResult] = []
-    lookup = threading.Thread(target=lambda: done.append(_resolve(url, networks)), name="webhook-resolve",
-                              daemon=True)
-    lookup.start()
-    lookup.join(timeout_s)
-    if not done:
-        return SendResult(False, None, "timeout", f"the receiver's name did not resolve within {timeout_s:g}s")
-    return done[0]
-
-
-def _resolve(url: str, networks: tuple) -> Target | SendResult:
+    on in the ``webhooks`` resolver pool (:mod:`app.bounded_dns`: a few threads per process, never
+    one per delivery) until the resolver gives up."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
-        return check_outbound_url(url, networks)
+        return check_outbound_url(url, networks, deadline=deadline)
     except OutboundRefused as exc:
         return SendResult(False, None, exc.code, str(exc))
+    except TimeoutError:
+        return SendResult(False, None, "timeout", f"the receiver's name did not resolve within {timeout_s:g}s")
 
 
 def send_event(

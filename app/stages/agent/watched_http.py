@@ -6,7 +6,7 @@ classification needs to know whether a byte of the request can have left: the co
 the moment its request starts (``Watch.request_started``), so a failure before it proves the
 provider never saw the call.
 
-* **Name resolution** runs in a small pool of resolver threads (``RESOLVER_THREADS``) and is waited
+* **Name resolution** runs in a small pool of resolver threads (:mod:`app.bounded_dns`) and is waited
   for only until the deadline: the system resolver has no timeout of ours, and a resolver that
   never answers would otherwise hold the call (and its lane slot) for as long as it likes. A
   resolution abandoned at the deadline finishes in its pool thread; with every pool thread stuck,
@@ -20,14 +20,10 @@ provider never saw the call.
 
 from __future__ import annotations
 
-import ipaddress
-import os
 import socket
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import requests
@@ -37,31 +33,9 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.util.connection import allowed_gai_family
 
-__all__ = ["RESOLVER_THREADS", "WATCHDOG_THREAD", "DeadlineAdapter", "Watch"]
+from app.bounded_dns import getaddrinfo_by
 
-#: Resolver threads shared by every call of the process (a stuck resolution holds one until the
-#: system resolver gives up; calls beyond them queue and end at their deadlines).
-RESOLVER_THREADS = 4
-_resolver: ThreadPoolExecutor | None = None
-_resolver_lock = threading.Lock()
-
-
-def _resolver_pool() -> ThreadPoolExecutor:
-    global _resolver
-    with _resolver_lock:
-        if _resolver is None:
-            _resolver = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="agent-resolver")
-        return _resolver
-
-
-def _forget_resolver_pool() -> None:
-    """In a forked child: the parent's pool threads do not exist here, and a submit to their queue
-    would never run (every call would end at its deadline); the child makes its own."""
-    global _resolver, _resolver_lock
-    _resolver, _resolver_lock = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_resolver_pool)
+__all__ = ["WATCHDOG_THREAD", "DeadlineAdapter", "Watch"]
 
 _watch = threading.local()  # .current: the Watch of this thread's exchange, or None
 WATCHDOG_THREAD = "agent-header-watchdog"
@@ -75,26 +49,12 @@ def _left(deadline: float, what: str) -> float:
 
 
 def resolve(host: str, port: int, deadline: float) -> list[tuple[Any, ...]]:
-    """``getaddrinfo`` for a TCP connection to ``host``, waited for until ``deadline`` at most (in
-    the resolver pool; an address literal is answered here). TimeoutError past the deadline;
+    """``getaddrinfo`` for a TCP connection to ``host``, waited for until ``deadline`` at most (the
+    ``agent`` resolver pool, :mod:`app.bounded_dns`). TimeoutError past the deadline;
     socket.gaierror when the name does not resolve."""
-    family = allowed_gai_family()
-    host = host.strip("[]")
     try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        pass
-    else:
-        return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
-    try:
-        host.encode("idna")
-    except UnicodeError:
-        raise socket.gaierror(socket.EAI_NONAME, f"not a valid host name: {host!r}") from None
-    pending = _resolver_pool().submit(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
-    try:
-        return pending.result(timeout=_left(deadline, "before name resolution"))
-    except FutureTimeout:
-        pending.cancel()  # still queued: never runs; already running: its answer is dropped
+        return getaddrinfo_by("agent", deadline, host, port, allowed_gai_family(), socket.SOCK_STREAM)
+    except TimeoutError:
         raise TimeoutError("the call's deadline passed during name resolution") from None
 
 

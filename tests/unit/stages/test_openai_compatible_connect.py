@@ -272,7 +272,7 @@ def test_a_name_that_never_resolves_ends_at_the_deadline_and_sent_nothing(image,
 def test_stuck_resolutions_hold_a_bounded_pool_and_every_call_ends_at_its_deadline(image, resolver):
     """Eight calls at once against a name that never resolves: each ends at about its deadline,
     and at most RESOLVER_THREADS threads are ever stuck in the resolver."""
-    from app.stages.agent.watched_http import RESOLVER_THREADS
+    from app.bounded_dns import RESOLVER_THREADS
 
     results: list[tuple[BaseException, float]] = []
 
