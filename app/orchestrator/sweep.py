@@ -168,15 +168,30 @@ def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:
         report.counts["slots_released"] = orch.release_orphan_slots_txn(conn)
 
 
+#: Rounds of ``sweep_batch_limit`` stuck jobs one sweep takes at most.
+STUCK_JOB_ROUNDS = 20
+
+
 def _stuck_jobs(orch: Orchestrator, report: SweepReport) -> None:
-    """4. active jobs whose current stage's task finished without advancing them"""
+    """4. active jobs whose current stage's task finished without advancing them
+
+    In rounds of ``sweep_batch_limit`` until one finds fewer: the next sweep's window reaches back
+    only from this sweep (``stuck_jobs_txn``), so after a long beat outage every job the window
+    holds now must be found now — one batch, and the rest were never seen again. A job a round
+    found is not asked for again (an advance that could not move it must not fill the next)."""
     s = orch.settings
-    with orch.engine.begin() as conn:
-        stuck = q.stuck_jobs_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit, s.sweep_lookback_s)
-    for job_id in stuck:
+    found: list = []
+    for _ in range(STUCK_JOB_ROUNDS):
         with orch.engine.begin() as conn:
-            report.hints += advance_job_txn(orch, conn, job_id)
-    report.counts["jobs_advanced"] = len(stuck)
+            stuck = q.stuck_jobs_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit, s.sweep_lookback_s,
+                                     skip=found)
+        for job_id in stuck:
+            with orch.engine.begin() as conn:
+                report.hints += advance_job_txn(orch, conn, job_id)
+        found += stuck
+        if len(stuck) < s.sweep_batch_limit:
+            break
+    report.counts["jobs_advanced"] = len(found)
 
 
 def _batches(orch: Orchestrator, report: SweepReport) -> None:

@@ -67,3 +67,27 @@ def test_a_job_linked_to_a_task_that_failed_meanwhile_is_advanced_after_beat_was
     drive(orch, pub, providers, clock, rounds=4)
     job = orch.get_job("local", again.job["id"])
     assert job["status"] == "succeeded", job
+
+
+def test_more_stuck_jobs_than_one_batch_after_beat_was_down_are_all_advanced(engine, settings):
+    """The first sweep after the outage found one batch (``sweep_batch_limit``); the next one's
+    window reaches back only from that sweep, so the rest were never found again."""
+    from sqlalchemy import text
+
+    clock = FakeClock(datetime.now(timezone.utc))
+    orch = Orchestrator(engine, settings.replace(sweep_batch_limit=2), clock=clock)
+    orch.sweep()  # beat ran until now
+    jobs = []
+    for seed in range(5):
+        res = store_and_ingest(orch, "local", png_bytes(50 + seed))
+        jobs.append(res.job["id"])
+        with engine.begin() as conn:  # its task ends behind the orchestrator's back
+            conn.execute(text("UPDATE tasks SET status = 'cancelled', completed_at = :t WHERE id = :id"),
+                         {"t": clock(), "id": visual_task(res).task_id})
+    clock.advance(settings.sweep_lookback_s + 600)  # beat is down for longer than the look-back
+    orch.sweep()
+    clock.advance(settings.rehint_grace_s + 1)
+    orch.sweep()
+    stuck = rows(engine, "SELECT count(*) FROM job_stages s JOIN tasks t ON t.id = s.task_id"
+                 " WHERE s.job_id = ANY(:j) AND s.stage = 'visual' AND t.status = 'cancelled'", j=jobs)
+    assert stuck == [(0,)]  # every job's stage now waits on a live task

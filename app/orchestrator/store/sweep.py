@@ -104,8 +104,10 @@ def lease_expired_txn(conn: Connection, now: datetime, grace_s: float, limit: in
     ).mappings().all())
 
 
-def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, lookback_s: float) -> list:
-    """Active jobs whose current stage waits on a task that already finished.
+def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, lookback_s: float,
+                   skip: list | tuple = ()) -> list:
+    """Active jobs whose current stage waits on a task that already finished (not those in ``skip``:
+    found by an earlier round of the same sweep).
 
     Driven by recently finished tasks (``ix_tasks_finished``), not by the active jobs: with a
     million queued jobs the cost stays proportional to what finished in the look-back window.
@@ -127,10 +129,11 @@ def stuck_jobs_txn(conn: Connection, now: datetime, grace_s: float, limit: int, 
                 " AND t.completed_at >= least(:since, (SELECT last_success_at FROM sweep_state WHERE id = 1)"
                 "  - make_interval(secs => :lookback))"
                 " AND t.completed_at < :cutoff"
+                " AND j.id <> ALL(CAST(:skip AS uuid[]))"
                 " LIMIT :n"
             ),
             {"since": now - timedelta(seconds=lookback_s), "lookback": lookback_s,
-             "cutoff": now - timedelta(seconds=grace_s), "n": limit},
+             "cutoff": now - timedelta(seconds=grace_s), "n": limit, "skip": list(skip)},
         ).scalars()
     )
 
