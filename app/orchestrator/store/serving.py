@@ -37,7 +37,8 @@ CURRENT = {
 #: change never does, and its own job embeds the new model once its agent lands).
 #: Visual needs a visual vector of the image's bytes (of any model: what look-alike search finds today
 #: — an image that never got one, its bytes undecodable, is not waited for) and, so that a fill job
-#: never re-runs (pays for) a failed agent, a context or an active job: an image whose agent is still
+#: never re-runs (pays for) a failed agent, a context of its bytes (an edit of replaced bytes is not) or an
+#: active job: an image whose agent is still
 #: under way is searchable by the serving model, and its own job re-plans its visual stage once the
 #: agent lands (the stage is valid only with the target too), so the cutover waits for it rather
 #: than drop it from look-alike search. An image whose job ended without a context (its agent
@@ -49,7 +50,8 @@ NEEDS = {
     ),
     "visual": (
         "(EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id"
-        " AND va.image_sha256 = i.sha256) AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM"
+        " AND va.image_sha256 = i.sha256) AND ((i.context_status <> 'pending'"
+        " AND i.context_provenance->>'image_sha256' = i.sha256) OR EXISTS (SELECT 1 FROM"
         " processing_jobs ja WHERE ja.image_id = i.id AND ja.status IN ('queued', 'running'))))"
     ),
 }
@@ -234,7 +236,8 @@ WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t A
     SELECT 1 FROM images i WHERE i.scope_id = :s
       AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
                         AND va.image_sha256 = i.sha256)
-               AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+               AND ((i.context_status <> 'pending' AND i.context_provenance->>'image_sha256' = i.sha256)
+                OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
                                                             AND ja.status IN ('queued', 'running'))))
       AND NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
                       AND v.image_sha256 = i.sha256 AND v.model = :t AND v.dims = :td
@@ -343,7 +346,8 @@ SELECT count(*) AS total,
 FROM images i WHERE i.scope_id = :s
   AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
                     AND va.image_sha256 = i.sha256)
-           AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+           AND ((i.context_status <> 'pending' AND i.context_provenance->>'image_sha256' = i.sha256)
+                OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
                                                         AND ja.status IN ('queued', 'running'))))
 """)
 COVERAGE = {"text": COVERAGE_TEXT, "visual": COVERAGE_VISUAL}

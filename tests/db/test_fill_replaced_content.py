@@ -22,9 +22,9 @@ from app.worker.run import handle_hint
 from tests.support.agents import rows
 from tests.support.clock import FakeClock
 from tests.support.pipeline import drive, png_bytes, store_and_ingest
-from tests.support.textmodels import SPEC_B
+from tests.support.textmodels import SPEC_B, VISUAL_SPEC_B
 
-B = "deterministic-text-b"
+B = {"text": "deterministic-text-b", "visual": "deterministic-visual-b"}
 
 
 def _replace(orch: Orchestrator, scope: str, image_id, data: bytes):
@@ -37,8 +37,13 @@ def _replace(orch: Orchestrator, scope: str, image_id, data: bytes):
                                 size_bytes=len(data), width=48, height=40, storage_key=f"{ns}/{sha}.png")
 
 
-@pytest.mark.parametrize("ending", ["unknown_execution", "failed"])
-def test_a_text_fill_never_reruns_the_agent_of_a_replaced_image(engine, settings, ending):
+@pytest.mark.parametrize(("kind", "ending", "edited"), [
+    ("text", "unknown_execution", False), ("text", "failed", False), ("text", "unknown_execution", True),
+    ("visual", "unknown_execution", False), ("visual", "unknown_execution", True),
+])
+def test_a_fill_never_reruns_the_agent_of_a_replaced_image(engine, settings, kind, ending, edited):
+    """``edited``: a human edited the context before the replace; it stays ``edited``, but describes
+    the old bytes, so the new bytes' job runs the agent — and a fill job would run it again."""
     clock, pub = FakeClock(), RecordingPublisher()
     old, old_providers = Orchestrator(engine, settings, clock=clock), Providers(settings)
     ids = []
@@ -50,6 +55,9 @@ def test_a_text_fill_never_reruns_the_agent_of_a_replaced_image(engine, settings
         drive(old, pub, old_providers, clock)
     assert rows(engine, "SELECT count(*) FROM processing_jobs WHERE status = 'succeeded'")[0][0] == 3
     replaced = ids[0]
+    if edited:
+        pub.publish(old.edit_context("s1", replaced, context={"title": "a sleeping kitty"}).hints)
+        drive(old, pub, old_providers, clock)
     res = _replace(old, "s1", replaced, png_bytes(50))
     pub.publish(res.hints)
     for h in pub.drain():  # the new bytes' visual stage runs; its agent task is queued
@@ -67,10 +75,11 @@ def test_a_text_fill_never_reruns_the_agent_of_a_replaced_image(engine, settings
     assert rows(engine, "SELECT status FROM processing_jobs WHERE image_id = :i ORDER BY revision DESC LIMIT 1",
                 i=replaced)[0][0] == ending
     assert rows(engine, "SELECT context_status, metadata_hash IS NOT NULL FROM images WHERE id = :i",
-                i=replaced)[0] == ("pending", True)
+                i=replaced)[0] == ("edited" if edited else "pending", True)
     pub.publish(old.sweep().hints)  # the scopes' serving states: served by the configured model
 
-    new_settings = settings.replace(text_provider=SPEC_B, search_cutover_check_s=0.0)
+    change = {"text_provider": SPEC_B} if kind == "text" else {"visual_provider": VISUAL_SPEC_B}
+    new_settings = settings.replace(**change, search_cutover_check_s=0.0)
     new, providers = Orchestrator(engine, new_settings, clock=clock), Providers(new_settings)
     for _ in range(4):
         clock.advance(new_settings.sweep_interval_s + new_settings.rehint_grace_s + 1)
@@ -84,5 +93,5 @@ def test_a_text_fill_never_reruns_the_agent_of_a_replaced_image(engine, settings
     # the images with a context for their bytes were covered, and the scope switched to the new model
     with engine.connect() as c:
         state = c.execute(text("SELECT state, serving_model FROM search_serving WHERE scope_id = 's1'"
-                               " AND kind = 'text'")).one()
-    assert tuple(state) == ("serving", B)
+                               " AND kind = :k"), {"k": kind}).one()
+    assert tuple(state) == ("serving", B[kind])
