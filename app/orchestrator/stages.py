@@ -179,11 +179,14 @@ TEXT_EMBEDDING = StageSpec(
     payload=lambda job, image, configs: {"metadata_hash": image["metadata_hash"]},
     resource_key=lambda configs: "",
     artifact=TextArtifact, artifact_table="text_embeddings",
-    # a ready embedding of (sha256, metadata_hash, model, dims) — and of the serving and target models
+    # a ready embedding of (sha256, metadata_hash, model, dims) rendered with the config's
+    # document_version (part of the fingerprint: another rendering is another artifact) — and of the
+    # serving and target models (any rendering: a model is its name and dims)
     exists_sql=(
         "EXISTS (SELECT 1 FROM text_embeddings x WHERE x.scope_id = {scope} AND x.image_id = {image}\n"
         "  AND x.image_sha256 = {sha} AND x.metadata_hash = {mh} AND x.status = 'ready'\n"
-        "  AND x.model = {config}->>'model' AND x.dims = ({config}->>'dims')::int)\n"
+        "  AND x.model = {config}->>'model' AND x.dims = ({config}->>'dims')::int\n"
+        "  AND x.document_version = coalesce({config}->>'document_version', '1'))\n"
         "AND NOT " + SERVING_TEXT_MISSING
     ),
     artifact_rows=_text_rows, write_many_txn=artifacts.insert_text_many_txn,

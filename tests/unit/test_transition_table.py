@@ -112,6 +112,8 @@ def test_serving_statements_spell_out_current_and_needs():
             assert _words(serving.NEEDS[kind]) in _words(statement)
     assert _words(serving.CURRENT["text"].format(m=":t", d=":td", p=":tp")) in _words(serving.CUTOVER_TEXT)
     assert _words(serving.CURRENT["visual"].format(m=":t", d=":td", p=":tp")) in _words(serving.CUTOVER_VISUAL)
+    assert _words(serving.NEEDS["text"]) in _words(serving.CUTOVER_TEXT)
+    assert _words(serving.NEEDS["visual"]) in _words(serving.CUTOVER_VISUAL)
 
 
 def test_has_due_spells_out_has_pending():

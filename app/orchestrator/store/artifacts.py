@@ -27,23 +27,29 @@ def insert_visual_many_txn(conn: Connection, rows: list[dict]) -> None:
         )
 
 
+#: One row per (image version, model): a row of another ``document_version`` (the context rendered
+#: another way, the text stage's fingerprint changed) is replaced by the new rendering; one of the same
+#: rendering is kept. DISTINCT ON: ON CONFLICT DO UPDATE may touch a row once per statement.
+INSERT_TEXT_MANY = sql(
+    "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
+    " document_version, document, embedding, status, task_id)"
+    " SELECT DISTINCT ON (image_id, sha, metadata_hash, model) scope_id, image_id, sha, metadata_hash, model, dims,"
+    " document_version, document, CAST(v AS vector), 'ready', task_id"
+    " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(scope_id text, image_id uuid, sha text,"
+    "  metadata_hash text, model text, dims int, document_version text, document text, v text,"
+    "  task_id uuid) ORDER BY image_id, sha, metadata_hash, model"
+    " ON CONFLICT (scope_id, image_id, image_sha256, metadata_hash, model) DO UPDATE"
+    " SET dims = excluded.dims, document_version = excluded.document_version, document = excluded.document,"
+    " embedding = excluded.embedding, status = excluded.status, task_id = excluded.task_id, created_at = now()"
+    " WHERE text_embeddings.document_version IS DISTINCT FROM excluded.document_version"
+)
+
+
 def insert_text_many_txn(conn: Connection, rows: list[dict]) -> None:
     """Text embeddings of several images, one statement. ``rows``: scope_id, image_id, sha,
     metadata_hash, model, dims, document_version, document, vector, task_id."""
     if rows:
-        conn.execute(
-            sql(
-                "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
-                " document_version, document, embedding, status, task_id)"
-                " SELECT scope_id, image_id, sha, metadata_hash, model, dims, document_version, document,"
-                " CAST(v AS vector), 'ready', task_id"
-                " FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(scope_id text, image_id uuid, sha text,"
-                "  metadata_hash text, model text, dims int, document_version text, document text, v text,"
-                "  task_id uuid) ORDER BY image_id"
-                " ON CONFLICT (scope_id, image_id, image_sha256, metadata_hash, model) DO NOTHING"
-            ),
-            {"rows": _doc(rows)},
-        )
+        conn.execute(INSERT_TEXT_MANY, {"rows": _doc(rows)})
 
 
 def _doc(rows: list[dict]) -> str:

@@ -30,19 +30,28 @@ CURRENT = {
         " AND v.image_sha256 = i.sha256 AND v.model = {m} AND v.dims = {d} AND v.preprocess_version = {p})"
     ),
 }
-#: Images a model change waits for: text needs a context (images without one have no text yet).
+#: Images a model change waits for: text needs a context of the image's current bytes (images without
+#: one have no text yet; after a content replace the old ``metadata_hash`` stays while the context is
+#: ``pending`` — until the new bytes' agent lands, or for good when it failed or ended
+#: ``unknown_execution``: a fill job for such an image would call the paid agent again, which a model
+#: change never does, and its own job embeds the new model once its agent lands).
 #: Visual needs a visual vector of the image's bytes (of any model: what look-alike search finds today
 #: — an image that never got one, its bytes undecodable, is not waited for) and, so that a fill job
-#: never re-runs (pays for) a failed agent, a context or an active job: an image whose agent is still
+#: never re-runs (pays for) a failed agent, a context of its bytes (an edit of replaced bytes is not) or an
+#: active job: an image whose agent is still
 #: under way is searchable by the serving model, and its own job re-plans its visual stage once the
 #: agent lands (the stage is valid only with the target too), so the cutover waits for it rather
 #: than drop it from look-alike search. An image whose job ended without a context (its agent
 #: failed) keeps only the old vector until it is retried (docs/operations.md).
 NEEDS = {
-    "text": "i.metadata_hash IS NOT NULL",
+    "text": (
+        "(i.metadata_hash IS NOT NULL AND i.context_status <> 'pending'"
+        " AND i.context_provenance->>'image_sha256' = i.sha256)"
+    ),
     "visual": (
         "(EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id"
-        " AND va.image_sha256 = i.sha256) AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM"
+        " AND va.image_sha256 = i.sha256) AND ((i.context_status <> 'pending'"
+        " AND i.context_provenance->>'image_sha256' = i.sha256) OR EXISTS (SELECT 1 FROM"
         " processing_jobs ja WHERE ja.image_id = i.id AND ja.status IN ('queued', 'running'))))"
     ),
 }
@@ -208,7 +217,8 @@ UPDATE search_serving SET previous_model = serving_model, previous_dims = servin
 WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t AND target_dims = :td
   AND coalesce(target_ref->>'preprocess_version', '') = coalesce(CAST(:tp AS text), '')
   AND (:early OR NOT EXISTS (
-    SELECT 1 FROM images i WHERE i.scope_id = :s AND i.metadata_hash IS NOT NULL
+    SELECT 1 FROM images i WHERE i.scope_id = :s AND (i.metadata_hash IS NOT NULL AND i.context_status <> 'pending'
+      AND i.context_provenance->>'image_sha256' = i.sha256)
       AND NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id
                       AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
                       AND t.model = :t AND t.dims = :td)))
@@ -226,7 +236,8 @@ WHERE scope_id = :s AND kind = :k AND state = 'backfill' AND target_model = :t A
     SELECT 1 FROM images i WHERE i.scope_id = :s
       AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
                         AND va.image_sha256 = i.sha256)
-               AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+               AND ((i.context_status <> 'pending' AND i.context_provenance->>'image_sha256' = i.sha256)
+                OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
                                                             AND ja.status IN ('queued', 'running'))))
       AND NOT EXISTS (SELECT 1 FROM visual_embeddings v WHERE v.scope_id = i.scope_id AND v.image_id = i.id
                       AND v.image_sha256 = i.sha256 AND v.model = :t AND v.dims = :td
@@ -323,7 +334,8 @@ SELECT count(*) AS total,
                                       AND t.image_id = i.id AND t.image_sha256 = i.sha256
                                       AND t.metadata_hash = i.metadata_hash AND t.status = 'ready'
                                       AND t.model = :m AND t.dims = :d)) AS ready
-FROM images i WHERE i.scope_id = :s AND i.metadata_hash IS NOT NULL
+FROM images i WHERE i.scope_id = :s AND (i.metadata_hash IS NOT NULL AND i.context_status <> 'pending'
+  AND i.context_provenance->>'image_sha256' = i.sha256)
 """)
 
 COVERAGE_VISUAL = sql("""
@@ -334,7 +346,8 @@ SELECT count(*) AS total,
 FROM images i WHERE i.scope_id = :s
   AND (EXISTS (SELECT 1 FROM visual_embeddings va WHERE va.scope_id = i.scope_id AND va.image_id = i.id
                     AND va.image_sha256 = i.sha256)
-           AND (i.context_status <> 'pending' OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
+           AND ((i.context_status <> 'pending' AND i.context_provenance->>'image_sha256' = i.sha256)
+                OR EXISTS (SELECT 1 FROM processing_jobs ja WHERE ja.image_id = i.id
                                                         AND ja.status IN ('queued', 'running'))))
 """)
 COVERAGE = {"text": COVERAGE_TEXT, "visual": COVERAGE_VISUAL}

@@ -55,7 +55,7 @@ _CONFIG_MISMATCH_FAILED = (
 # (``:models``: a JSON list of {model, dims, pv}).
 COUNT_NEEDING_FILL_TEXT = sql("""
 SELECT count(*) FROM images i WHERE i.scope_id = :s AND i.created_at <= :u
-  AND (i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
+  AND (""" + NEEDS["text"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
   AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
               WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id AND t.image_id = i.id
                                 AND t.image_sha256 = i.sha256 AND t.metadata_hash = i.metadata_hash
@@ -82,7 +82,7 @@ def count_needing_fill_txn(conn: Connection, scope_id: str, models: list[dict[st
 
 # Whether the image ``i`` needs filling, per kind: what a fill page reads of each image it scans, and
 # reads again of an image once the seeder holds it locked (``needs_fill_txn``).
-_NEEDS_FILL_TEXT = """((i.metadata_hash IS NOT NULL OR """ + _CONFIG_MISMATCH_FAILED + """)
+_NEEDS_FILL_TEXT = """((""" + NEEDS["text"] + """ OR """ + _CONFIG_MISMATCH_FAILED + """)
         AND EXISTS (SELECT 1 FROM jsonb_to_recordset(CAST(:models AS jsonb)) AS fm(model text, dims int, pv text)
                     WHERE NOT EXISTS (SELECT 1 FROM text_embeddings t WHERE t.scope_id = i.scope_id
                                       AND t.image_id = i.id AND t.image_sha256 = i.sha256
