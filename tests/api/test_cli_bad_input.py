@@ -1,0 +1,43 @@
+"""Operator commands given odd but possible input end with a clear message and an exit code, or do
+their job — never a traceback, never a half-done run."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import text
+
+from app.cli import main
+from app.config import reset_settings
+
+
+@pytest.fixture()
+def cli(settings):
+    reset_settings(settings)
+    try:
+        yield CliRunner(env={"COLUMNS": "200"})
+    finally:
+        reset_settings(None)
+
+
+@pytest.mark.parametrize("duration", ["999999999w", "999999999d", "99999999999s"])
+def test_tokens_create_with_a_huge_expiry_is_a_usage_error(cli, engine, duration):
+    """``--expires-in 999999999w`` overflowed Python's timedelta and ``999999999d`` PostgreSQL's
+    timestamp: both were tracebacks. Now a usage error, and no token is made."""
+    from app.auth import create_scope
+
+    create_scope(engine, "alpha")
+    r = cli.invoke(main, ["tokens", "create", "alpha", "--name", "ci", "--expires-in", duration])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert "Traceback" not in r.output and "--expires-in" in r.output, r.output
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM api_tokens")).scalar_one() == 0
+
+
+def test_tokens_create_with_a_long_but_representable_expiry_works(cli, engine):
+    from app.auth import create_scope
+
+    create_scope(engine, "alpha")
+    r = cli.invoke(main, ["tokens", "create", "alpha", "--name", "ci", "--expires-in", "5200w"])
+    assert r.exit_code == 0, (r.output, r.exception)
+
