@@ -4,6 +4,7 @@ write, one-transaction ingest, publish after commit), resumable and tolerant of 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,13 @@ def ingest_files(paths: list[Path], upload: Uploader, *, policy: str = "forbid",
     return report
 
 
+def display_name_of(path: Path) -> str:
+    """The file's name as text: Linux names are bytes, and a name that is not UTF-8 (``café`` saved
+    as Latin-1) reaches Python with lone surrogates, which no request can carry; those bytes become
+    U+FFFD, so the image is still uploaded, under a readable name."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
+
+
 def in_process_uploader(scope_id: str, settings) -> Uploader:
     """POST /api/v1/images on an in-process API app whose trusted scope is the operator's choice."""
     from app.api import create_app
@@ -71,8 +79,9 @@ def in_process_uploader(scope_id: str, settings) -> Uploader:
     def upload(path: Path, data: bytes, policy: str) -> tuple[int, dict]:
         import io
 
+        name = display_name_of(path)
         resp = client.post("/api/v1/images", content_type="multipart/form-data",
-                           data={"file": (io.BytesIO(data), path.name), "display_name": path.name,
+                           data={"file": (io.BytesIO(data), name), "display_name": name,
                                  "reverse_image_policy": policy})
         return resp.status_code, resp.get_json(silent=True) or {}
 
@@ -88,8 +97,9 @@ def http_uploader(api_url: str, token: str | None = None, timeout: float = 60.0)
         session.headers["Authorization"] = f"Bearer {token}"
 
     def upload(path: Path, data: bytes, policy: str) -> tuple[int, dict]:
-        resp = session.post(f"{api_url.rstrip('/')}/api/v1/images", files={"file": (path.name, data)},
-                            data={"display_name": path.name, "reverse_image_policy": policy}, timeout=timeout)
+        name = display_name_of(path)
+        resp = session.post(f"{api_url.rstrip('/')}/api/v1/images", files={"file": (name, data)},
+                            data={"display_name": name, "reverse_image_policy": policy}, timeout=timeout)
         try:
             return resp.status_code, resp.json()
         except ValueError:

@@ -3,12 +3,15 @@ their job — never a traceback, never a half-done run."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import text
 
 from app.cli import main
 from app.config import reset_settings
+from tests.api.conftest import png_bytes
 
 
 @pytest.fixture()
@@ -41,3 +44,20 @@ def test_tokens_create_with_a_long_but_representable_expiry_works(cli, engine):
     r = cli.invoke(main, ["tokens", "create", "alpha", "--name", "ci", "--expires-in", "5200w"])
     assert r.exit_code == 0, (r.output, r.exception)
 
+
+def test_ingest_a_file_whose_name_is_not_utf8(cli, engine, tmp_path):
+    """Linux file names are bytes. A file named ``b"caf\\xe9.png"`` (Latin-1) made the whole ingest
+    crash with UnicodeEncodeError (its name became the display name), leaving the files after it
+    unuploaded; now it is uploaded with a readable display name, and the others too."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    bad = os.fsdecode(os.fsencode(str(inbox)) + b"/caf\xe9.png")
+    with open(bad, "wb") as f:
+        f.write(png_bytes((10, 20, 30)))
+    (inbox / "later.png").write_bytes(png_bytes((40, 50, 60)))
+    r = cli.invoke(main, ["ingest", str(inbox)])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "created 2" in r.output, r.output
+    with engine.connect() as conn:
+        names = sorted(conn.execute(text("SELECT display_name FROM images")).scalars())
+    assert names == ["caf\ufffd.png", "later.png"]
