@@ -61,3 +61,21 @@ def test_ingest_a_file_whose_name_is_not_utf8(cli, engine, tmp_path):
     with engine.connect() as conn:
         names = sorted(conn.execute(text("SELECT display_name FROM images")).scalars())
     assert names == ["caf\ufffd.png", "later.png"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--maintenance-work-mem", "lots"],
+    ["--maintenance-work-mem", "1PB"],
+    ["--min-images", "-1"],
+])
+def test_search_indexes_with_a_bad_option_is_a_usage_error(cli, engine, args):
+    """A value PostgreSQL refuses for maintenance_work_mem was a traceback (DataError from
+    set_config); a negative --min-images read as "index every scope"."""
+    r = cli.invoke(main, ["search-indexes", *args])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert "Traceback" not in r.output and args[0] in r.output, r.output
+
+
+def test_search_indexes_with_a_good_work_mem_runs(cli, engine):
+    r = cli.invoke(main, ["search-indexes", "--maintenance-work-mem", "64MB"])
+    assert r.exit_code == 0, (r.output, r.exception)
