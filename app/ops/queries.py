@@ -86,10 +86,17 @@ def jobs_by_status(conn: Connection, scope_id: str) -> dict[str, int]:
 
 
 def stage_funnel(conn: Connection, scope_id: str) -> dict[str, dict[str, int]]:
-    """stage -> stage status -> count, over every job's stages, stages in pipeline order."""
+    """stage -> stage status -> count, over every job's stages, stages in pipeline order.
+
+    Reached through the scope's jobs (``ix_processing_jobs_scope_page``, then the stages' primary
+    key): ``job_stages`` has no index on ``scope_id``, so filtering it directly read every tenant's
+    stages on each refresh of a small tenant's page."""
     funnel = {st.value: {s.value: 0 for s in StageStatus} for st in STAGE_ORDER}
-    for r in _rows(conn, "SELECT stage, status, count(*) AS n FROM job_stages WHERE scope_id = :s "
-                         "GROUP BY stage, status", s=scope_id):
+    for r in _rows(conn, """
+        SELECT st.stage, st.status, count(*) AS n
+          FROM processing_jobs j JOIN job_stages st ON st.job_id = j.id AND st.scope_id = j.scope_id
+         WHERE j.scope_id = :s
+         GROUP BY st.stage, st.status""", s=scope_id):
         funnel.setdefault(r["stage"], {})[r["status"]] = int(r["n"])
     return funnel
 
