@@ -277,16 +277,21 @@ def image_detail(engine: Engine, scope_id: str, image_id: uuid.UUID) -> ImageDet
                            completed_at, updated_at
                       FROM job_stages WHERE scope_id = :s AND job_id = :j ORDER BY position""",
                                s=scope_id, j=jobs[0]["id"])
+            # the newest TIMELINE_ROWS (a long history must not hide the current failure), oldest first
             tasks = _rows(conn, """
                 SELECT t.id, t.job_id, j.revision, t.stage, t.lane, t.status, t.attempt_count, t.claim_generation,
                        t.lease_owner, t.error, t.created_at, t.available_at, t.started_at, t.completed_at
                   FROM tasks t JOIN processing_jobs j ON j.scope_id = t.scope_id AND j.id = t.job_id
-                 WHERE t.scope_id = :s AND t.image_id = :i ORDER BY t.created_at, t.id LIMIT 200""",
-                          s=scope_id, i=image_id)
+                 WHERE t.scope_id = :s AND t.image_id = :i ORDER BY t.created_at DESC, t.id DESC LIMIT :n""",
+                          s=scope_id, i=image_id, n=TIMELINE_ROWS)
             attempts = _rows(conn, """
                 SELECT a.attempt_id, a.task_id, a.attempt_no, a.claim_generation, a.state, a.provider_request_id,
                        a.error, a.created_at, a.updated_at
                   FROM task_attempts a JOIN tasks t ON t.scope_id = a.scope_id AND t.id = a.task_id
-                 WHERE a.scope_id = :s AND t.image_id = :i ORDER BY a.created_at LIMIT 200""",
-                             s=scope_id, i=image_id)
-    return ImageDetail(images[0], jobs, stages, tasks, attempts)
+                 WHERE a.scope_id = :s AND t.image_id = :i ORDER BY a.created_at DESC, a.attempt_id DESC LIMIT :n""",
+                             s=scope_id, i=image_id, n=TIMELINE_ROWS)
+    return ImageDetail(images[0], jobs, stages, tasks[::-1], attempts[::-1])
+
+
+#: Rows of the per-image page's task timeline and attempt list (the newest ones).
+TIMELINE_ROWS = 200
