@@ -36,18 +36,25 @@ def image_files(directory: Path) -> list[Path]:
 
 
 def ingest_files(paths: list[Path], upload: Uploader, *, policy: str = "forbid",
-                 known_sha256: set[str] | None = None, on_progress: Callable[[Path], None] | None = None
-                 ) -> IngestReport:
-    """Upload each file once: skip bytes already in the scope, record per-file failures, keep going."""
+                 known_sha256: set[str] | None = None, on_progress: Callable[[Path], None] | None = None,
+                 max_bytes: int | None = None) -> IngestReport:
+    """Upload each file once: skip bytes already in the scope, record per-file failures, keep going.
+
+    ``max_bytes`` (the API's upload limit): a larger file is reported without being read — a
+    multi-gigabyte file would otherwise sit in memory, several times over, only to get a 413."""
     report = IngestReport()
     known = known_sha256 or set()
     for path in paths:
         try:
-            data = path.read_bytes()
+            size = path.stat().st_size
+            data = None if max_bytes is not None and size > max_bytes else path.read_bytes()
         except OSError as exc:
             report.failed.append((str(path), f"unreadable: {exc}"))
         else:
-            if hashlib.sha256(data).hexdigest() in known:
+            if data is None:
+                report.failed.append((str(path), f"413 payload_too_large: {size} bytes, more than the "
+                                                  f"{max_bytes}-byte upload limit (MEMEFLOW_MAX_UPLOAD_BYTES)"))
+            elif hashlib.sha256(data).hexdigest() in known:
                 report.skipped.append(str(path))
             else:
                 status, body = upload(path, data, policy)
@@ -155,7 +162,7 @@ def ingest(directory: Path, policy: str, scope_id: str) -> None:
                   transient=False) as progress:
         bar = progress.add_task("ingest", total=len(paths))
         report = ingest_files(paths, upload, policy=policy, known_sha256=known,
-                              on_progress=lambda _: progress.advance(bar))
+                              on_progress=lambda _: progress.advance(bar), max_bytes=settings.max_upload_bytes)
     click.echo(f"created {len(report.created)}, already present {len(report.existing) + len(report.skipped)}, "
                f"failed {len(report.failed)}")
     for path, why in report.failed:

@@ -79,3 +79,23 @@ def test_search_indexes_with_a_bad_option_is_a_usage_error(cli, engine, args):
 def test_search_indexes_with_a_good_work_mem_runs(cli, engine):
     r = cli.invoke(main, ["search-indexes", "--maintenance-work-mem", "64MB"])
     assert r.exit_code == 0, (r.output, r.exception)
+
+
+def test_ingest_refuses_a_file_over_the_upload_limit_without_reading_it(cli, engine, tmp_path):
+    """A multi-gigabyte file named *.png (a disk image, a video) was read whole into memory, hashed
+    and copied into a request before the API's 413: memory grew by several times its size. Now its
+    size is checked first: reported as payload_too_large, never read; the other files still go in."""
+    import resource
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    with open(inbox / "huge.png", "wb") as f:
+        f.truncate(300 * 1024 * 1024)  # sparse: no disk used, 300 MiB when read
+    (inbox / "ok.png").write_bytes(png_bytes((70, 80, 90)))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    r = cli.invoke(main, ["ingest", str(inbox)])
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert r.exit_code == 1, (r.output, r.exception)
+    assert "created 1" in r.output and "failed 1" in r.output, r.output
+    assert "huge.png" in r.output and "payload_too_large" in r.output, r.output
+    assert grown_mib < 150, f"ingest grew by {grown_mib:.0f} MiB for a file it must not read"
