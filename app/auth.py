@@ -158,14 +158,21 @@ def list_scopes(engine: Engine) -> list[dict[str, Any]]:
 
 
 def parse_duration(text_: str) -> timedelta:
-    """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` → a positive :class:`timedelta`."""
+    """``30d``, ``12h``, ``90m``, ``2w``, ``3600s`` → a positive :class:`timedelta` of at most
+    :data:`MAX_DURATION` (ValueError otherwise: ``999999999w`` overflows ``timedelta`` and
+    ``999999999d`` PostgreSQL's timestamps, and a token for longer is one that never expires)."""
     match = re.fullmatch(r"\s*(\d{1,9})\s*([smhdw])\s*", text_ or "")
     if not match or int(match.group(1)) == 0:
         raise ValueError(f"not a positive duration like 30d, 12h, 90m, 2w: {text_!r}")
-    return timedelta(seconds=int(match.group(1)) * _UNIT_S[match.group(2)])
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"{text_.strip()!r} is longer than {MAX_DURATION.days} days (100 years); "
+                         "leave the expiry out for a token that never expires")
+    return timedelta(seconds=seconds)
 
 
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_DURATION = timedelta(days=36525)
 
 
 def create_token(

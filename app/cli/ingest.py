@@ -4,6 +4,7 @@ write, one-transaction ingest, publish after commit), resumable and tolerant of 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,18 +36,25 @@ def image_files(directory: Path) -> list[Path]:
 
 
 def ingest_files(paths: list[Path], upload: Uploader, *, policy: str = "forbid",
-                 known_sha256: set[str] | None = None, on_progress: Callable[[Path], None] | None = None
-                 ) -> IngestReport:
-    """Upload each file once: skip bytes already in the scope, record per-file failures, keep going."""
+                 known_sha256: set[str] | None = None, on_progress: Callable[[Path], None] | None = None,
+                 max_bytes: int | None = None) -> IngestReport:
+    """Upload each file once: skip bytes already in the scope, record per-file failures, keep going.
+
+    ``max_bytes`` (the API's upload limit): a larger file is reported without being read — a
+    multi-gigabyte file would otherwise sit in memory, several times over, only to get a 413."""
     report = IngestReport()
     known = known_sha256 or set()
     for path in paths:
         try:
-            data = path.read_bytes()
+            size = path.stat().st_size
+            data = None if max_bytes is not None and size > max_bytes else path.read_bytes()
         except OSError as exc:
             report.failed.append((str(path), f"unreadable: {exc}"))
         else:
-            if hashlib.sha256(data).hexdigest() in known:
+            if data is None:
+                report.failed.append((str(path), f"413 payload_too_large: {size} bytes, more than the "
+                                                  f"{max_bytes}-byte upload limit (MEMEFLOW_MAX_UPLOAD_BYTES)"))
+            elif hashlib.sha256(data).hexdigest() in known:
                 report.skipped.append(str(path))
             else:
                 status, body = upload(path, data, policy)
@@ -60,6 +68,13 @@ def ingest_files(paths: list[Path], upload: Uploader, *, policy: str = "forbid",
     return report
 
 
+def display_name_of(path: Path) -> str:
+    """The file's name as text: Linux names are bytes, and a name that is not UTF-8 (``café`` saved
+    as Latin-1) reaches Python with lone surrogates, which no request can carry; those bytes become
+    U+FFFD, so the image is still uploaded, under a readable name."""
+    return os.fsencode(path.name).decode("utf-8", "replace")
+
+
 def in_process_uploader(scope_id: str, settings) -> Uploader:
     """POST /api/v1/images on an in-process API app whose trusted scope is the operator's choice."""
     from app.api import create_app
@@ -71,8 +86,9 @@ def in_process_uploader(scope_id: str, settings) -> Uploader:
     def upload(path: Path, data: bytes, policy: str) -> tuple[int, dict]:
         import io
 
+        name = display_name_of(path)
         resp = client.post("/api/v1/images", content_type="multipart/form-data",
-                           data={"file": (io.BytesIO(data), path.name), "display_name": path.name,
+                           data={"file": (io.BytesIO(data), name), "display_name": name,
                                  "reverse_image_policy": policy})
         return resp.status_code, resp.get_json(silent=True) or {}
 
@@ -88,8 +104,9 @@ def http_uploader(api_url: str, token: str | None = None, timeout: float = 60.0)
         session.headers["Authorization"] = f"Bearer {token}"
 
     def upload(path: Path, data: bytes, policy: str) -> tuple[int, dict]:
-        resp = session.post(f"{api_url.rstrip('/')}/api/v1/images", files={"file": (path.name, data)},
-                            data={"display_name": path.name, "reverse_image_policy": policy}, timeout=timeout)
+        name = display_name_of(path)
+        resp = session.post(f"{api_url.rstrip('/')}/api/v1/images", files={"file": (name, data)},
+                            data={"display_name": name, "reverse_image_policy": policy}, timeout=timeout)
         try:
             return resp.status_code, resp.json()
         except ValueError:
@@ -145,7 +162,7 @@ def ingest(directory: Path, policy: str, scope_id: str) -> None:
                   transient=False) as progress:
         bar = progress.add_task("ingest", total=len(paths))
         report = ingest_files(paths, upload, policy=policy, known_sha256=known,
-                              on_progress=lambda _: progress.advance(bar))
+                              on_progress=lambda _: progress.advance(bar), max_bytes=settings.max_upload_bytes)
     click.echo(f"created {len(report.created)}, already present {len(report.existing) + len(report.skipped)}, "
                f"failed {len(report.failed)}")
     for path, why in report.failed:

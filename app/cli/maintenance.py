@@ -139,7 +139,7 @@ def gc(dry_run: bool, min_age_s: float) -> None:
 @click.command("search-indexes")
 @click.option("--maintenance-work-mem", default=None,
               help="For the builds, e.g. 1GB (default: MEMEFLOW_SEARCH_INDEX_MAINTENANCE_WORK_MEM, else the server's).")
-@click.option("--min-images", type=int, default=None,
+@click.option("--min-images", type=click.IntRange(0), default=None,
               help="Index scopes above this many images [default: MEMEFLOW_SEARCH_INDEX_MIN_IMAGES, else the "
                    "exact-scan size, 20,000].")
 @friendly_errors
@@ -150,12 +150,17 @@ def search_indexes(maintenance_work_mem: str | None, min_images: int | None) -> 
     search reads, built CONCURRENTLY (writes go on); invalid indexes (interrupted builds) and those
     of deleted scopes or models no longer served are dropped. Idempotent; waits for a pass that
     runs elsewhere. Exit 1 if a build failed."""
-    from app.orchestrator.scope_indexes import TABLES, maintain
+    from app.orchestrator.scope_indexes import TABLES, InvalidWorkMem, maintain
 
     with connected() as ctx:
         started = time.monotonic()
-        report = maintain(ctx.orch, min_images_override=min_images, maintenance_work_mem=maintenance_work_mem,
-                          wait=True)
+        try:
+            report = maintain(ctx.orch, min_images_override=min_images, maintenance_work_mem=maintenance_work_mem,
+                              wait=True)
+        except InvalidWorkMem as exc:
+            if maintenance_work_mem is None:  # the setting's value
+                raise click.ClickException(f"MEMEFLOW_SEARCH_INDEX_MAINTENANCE_WORK_MEM: {exc}") from None
+            raise click.BadParameter(str(exc), param_hint="--maintenance-work-mem") from None
     elapsed = time.monotonic() - started
     for table in TABLES.values():
         built = [n for n in report.built if n.startswith(f"ix_{table}_")]

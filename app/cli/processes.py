@@ -180,8 +180,8 @@ def _urls_env(settings: Settings) -> dict[str, str]:
 
 @click.command()
 @click.option("--host", default=None, help="Bind address (default MEMEFLOW_API_HOST).")
-@click.option("--port", type=int, default=None, help="Port (default MEMEFLOW_API_PORT).")
-@click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default MEMEFLOW_API_PORT).")
+@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="gunicorn worker processes.")
 @friendly_errors
 def api(host: str | None, port: int | None, workers: int) -> None:
     """Serve the REST API (gunicorn app.api.wsgi:app).
@@ -207,7 +207,7 @@ def api(host: str | None, port: int | None, workers: int) -> None:
                    "dedicated `--lane maintenance` worker runs.")
 @click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
               help="Celery pool [default: threads for a local agent (local-ocr) or a webhooks worker, else solo].")
-@click.option("-c", "--concurrency", type=int, default=None,
+@click.option("-c", "--concurrency", type=click.IntRange(1), default=None,
               help=f"[default: the cores for a local agent's threads, {WEBHOOK_THREADS} for a webhooks worker, else 1]")
 @click.option("-n", "--node", default=None, help="Celery node name (default <lanes>-<pid>@<host>).")
 @click.option("--loglevel", default="INFO", show_default=True)
@@ -243,7 +243,7 @@ def beat(schedule: Path | None) -> None:
 
 
 @click.command()
-@click.option("--port", type=int, default=None, help="Port (default MEMEFLOW_FLOWER_PORT).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default MEMEFLOW_FLOWER_PORT).")
 @click.option("--address", default="127.0.0.1", show_default=True,
               help="Bind address (0.0.0.0 in a container; set MEMEFLOW_FLOWER_BASIC_AUTH then).")
 @friendly_errors

@@ -15,7 +15,7 @@ from app.runtime import embedded_services
 @click.option("--no-flower", is_flag=True, help="Do not start Flower.")
 @click.option("--pool", default=None, type=click.Choice(["solo", "prefork", "threads"]),
               help="Celery pool of each lane worker [default: threads for a local agent, else solo].")
-@click.option("-c", "--concurrency", type=int, default=None,
+@click.option("-c", "--concurrency", type=click.IntRange(1), default=None,
               help="Processes/threads per lane worker [default: a local agent's cores, else 1].")
 @click.option("--maintenance-worker", is_flag=True,
               help="Also run a dedicated maintenance worker (the lane workers serve its queue anyway).")

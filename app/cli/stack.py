@@ -45,6 +45,25 @@ from app.cli.processes import (
 from app.config import Settings
 
 
+def without_password(url: object) -> str:
+    """``url`` with its password shown as ``***``: ``memeflow up`` prints the URLs it serves, and a
+    terminal's output ends up in journals and CI logs (MEMEFLOW_DATABASE_URL and
+    MEMEFLOW_BROKER_URL may carry credentials)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    text_ = str(url)
+    try:
+        parts = urlsplit(text_)
+        password = parts.password
+    except ValueError:
+        return text_
+    if not password:
+        return text_
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+
+
 class StackError(RuntimeError):
     """A part of the stack failed to start or died."""
 
@@ -279,8 +298,8 @@ class Stack:
             out["ops"] = f"http://{s.api_host}:{s.api_port}/ops"
         if "flower" in self.components:
             out["flower"] = f"http://127.0.0.1:{s.flower_port}/"
-        out["postgres"] = str(self.database_url)
-        out["redis"] = str(self.broker_url)
+        out["postgres"] = without_password(self.database_url)
+        out["redis"] = without_password(self.broker_url)
         return out
 
     def supervise(self, stop_event=None, *, max_restarts_per_min: int = 3) -> None:

@@ -86,10 +86,17 @@ def jobs_by_status(conn: Connection, scope_id: str) -> dict[str, int]:
 
 
 def stage_funnel(conn: Connection, scope_id: str) -> dict[str, dict[str, int]]:
-    """stage -> stage status -> count, over every job's stages, stages in pipeline order."""
+    """stage -> stage status -> count, over every job's stages, stages in pipeline order.
+
+    Reached through the scope's jobs (``ix_processing_jobs_scope_page``, then the stages' primary
+    key): ``job_stages`` has no index on ``scope_id``, so filtering it directly read every tenant's
+    stages on each refresh of a small tenant's page."""
     funnel = {st.value: {s.value: 0 for s in StageStatus} for st in STAGE_ORDER}
-    for r in _rows(conn, "SELECT stage, status, count(*) AS n FROM job_stages WHERE scope_id = :s "
-                         "GROUP BY stage, status", s=scope_id):
+    for r in _rows(conn, """
+        SELECT st.stage, st.status, count(*) AS n
+          FROM processing_jobs j JOIN job_stages st ON st.job_id = j.id AND st.scope_id = j.scope_id
+         WHERE j.scope_id = :s
+         GROUP BY st.stage, st.status""", s=scope_id):
         funnel.setdefault(r["stage"], {})[r["status"]] = int(r["n"])
     return funnel
 
@@ -270,16 +277,21 @@ def image_detail(engine: Engine, scope_id: str, image_id: uuid.UUID) -> ImageDet
                            completed_at, updated_at
                       FROM job_stages WHERE scope_id = :s AND job_id = :j ORDER BY position""",
                                s=scope_id, j=jobs[0]["id"])
+            # the newest TIMELINE_ROWS (a long history must not hide the current failure), oldest first
             tasks = _rows(conn, """
                 SELECT t.id, t.job_id, j.revision, t.stage, t.lane, t.status, t.attempt_count, t.claim_generation,
                        t.lease_owner, t.error, t.created_at, t.available_at, t.started_at, t.completed_at
                   FROM tasks t JOIN processing_jobs j ON j.scope_id = t.scope_id AND j.id = t.job_id
-                 WHERE t.scope_id = :s AND t.image_id = :i ORDER BY t.created_at, t.id LIMIT 200""",
-                          s=scope_id, i=image_id)
+                 WHERE t.scope_id = :s AND t.image_id = :i ORDER BY t.created_at DESC, t.id DESC LIMIT :n""",
+                          s=scope_id, i=image_id, n=TIMELINE_ROWS)
             attempts = _rows(conn, """
                 SELECT a.attempt_id, a.task_id, a.attempt_no, a.claim_generation, a.state, a.provider_request_id,
                        a.error, a.created_at, a.updated_at
                   FROM task_attempts a JOIN tasks t ON t.scope_id = a.scope_id AND t.id = a.task_id
-                 WHERE a.scope_id = :s AND t.image_id = :i ORDER BY a.created_at LIMIT 200""",
-                             s=scope_id, i=image_id)
-    return ImageDetail(images[0], jobs, stages, tasks, attempts)
+                 WHERE a.scope_id = :s AND t.image_id = :i ORDER BY a.created_at DESC, a.attempt_id DESC LIMIT :n""",
+                             s=scope_id, i=image_id, n=TIMELINE_ROWS)
+    return ImageDetail(images[0], jobs, stages, tasks[::-1], attempts[::-1])
+
+
+#: Rows of the per-image page's task timeline and attempt list (the newest ones).
+TIMELINE_ROWS = 200

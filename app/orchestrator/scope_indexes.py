@@ -145,7 +145,7 @@ def run_pass(engine: Engine, configured: list[tuple[str, str, int]], *, min_imag
             conn.execute(text("SET statement_timeout = 0"))  # a build takes seconds to minutes
             conn.execute(text(f"SET lock_timeout = '{BUILD_LOCK_TIMEOUT}'"))
             if maintenance_work_mem:
-                conn.execute(text("SELECT set_config('maintenance_work_mem', :m, false)"), {"m": maintenance_work_mem})
+                set_work_mem(conn, maintenance_work_mem)
             keep, build = wanted(engine, configured, min_images, max_share, serving)
             have = existing(engine)
             for name, valid in sorted(have.items()):
@@ -185,6 +185,24 @@ def run_pass(engine: Engine, configured: list[tuple[str, str, int]], *, min_imag
                 conn.invalidate()
                 log.warning("scope index pass: connection lost at the end", exc_info=True)
     return report
+
+
+class InvalidWorkMem(ValueError):
+    """A ``maintenance_work_mem`` value PostgreSQL refuses (``lots``, ``1PB``)."""
+
+
+def set_work_mem(conn, value: str) -> None:
+    """Set this session's ``maintenance_work_mem`` for the builds; :class:`InvalidWorkMem` with the
+    server's reason when it refuses the value (an operator's typo is no crash)."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        conn.execute(text("SELECT set_config('maintenance_work_mem', :m, false)"), {"m": value})
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != "22023":  # invalid_parameter_value
+            raise
+        reason = str(exc.orig).strip().splitlines()
+        raise InvalidWorkMem(" ".join(line.strip() for line in reason)) from None
 
 
 def _drop(conn, name: str, report: IndexPass | None) -> None:

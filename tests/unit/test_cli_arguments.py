@@ -82,3 +82,34 @@ def test_a_duration_must_be_a_finite_number(args, value, tmp_path, monkeypatch):
     assert r.exit_code == 2, (argv, r.exit_code, r.output, r.exception)
     assert ("finite number of seconds" in r.output or value == "-inf") and "Traceback" not in r.output, r.output
     assert not (tmp_path / "var").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["api", "--port", "70000"],
+    ["api", "--port", "-1"],
+    ["api", "--workers", "0"],
+    ["api", "--workers", "-2"],
+    ["worker", "--lane", "visual", "-c", "-1"],
+    ["flower", "--port", "99999"],
+    ["up", "-c", "-1"],
+    ["up", "--concurrency", "0"],
+])
+def test_a_count_or_port_out_of_range_is_a_usage_error_before_anything_starts(args, tmp_path, monkeypatch):
+    """``api --workers -2``, ``worker -c -1`` or ``up -c -1`` handed the number to gunicorn / Celery,
+    whose children then died at start (``up`` restarting its workers until it gave up); now a usage
+    error naming the option, and nothing is started."""
+    started: list = []
+    monkeypatch.setattr("app.cli.processes._exec", lambda cmd, env=None: started.append(cmd))
+    monkeypatch.setattr("app.cli.stack.Stack.start", lambda self: started.append("stack"))
+    monkeypatch.setattr("app.cli.stack.Stack.supervise", lambda self, stop=None, **kw: None)
+    monkeypatch.setattr("app.cli.stack.Stack.stop", lambda self: None)
+    monkeypatch.setenv("MEMEFLOW_VAR_DIR", str(tmp_path / "var"))
+    monkeypatch.setenv("MEMEFLOW_DATABASE_URL", "postgresql+psycopg://u@127.0.0.1:1/x")
+    monkeypatch.setenv("MEMEFLOW_BROKER_URL", "redis://127.0.0.1:1/0")
+    from app.config import reset_settings
+
+    reset_settings(None)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
+    assert "Invalid value" in r.output and args[-2] in r.output, r.output
+    assert started == []

@@ -20,3 +20,17 @@ def test_the_banner_names_the_library_and_what_keep_does():
     stopped = library_banner(urls, keep=False)
     assert "--keep" in stopped[-1]
     assert "sign in" in library_banner(urls, keep=True, auth="token")[0]
+
+
+def test_the_urls_memeflow_up_prints_carry_no_password(tmp_path):
+    """``memeflow up`` echoes every URL of ``Stack.urls()``; with MEMEFLOW_DATABASE_URL and
+    MEMEFLOW_BROKER_URL carrying credentials it printed both passwords to the terminal."""
+    stack = Stack(Settings(var_dir=tmp_path))
+    stack.database_url = "postgresql+psycopg://memeflow:pg-s3cret@db.internal:5432/memeflow"
+    stack.broker_url = "redis://:redis-s3cret@cache.internal:6379/0"
+    urls = stack.urls()
+    assert "s3cret" not in " ".join(urls.values()), urls
+    assert urls["postgres"] == "postgresql+psycopg://memeflow:***@db.internal:5432/memeflow"
+    assert urls["redis"] == "redis://:***@cache.internal:6379/0"
+    stack.database_url = "postgresql+psycopg://postgres@/memeflow?host=/var/run"
+    assert stack.urls()["postgres"] == "postgresql+psycopg://postgres@/memeflow?host=/var/run"
