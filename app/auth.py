@@ -189,19 +189,19 @@ def create_token(
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with engine.begin() as conn:
         _require_scope(conn, scope_id)
-        if conn.execute(
-            text("SELECT 1 FROM api_tokens WHERE scope_id = :s AND name = :n"), {"s": scope_id, "n": name}
-        ).first():
-            raise ValueError(f"scope {scope_id!r} already has a token named {name!r}")
+        # ON CONFLICT: a concurrent create of the same name (committed after any check we could
+        # read) is the same "already has" answer, not a unique-violation traceback
         row = conn.execute(
             text(
                 "INSERT INTO api_tokens (id, scope_id, name, token_sha256, expires_at) "
                 "VALUES (:id, :s, :n, :h, now() + make_interval(secs => :ttl)) "
-                f"RETURNING {TOKEN_COLUMNS}"
+                f"ON CONFLICT (scope_id, name) DO NOTHING RETURNING {TOKEN_COLUMNS}"
             ),
             {"id": uuid.uuid4(), "s": scope_id, "n": name, "h": hash_token(token),
              "ttl": None if expires_in is None else expires_in.total_seconds()},
-        ).one()
+        ).first()
+        if row is None:
+            raise ValueError(f"scope {scope_id!r} already has a token named {name!r}")
     return TokenInfo(**row._mapping), token
 
 

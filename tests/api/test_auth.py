@@ -67,3 +67,38 @@ def test_cli_scopes_and_tokens(settings, engine, monkeypatch):
         assert "revoked" in runner.invoke(main, ["tokens", "list"]).output
     finally:
         reset_settings(None)
+
+
+def test_a_concurrent_create_of_the_same_token_name_is_the_usual_refusal(engine, tokens):
+    """The name check read before the other create committed; the insert then hit the unique
+    constraint and the CLI showed an IntegrityError traceback."""
+    import threading
+    import time
+
+    import pytest
+
+    other = engine.connect()
+    other.execute(text("INSERT INTO api_tokens (id, scope_id, name, token_sha256)"
+                       " VALUES (gen_random_uuid(), 'alpha', 'racing', md5('x'))"))  # not committed yet
+    outcome: list = []
+
+    def create():
+        try:
+            outcome.append(create_token(engine, "alpha", "racing"))
+        except Exception as exc:  # noqa: BLE001 - the test inspects what escaped
+            outcome.append(exc)
+
+    racer = threading.Thread(target=create)
+    racer.start()
+    deadline = time.monotonic() + 30
+    with engine.connect() as watch:  # until it waits on the uncommitted row's unique entry
+        while not outcome and time.monotonic() < deadline and not watch.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'")).scalar():
+            time.sleep(0.02)
+    other.commit()
+    other.close()
+    racer.join(timeout=30)
+    assert len(outcome) == 1
+    with pytest.raises(ValueError, match="already has a token named 'racing'"):
+        raise outcome[0]
