@@ -120,7 +120,7 @@ def search_text(
         c = fusion.Candidate(image_id=str(row["id"]), cosine=cosine, matched_terms=list(row["matched_terms"]))
         if words:  # OCR misreads: query words the image's text holds one edit away
             c.near_terms = lexical.near_terms(words, [t for t in terms if t not in c.matched_terms],
-                                              lexical.lexical_fields(row["display_name"], row["context"]))
+                                              lexical.lexical_fields(row["display_name"], _indexed_context(row)))
         c.lexical = fusion.lexical_score(c.matched_terms, terms, df, n, c.near_terms, params.near) if terms else 0.0
         cands[c.image_id] = c
     qb_applied = False
@@ -197,6 +197,13 @@ def _assign_ranks(cands: list[fusion.Candidate], *, semantic: bool, lexical_on: 
 _NOT_IMAGE = frozenset({"sem_rank", "lex_rank", "cosine", "matched_terms", "current_text", "current_total"})
 
 
+def _indexed_context(image: dict[str, Any]) -> dict[str, Any] | None:
+    """The image's context as its lexical terms hold it: none while ``pending`` — after a content
+    replace the context still describes the old bytes and the terms are the display name's alone
+    (store/images.py REPLACE_CONTENT), so near matches and highlights must not read it either."""
+    return None if image.get("context_status") == "pending" else image.get("context")
+
+
 def _hit(row: dict[str, Any], c: fusion.Candidate, terms: list[str]) -> dict[str, Any]:
     image = {k: v for k, v in row.items() if k not in _NOT_IMAGE}
     matched: dict[str, Any] = {}
@@ -214,13 +221,14 @@ _FIELD_SCAN_MIN = 500  # the longest title or display name the API accepts
 
 
 def _highlight(image: dict[str, Any], matched_terms: list[str]) -> dict[str, Any] | None:
-    """The first of the image's text fields that contains a matched term, around the matches.
+    """The first of the image's text fields (its current ones: ``_indexed_context``) that contains
+    a matched term, around the matches.
 
     The fields share ``lexical.HIGHLIGHT_SCAN_CHARS`` characters of search per hit; a field after a
     long one still has its first ``_FIELD_SCAN_MIN`` (a title or a name is searched whole)."""
     if not matched_terms:
         return None
-    ctx = image.get("context") or {}
+    ctx = _indexed_context(image) or {}
     tags = ctx.get("tags") or []
     budget = lexical.HIGHLIGHT_SCAN_CHARS
     for field, value in (("ocr_text", ctx.get("ocr_text")), ("title", ctx.get("title")),
