@@ -182,8 +182,9 @@ def _load_stored(storage_key: str) -> Any:
 
 
 def _candidate_thumbnails(scope: str, hits: list[dict]) -> dict[str, Any]:
-    """Pixel thumbnails of the hits' stored originals (cached by sha256), by image id."""
-    keys = Q.storage_keys(services().engine, scope, [h["image"]["id"] for h in hits])
+    """Pixel thumbnails of the hits' stored originals (cached by sha256), by image id; a hit whose
+    image holds other bytes now has none (its descriptor cosine alone ranks it)."""
+    keys = Q.storage_keys(services().engine, scope, [(h["image"]["id"], h["image"]["sha256"]) for h in hits])
     out: dict[str, Any] = {}
     for hit in hits:
         image_id, sha = str(hit["image"]["id"]), str(hit["image"]["sha256"])

@@ -74,14 +74,18 @@ def _parse(value: Any) -> list[float]:
     return list(value)
 
 
-def storage_keys(engine: Engine, scope_id: str, image_ids: Sequence[Any]) -> dict[str, str]:
-    """Storage keys of some images of the scope, by image id (missing ids are left out)."""
-    if not image_ids:
+def storage_keys(engine: Engine, scope_id: str, versions: Sequence[tuple[Any, str]]) -> dict[str, str]:
+    """Storage keys of some image versions of the scope — (image id, sha256) pairs — by image id.
+    An image that is gone or holds other bytes now (replaced since the search read it) is left out:
+    its file is not the version the hit names (whose thumbnails are cached under that sha256)."""
+    if not versions:
         return {}
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT id, storage_key FROM images WHERE scope_id = :s AND id = ANY(CAST(:ids AS uuid[]))"),
-            {"s": scope_id, "ids": [str(i) for i in image_ids]},
+            text("SELECT i.id, i.storage_key FROM images i"
+                 " JOIN unnest(CAST(:ids AS uuid[]), CAST(:shas AS text[])) AS v(id, sha)"
+                 " ON i.id = v.id AND i.sha256 = v.sha WHERE i.scope_id = :s"),
+            {"s": scope_id, "ids": [str(i) for i, _ in versions], "shas": [str(sha) for _, sha in versions]},
         ).all()
     return {str(r.id): str(r.storage_key) for r in rows}
 
