@@ -138,18 +138,7 @@ class VisualSearch(MethodView):
         if request.mimetype == "application/json":
             args = S.VisualSearchJsonSchema().load(_json_body())
             exclude = args["image_id"]
-            row = image_file(svc.engine, scope, exclude)
-            if row is None:
-                raise ApiError(404, "not_found", "image not found")
-            vector = Q.current_visual_vector(
-                svc.engine, scope, exclude, model=model, preprocess_version=version, dims=dims
-            )
-            if vector is None:  # not embedded yet: embed the stored bytes on the fly
-                try:
-                    data = svc.store.read(row.storage_key)
-                except FileNotFoundError:
-                    raise ApiError(404, "not_found", "the image file is gone") from None
-                vector = provider.embed([validate_bytes(data, svc.settings).decoded])[0]
+            row, vector = _query_image(svc, scope, exclude, source)
         elif request.mimetype == "multipart/form-data":
             args, upload = parse_multipart(S.VisualSearchFormSchema(), svc.settings)
             assert upload is not None
@@ -170,6 +159,28 @@ class VisualSearch(MethodView):
         items = items[: args["limit"]]
         coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
         return {"items": items, "model": model, "coverage": coverage, "serving": source.info}
+
+
+def _query_image(svc: Any, scope: str, image_id: Any, source: Any) -> tuple[Any, list[float]]:
+    """The query image of a search by id — its row (storage key, sha256) and its visual vector, of
+    one version: the stored vector of that sha256, or one embedded now from its stored bytes (not
+    embedded yet). A replace committing between the row read and the file read removes that file:
+    the row is read again (the image still exists; only a delete makes this a 404)."""
+    for _ in range(3):
+        row = image_file(svc.engine, scope, image_id)
+        if row is None:
+            raise ApiError(404, "not_found", "image not found")
+        vector = Q.current_visual_vector(svc.engine, scope, image_id, model=source.model,
+                                         preprocess_version=source.preprocess_version, dims=source.dims,
+                                         sha256=row.sha256)
+        if vector is not None:
+            return row, vector
+        try:  # not embedded yet: embed the stored bytes on the fly
+            data = svc.store.read(row.storage_key)
+        except FileNotFoundError:  # replaced (or deleted) since the row was read: read the row again
+            continue
+        return row, source.provider.embed([validate_bytes(data, svc.settings).decoded])[0]
+    raise ApiError(404, "not_found", "the image file is gone")
 
 
 def _load_stored(storage_key: str) -> Any:

@@ -49,18 +49,21 @@ def _visual_coverage(engine: Engine, scope_id: str, *, model: str, preprocess_ve
 
 
 def current_visual_vector(
-    engine: Engine, scope_id: str, image_id: uuid.UUID, *, model: str, preprocess_version: str, dims: int
+    engine: Engine, scope_id: str, image_id: uuid.UUID, *, model: str, preprocess_version: str, dims: int,
+    sha256: str | None = None,
 ) -> list[float] | None:
-    """The current visual embedding of one image of the scope, if it has been computed."""
+    """The current visual embedding of one image of the scope, if it has been computed (``sha256``:
+    only while the image still holds those bytes)."""
     with engine.connect() as conn:
         row = conn.execute(
             text(
                 "SELECT v.embedding FROM visual_embeddings v JOIN images i "
                 " ON i.scope_id = v.scope_id AND i.id = v.image_id AND i.sha256 = v.image_sha256 "
                 "WHERE v.scope_id = :s AND v.image_id = :id AND v.model = :m "
-                " AND v.preprocess_version = :p AND v.dims = :d LIMIT 1"
+                " AND v.preprocess_version = :p AND v.dims = :d"
+                " AND (CAST(:sha AS text) IS NULL OR v.image_sha256 = :sha) LIMIT 1"
             ),
-            {"s": scope_id, "id": image_id, "m": model, "p": preprocess_version, "d": int(dims)},
+            {"s": scope_id, "id": image_id, "m": model, "p": preprocess_version, "d": int(dims), "sha": sha256},
         ).first()
     if row is None:
         return None

@@ -62,3 +62,35 @@ def test_a_hit_replaced_during_the_rerank_leaves_no_wrong_thumbnails(client, orc
     top = hits[0]
     assert (top["image"]["id"], top["image"]["sha256"]) == (again["image"]["id"], old_sha)
     assert top["pixels"] > 0.999, "the old bytes were re-ranked by the replacement's pixels"
+
+
+def test_search_by_id_while_the_image_is_replaced_searches_the_new_version(client, orch, publisher, store,
+                                                                           monkeypatch):
+    """Searching by ``image_id`` before the image is embedded reads its stored bytes; a replace that
+    commits between the row read and the file read removes that file. The image still exists: the
+    search reads the row again and queries by the current version, never a 404."""
+    old, new = png_bytes(3, size=(64, 64)), png_bytes(11, size=(64, 64))
+    new_sha = hashlib.sha256(new).hexdigest()
+    r = client.post("/api/v1/images", data={"file": (io.BytesIO(old), "x.png"), "process": "false"},
+                    content_type="multipart/form-data")
+    image_id = r.get_json()["image"]["id"]
+    with Workers(orch, publisher, n=1):  # a neighbour to find
+        neighbour = _upload(client, png_bytes(12, size=(64, 64)))
+        wait_job(client, neighbour["job"]["id"])
+    real_read = store.read
+
+    def read_after_a_replace(key: str) -> bytes:
+        monkeypatch.setattr(store, "read", real_read)  # once
+        orch.replace_content("local", image_id, sha256=new_sha, media_type="image/png", extension=".png",
+                             size_bytes=len(new), width=64, height=64,
+                             storage_key=storage_key(orch.ensure_scope("local"), new_sha, ".png"), files=store,
+                             data=new)
+        return real_read(key)
+
+    monkeypatch.setattr(store, "read", read_after_a_replace)
+    r = client.post("/api/v1/search/visual", json={"image_id": image_id})
+    assert r.status_code == 200, r.get_json()
+    hits = r.get_json()["items"]
+    assert [h["image"]["id"] for h in hits] == [neighbour["image"]["id"]]
+    by_file = [h for h in _lookalike(client, new) if h["image"]["id"] == neighbour["image"]["id"]]
+    assert hits[0]["pixels"] == by_file[0]["pixels"]  # the query was the replacement's pixels
