@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -310,8 +311,13 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
                                from_model=row["target_model"], to_model=row["serving_model"], now=now)
             cancel, switched_back = row["batch_id"], False
         else:
-            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now).row
+            done = q.rollback_txn(conn, scope_id, kind, epoch=row["epoch"], now=now,
+                                  kept_since=_rollback_kept_since(orch, now)).row
             if done is None:
+                if row["previous_model"] is not None:
+                    raise ServingStateConflict(
+                        "the previous model was replaced longer ago than MEMEFLOW_SEARCH_ROLLBACK_WINDOW_S and old-model"
+                        " retention may have pruned its embeddings; configure it again instead (a backfill, no outage)")
                 raise ServingStateConflict("nothing to roll back to: the scope has served one model only")
             coverage = coverage_txn(conn, scope_id, kind, slot(done, "serving"))
             _switched_txn(conn, done, ServingAction.ROLLBACK, coverage, now)
@@ -325,6 +331,15 @@ def rollback(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> tuple[dict[
     if fill is not None:  # its first page now, for a prompt start; the sweep seeds the rest
         _, hints = batches.seed_batch(orch, fill["id"], max_pages=1, page_size=1)
     return status(orch, scope_id, kind), hints
+
+
+def _rollback_kept_since(orch: Orchestrator, now) -> Any:
+    """The earliest switch whose previous model's rows are surely kept: with old-model retention on
+    (``retention_old_models_s``), a replaced model's rows go once ``search_rollback_window_s`` has
+    passed since the switch (store/retention.py); without it they are kept (None: any switch)."""
+    if orch.settings.retention_old_models_s <= 0:
+        return None
+    return now - timedelta(seconds=orch.settings.search_rollback_window_s)
 
 
 def resume(orch: Orchestrator, scope_id: str, kind: str = TEXT) -> dict[str, Any]:

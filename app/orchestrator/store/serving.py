@@ -268,14 +268,20 @@ UPDATE search_serving SET serving_model = previous_model, serving_dims = previou
        previous_model = serving_model, previous_dims = serving_dims, previous_ref = serving_ref, state = 'pinned',
        epoch = epoch + 1, switched_at = :now, updated_at = :now, config_disagree_since = NULL, config_disagree_ref = NULL
 WHERE scope_id = :s AND kind = :k AND state IN ('serving', 'pinned') AND previous_model IS NOT NULL AND epoch = :e
+  AND (CAST(:kept_since AS timestamptz) IS NULL OR switched_at >= :kept_since)
 RETURNING *
 """)
 
 
 @transition
-def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now: datetime) -> Outcome[RowMapping]:
-    """serving / pinned → pinned, serving and previous swapped, epoch + 1 — only at ``epoch``."""
-    return Outcome.of(conn.execute(ROLLBACK, {"s": scope_id, "k": kind, "e": epoch, "now": now}).mappings().all())
+def rollback_txn(conn: Connection, scope_id: str, kind: str, *, epoch: int, now: datetime,
+                 kept_since: datetime | None = None) -> Outcome[RowMapping]:
+    """serving / pinned → pinned, serving and previous swapped, epoch + 1 — only at ``epoch`` and,
+    given ``kept_since`` (old-model retention on: the rollback window's start), only if the switch
+    was no earlier: before it, retention may have pruned the previous model's rows."""
+    return Outcome.of(conn.execute(ROLLBACK, {
+        "s": scope_id, "k": kind, "e": epoch, "now": now, "kept_since": kept_since,
+    }).mappings().all())
 
 
 RESUME = sql("""
