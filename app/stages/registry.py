@@ -36,7 +36,8 @@ _TEXT = {
 }
 
 _cache: dict[tuple, Any] = {}
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards _building; never held while a provider is built
+_building: dict[tuple, threading.Lock] = {}  # one lock per key: its build runs once
 
 
 def get_visual_provider(name: str, **options: Any) -> VisualProvider:
@@ -72,13 +73,21 @@ def clear_cache() -> None:
     """Forget every cached instance (tests only)."""
     with _lock:
         _cache.clear()
+        _building.clear()
 
 
 def _get(kind: str, name: str, known: dict[str, str], options: dict[str, Any], **built: Any) -> Any:
     # The pid is part of the key so a forked worker never reuses its parent's loaded model.
     # ``built``: constructor arguments made by the caller (a composite's parts), not in the key.
+    # A build (loading a model's weights: seconds) holds only its own key's lock, so a search that
+    # needs another model's provider — or an already built one — does not wait for it.
     key = (kind, name, _options_key(options), os.getpid())
+    instance = _cache.get(key)
+    if instance is not None:
+        return instance
     with _lock:
+        build = _building.setdefault(key, threading.Lock())
+    with build:
         instance = _cache.get(key)
         if instance is None:
             instance = _resolve(kind, name, known)(**options, **built)

@@ -1,7 +1,8 @@
-"""A counting provider loaded through the registry's ``module:Class`` form."""
+"""Providers loaded through the registry's ``module:Class`` form (counting, slow to build)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 INSTANCES: list[CountingVisualProvider] = []
@@ -28,3 +29,15 @@ class CountingVisualProvider:
     def embed(self, images: list) -> list[list[float]]:
         self.calls += 1
         return [[1.0, 0.0] for _ in images]
+
+
+class SlowToBuildTextProvider:
+    """A text provider whose constructor blocks until ``release`` is set (a model loading its
+    weights); ``entered`` is set once a build has begun."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    def __init__(self, **options):
+        type(self).entered.set()
+        type(self).release.wait(60)

@@ -145,3 +145,28 @@ def test_errors_carry_stable_codes_and_survive_pickling():
     assert OutcomeUnknownError().code == "agent_outcome_unknown"
     assert isinstance(PermanentError("m", code="invalid_image"), StageError)
     assert not issubclass(OutcomeUnknownError, RetryableError)
+
+
+def test_a_slow_build_does_not_hold_up_lookups_of_other_providers():
+    """The registry built every provider under one process-wide lock: while a search that needs a
+    model not loaded yet (the serving model during a model change) waited for its weights, every
+    other search of the API process — needing a provider long built — waited too."""
+    import threading
+
+    built = registry.get_text_provider("deterministic")
+    slow = fakes.SlowToBuildTextProvider
+    slow.entered.clear()
+    slow.release.clear()
+    loading = threading.Thread(target=registry.get_text_provider, args=("tests.unit.stages.fakes:SlowToBuildTextProvider",))
+    loading.start()
+    try:
+        assert slow.entered.wait(30)
+        got: list = []
+        other = threading.Thread(target=lambda: got.append((registry.get_text_provider("deterministic"),
+                                                            registry.get_visual_provider("deterministic"))))
+        other.start()
+        other.join(timeout=30)
+        assert got and got[0][0] is built  # answered while the slow build still runs
+    finally:
+        slow.release.set()
+        loading.join(timeout=30)
