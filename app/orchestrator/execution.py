@@ -521,6 +521,9 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
         elif decision.retry:
             # not matched: no stage waits on the task any more (its job ended meanwhile) — nothing to do
             jobs.requeue_stages_of_task_txn(conn, claim.task_id, err, decision.available_at, claim.attempt_count, now)
+            # its slot is free now: the fairest waiting task takes it (the requeued task itself is
+            # not due before its backoff ends, so it is not among them)
+            hints = lanes.next_fair_hints_txn(orch, conn, claim)
         else:
             stage_status = StageStatus.UNKNOWN_EXECUTION if decision.unknown else StageStatus.FAILED
             job_status = JobStatus.UNKNOWN_EXECUTION if decision.unknown else JobStatus.FAILED

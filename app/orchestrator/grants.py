@@ -47,7 +47,10 @@ def agent_grants_txn(
         for i, grant in zip(todo, acquired.rows if acquired.matched else (), strict=True):
             answers[i] = grant["id"]
         return answers
-    for i in todo:
+    # one scope after the other, in scope order: a policy may lock per scope (QuotaPolicy does, to
+    # the end of the transaction), and completions whose batches mix scopes (the fair fill) would
+    # otherwise take those locks in opposite orders and deadlock
+    for i in sorted(todo, key=lambda i: items[i][0]["scope_id"]):
         job, fingerprint = items[i]
         answer = orch.policy.acquire(conn, job["scope_id"], AGENT_OPERATION, idempotency_key(job, fingerprint), now)
         assert isinstance(answer, (Grant, Denial)), f"policy returned {answer!r}"

@@ -16,7 +16,8 @@ from app.orchestrator.store._sql import Outcome, sql, transition
 
 # Both fairness reads below walk the waiting (resource key, scope) pairs of a lane with a loose
 # index scan over ix_tasks_claimable (cost follows the number of waiting pairs, not the backlog) and take each pair's best
-# due task (priority, then age) with the pair's last dispatch: the same two CTEs, spelled out in each.
+# due task (priority, then age) with the pair's last dispatch: the same two CTEs, spelled out in each
+# (FAIREST_QUEUED takes each pair's best :n, so :n freed slots are all refilled when fewer pairs wait).
 FAIRER_SCOPE_WAITING = sql("""
 WITH RECURSIVE w AS (
   (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'
@@ -51,11 +52,13 @@ WITH RECURSIVE w AS (
 SELECT c.id, c.lane, w.scope_id, w.resource_key, c.priority, c.created_at,
          coalesce(f.last_dispatch_seq, 0) AS seq FROM w
   LEFT JOIN lane_fairness f ON f.lane = :lane AND f.resource_key = w.resource_key AND f.scope_id = w.scope_id
-  CROSS JOIN LATERAL (SELECT id, lane, priority, created_at FROM tasks t WHERE t.lane = :lane
+  CROSS JOIN LATERAL (SELECT id, lane, priority, created_at,
+                             row_number() OVER (ORDER BY t.priority DESC, t.created_at) AS rk
+    FROM tasks t WHERE t.lane = :lane
     AND t.status = 'queued' AND t.resource_key = w.resource_key AND t.scope_id = w.scope_id
     AND t.available_at <= :now AND NOT t.cancel_requested AND t.attempt_count < t.max_attempts
-    ORDER BY t.priority DESC, t.created_at LIMIT 1) c
-ORDER BY seq, c.priority DESC, c.created_at LIMIT :n
+    ORDER BY t.priority DESC, t.created_at LIMIT :n) c
+ORDER BY c.rk, seq, c.priority DESC, c.created_at LIMIT :n
 """)
 
 
@@ -230,7 +233,9 @@ def unhinted_waiting_txn(conn: Connection, lane: str, now: datetime) -> bool:
 
 
 def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -> list[RowMapping]:
-    """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age."""
+    """The next ``n`` tasks to dispatch: least recently served scope first, then priority, then age —
+    in turns, every waiting scope's best task, then every scope's second …, so ``n`` freed slots get
+    ``n`` tasks even when fewer scopes wait."""
     return list(
         conn.execute(
             FAIREST_QUEUED,

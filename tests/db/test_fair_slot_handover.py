@@ -1,0 +1,67 @@
+"""A freed agent-lane slot is handed to the fairest waiting task on every path that frees it
+(SPEC §4.10, docs/architecture.md "Fairness") — on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.orchestrator import Orchestrator, RecordingPublisher
+from app.stages.errors import RetryableError
+from app.stages.providers import Providers
+from tests.support.agents import rows, step
+from tests.support.pipeline import png_bytes, store_and_ingest
+
+
+def test_a_retryable_failure_hands_its_freed_slot_to_the_waiting_scope(engine, settings):
+    """Lane limit 1: tenant A's agent task runs, tenant B's claim is refused (B now waits unhinted).
+    A's task fails with a retryable error (a flaky provider): its slot frees, and B's task must be
+    hinted by that transaction — not left idle until the next sweep, as after a success or a
+    permanent failure."""
+    settings = dataclasses.replace(settings, agent_lane_limit=1, backoff_base_s=60, backoff_max_s=60)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8100)).hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8101)).hints)
+    hint_b = step(orch, providers, pub, stop_lane="agent")
+    assert hint_a is not None and hint_b is not None
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    assert orch.claim_agent_batch(hint_b.task_id, 1, "w2") == []  # the one slot is A's: refused
+    assert rows(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=hint_b.task_id) == [(None,)]
+
+    hints = orch.fail_task(claim_a, RetryableError("provider busy"))
+
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert [h.task_id for h in hints if h.lane == "agent"] == [hint_b.task_id]
+    assert rows(engine, "SELECT last_hint_at IS NOT NULL FROM tasks WHERE id = :t", t=hint_b.task_id) == [(True,)]
+    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1
+
+
+def test_a_batch_completion_refills_every_slot_it_freed_when_one_scope_waits(engine, settings):
+    """Lane limit 2, agent batch 2 (the remote agent's default shape). One tenant's four agent
+    tasks, each its own wake-up group: two run, the other two are refused for want of a slot and
+    wait unhinted. The two running complete together, freeing two slots: both waiting tasks must
+    be hinted. The fairest-task read gave one task per waiting scope, so with a single scope
+    waiting one freed slot stayed idle until the sweep."""
+    from app.orchestrator import AgentArtifact
+
+    settings = dataclasses.replace(settings, agent_lane_limit=2, agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    hints = []
+    for i in range(4):  # one upload at a time: each agent task is a group of its own
+        pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8200 + i)).hints)
+        hints.append(step(orch, providers, pub, stop_lane="agent"))
+    claims = [c for h in hints[:2] for c in orch.claim_agent_batch(h.task_id, 2, f"w{h.task_id}")]
+    assert len(claims) == 2
+    for h in hints[2:]:
+        assert orch.claim_agent_batch(h.task_id, 2, "w3") == []  # both slots held: refused
+    waiting = {h.task_id for h in hints[2:]}
+    assert rows(engine, "SELECT count(*) FROM tasks WHERE id = ANY(:t) AND last_hint_at IS NULL",
+                t=list(waiting)) == [(2,)]
+
+    freed = orch.complete_tasks([(c, AgentArtifact({"title": "t", "tags": []}, "m", c.attempt_id)) for c in claims])
+
+    assert {h.task_id for h in freed if h.lane == "agent"} == waiting
+    claimed = [c for h in freed if h.lane == "agent" for c in orch.claim_agent_batch(h.task_id, 2, "w4")]
+    assert {c.task_id for c in claimed} == waiting
