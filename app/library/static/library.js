@@ -95,7 +95,9 @@
   }
 
   // ------------------------------------------------------------------ live progress
-  const tracked = new Map(); // job id -> upload row
+  // job id -> the upload rows following it: identical bytes dropped twice return the same image and
+  // job (SPEC §4.1), and every one of their rows must finish with it
+  const tracked = new Map();
   const live = { mode: null, pollTimer: null, safetyTimer: null, source: null, cursor: 0 };
 
   function setMode(text, mode) {
@@ -152,8 +154,7 @@
     const type = event.type || sseType || '';
     if (type.startsWith('job.') && event.job_id && tracked.has(String(event.job_id))) {
       const status = (event.payload && event.payload.status) || type.slice(4);
-      const row = tracked.get(String(event.job_id));
-      if (TERMINAL.has(status)) refreshJob(row, String(event.job_id), status);
+      if (TERMINAL.has(status)) refreshJob(String(event.job_id), status);
     } else if (type === 'image.deleted' && event.image_id) {
       document.querySelectorAll(`.card[data-image-id="${CSS.escape(String(event.image_id))}"]`)
         .forEach((n) => n.remove());
@@ -175,24 +176,33 @@
       const ids = [...tracked.keys()].slice(0, max);
       await Promise.all(ids.map(async (jobId) => {
         const r = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}`);
-        const row = tracked.get(jobId);
-        if (!row) return;
-        if (r.status === 404) return finish(row, 'failed', 'the job is gone (image deleted?)');
-        if (r.ok) showJob(row, r.body);
+        const rows = tracked.get(jobId);
+        if (!rows) return;
+        if (r.status === 404) return rows.forEach((row) => finish(row, 'failed', 'the job is gone (image deleted?)'));
         tracked.delete(jobId); // round robin: re-queued at the end unless finished
+        if (r.ok) rows.forEach((row) => showJob(row, r.body));
         if (r.ok && TERMINAL.has(r.body.status)) return;
-        tracked.set(jobId, row);
+        tracked.set(jobId, rows);
       }));
     } finally {
       pollBusy = false;
     }
   }
 
-  async function refreshJob(row, jobId, status) {
+  async function refreshJob(jobId, status) {
+    const rows = tracked.get(jobId) || [];
     tracked.delete(jobId);
     const r = await api(`/api/v1/jobs/${encodeURIComponent(jobId)}`);
-    if (r.ok) showJob(row, r.body);
-    else finish(row, status);
+    for (const row of rows) {
+      if (r.ok) showJob(row, r.body);
+      else finish(row, status);
+    }
+  }
+
+  function track(jobId, row) {
+    const rows = tracked.get(jobId);
+    if (!rows) tracked.set(jobId, [row]);
+    else if (!rows.includes(row)) rows.push(row);
   }
 
   /** Show a job's state on its row; a terminal job finishes the row. */
@@ -208,7 +218,11 @@
   }
 
   function finish(row, status, detail = '') {
-    for (const [id, r] of tracked) if (r === row) tracked.delete(id);
+    for (const [id, rows] of tracked) {
+      const left = rows.filter((r) => r !== row);
+      if (!left.length) tracked.delete(id);
+      else if (left.length < rows.length) tracked.set(id, left);
+    }
     if (status === 'succeeded') setRow(row, 'done', 'done', 100);
     else setRow(row, 'failed', detail ? `${status} — ${detail}` : status, 100);
     setGridChip(row, status);
@@ -293,7 +307,7 @@
     if (!job) return setRow(row, 'done', created ? 'stored (not processed)' : 'already in the library', 100);
     row.dataset.jobId = job.id;
     if (TERMINAL.has(job.status)) return showJob(row, job);
-    tracked.set(String(job.id), row);
+    track(String(job.id), row);
     setRow(row, 'queued', created ? 'queued' : 'queued (already in the library)', 50);
   }
 
