@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,21 @@ EXTENSIONS: dict[str, str] = {
 _PIL_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
 
 DEFAULT_MAX_PIXELS = 40_000_000
+
+# A progressive JPEG is decoded in scans, each one pass over every block of the image, and a scan
+# can be a few bytes (end-of-band runs): a 700 KB file of 10,000 scans of a 6000x6000 image held a
+# thread for 40 s — the pixel limit does not see it, and 20 MiB holds ~30x more. Encoders write
+# about 10 (libjpeg's progressive script: 6 grey, 10 colour); libjpeg-turbo refuses untrusted files
+# by the same count (djpeg -maxscans, TJPARAM_SCANLIMIT).
+MAX_JPEG_SCANS = 100
+# Markers the scan count walks through before giving up: a real file holds tens (a split ICC
+# profile a few hundred), and the walk costs one Python step each.
+MAX_JPEG_MARKERS = 10_000
+# The next marker as libjpeg's reader finds it: a 0xFF (after any fill 0xFFs) and a byte that is
+# neither a stuffed zero nor a marker without a length (RSTn, TEM); whatever lies between — a
+# scan's entropy-coded data, garbage — is skipped, as libjpeg skips it (with a warning).
+_JPEG_MARKER = re.compile(rb"\xff([^\x00\xff\x01\xd0-\xd7])")
+_SOI, _EOI, _SOS = 0xD8, 0xD9, 0xDA
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,27 @@ def sniff_media_type(data: bytes) -> str | None:
     return None
 
 
+def _check_jpeg_scans(data: bytes) -> None:
+    """Refuse a JPEG with more than ``MAX_JPEG_SCANS`` scans before its image ends (the first
+    EOI; data after it, such as a motion photo's video, is never decoded), counted as libjpeg's
+    marker reader meets them: segments skipped by their length, anything else up to the next marker."""
+    scans, pos, end = 0, 2, len(data)  # after the SOI
+    for _ in range(MAX_JPEG_MARKERS):
+        found = _JPEG_MARKER.search(data, pos)
+        if found is None or found.group(1)[0] in (_EOI, _SOI):  # the image ends (a second SOI: an error)
+            return
+        if found.group(1)[0] == _SOS:
+            scans += 1
+            if scans > MAX_JPEG_SCANS:
+                raise PermanentError(f"a JPEG of more than {MAX_JPEG_SCANS} scans (progressive passes) "
+                                     "is not accepted", code="invalid_image")
+        pos = found.end()
+        if pos + 2 > end:
+            return
+        pos += max(int.from_bytes(data[pos:pos + 2], "big"), 2)  # the length counts its own two bytes
+    raise PermanentError(f"a JPEG of more than {MAX_JPEG_MARKERS} markers is not accepted", code="invalid_image")
+
+
 @contextmanager
 def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
     """The checks :func:`decode_image` and :func:`check_image` share: the bytes are a supported
@@ -61,6 +98,8 @@ def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
     media_type = sniff_media_type(data)
     if media_type is None:
         raise PermanentError("not a supported image (png, jpeg, gif, webp)", code="invalid_image")
+    if media_type == "image/jpeg":
+        _check_jpeg_scans(data)  # before any decoding: the scans, not the pixels, are the cost
     try:
         with warnings.catch_warnings():
             # Pillow warns (rather than raises) between 1x and 2x its own limit; make it fatal.

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from app.api import create_app
 from app.auth import LocalScopeResolver
 from tests.api.conftest import png_bytes, upload
+from tests.unit.stages.helpers import jpeg_with_repeated_scans
 from tests.unit.stages.test_images import truncated_animated_gif
 
 
@@ -50,6 +51,8 @@ UPLOAD_CASES = [
     ("truncated animated gif", truncated_animated_gif(), {}, 422, "invalid_image"),
     ("text named .png", b"hello, I am not an image\n" * 4, {}, 415, "unsupported_media_type"),
     ("png bomb", png_bomb(), {}, 422, "invalid_image"),
+    # small, but each of its 1000 extra scans is a pass over the whole image (tests/unit/stages/test_jpeg_scans.py)
+    ("jpeg of endless scans", jpeg_with_repeated_scans(1000, size=1024), {}, 422, "invalid_image"),
     ("bad policy", png_bytes(), {"reverse_image_policy": "always"}, 422, "invalid_reverse_image_policy"),
     ("unknown form field", png_bytes(), {"scope_id": "beta"}, 422, "validation_error"),
     ("bad process flag", png_bytes(), {"process": "perhaps"}, 422, "validation_error"),
