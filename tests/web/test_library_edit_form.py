@@ -14,6 +14,11 @@ from tests.support.chromium import Browser
 from tests.web.conftest import serving
 
 TAGS = ["yes, and", "周五，周六", "Friday deploy", "cat"]
+# Saved: the page follows the new job ("saved"), or — nothing to follow — has reloaded and the new
+# document is ready. ("reloading" is not enough: reading the page, or going to another, while the
+# reload is under way races it.)
+SAVED = ("(location.search.includes('updated=') && document.body.dataset.ready === '1') || "
+         "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
 
 
 def _set_context(engine, image_id: str, context: dict) -> None:
@@ -36,8 +41,7 @@ def _save_unchanged(page, base: str, image_id: str) -> None:
     assert not page.evaluate("location.search.includes('updated=')")
     page.click("#save-context")
     # saved: either the page follows the new job (state "saved") or, with nothing to follow, reloads
-    page.wait_until("location.search.includes('updated=') || "
-                    "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
+    page.wait_until(SAVED)
 
 
 def test_saving_the_form_unchanged_round_trips_the_context(make_app, engine, tmp_path):
@@ -88,8 +92,7 @@ def test_saving_the_context_leaves_an_untouched_display_name_as_stored(make_app,
         page.wait_until("document.body.dataset.ready === '1'")
         page.evaluate("document.querySelector('#f-title').value = 'a new title'")
         page.click("#save-context")
-        page.wait_until("location.search.includes('updated=') || "
-                        "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
+        page.wait_until(SAVED)
         with engine.connect() as conn:
             row = conn.execute(text("SELECT display_name, context FROM images WHERE id = :id"), {"id": image_id}).one()
         assert row.context["title"] == "a new title"
@@ -99,8 +102,7 @@ def test_saving_the_context_leaves_an_untouched_display_name_as_stored(make_app,
         page.wait_until("document.body.dataset.ready === '1'")
         page.evaluate("document.querySelector('#f-display_name').value = ' renamed '")
         page.click("#save-context")
-        page.wait_until("location.search.includes('updated=') || "
-                        "(document.querySelector('#context-form') || {dataset: {}}).dataset.state === 'saved'")
+        page.wait_until(SAVED)
         page.goto("about:blank")
 
     with engine.connect() as conn:

@@ -438,11 +438,16 @@
         form.dataset.state = 'error';
         return;
       }
-      form.dataset.state = 'saved';
       const job = r.body.job;
       message.textContent = job ? `saved — job rev ${job.revision} re-embeds the text (${job.status})` : 'saved';
-      if (job && !TERMINAL.has(job.status)) followJob(job.id);
-      else reloadTimeline();
+      // 'saved': the page stays and follows the job; 'reloading': this document is about to go
+      if (job && !TERMINAL.has(job.status)) {
+        form.dataset.state = 'saved';
+        followJob(job.id);
+      } else {
+        form.dataset.state = 'reloading';
+        reloadTimeline();
+      }
     });
     const timeline = $('#timeline');
     if (timeline && timeline.dataset.jobId && !TERMINAL.has(timeline.dataset.jobStatus)) {
