@@ -1,7 +1,7 @@
-"""The library page's context form, in headless Chromium: opened and saved without a change, it
-sends the stored context back as PATCH stores it (a tag with a comma stays one tag; a description
-that starts with a line break keeps it), so the save is a no-op; a title written with a line break
-before titles were one line is saved as the one line PATCH makes of it, not glued together."""
+"""The library page's context form, in headless Chromium: saved without a change it writes
+nothing; a changed field sends the rest of the context back as PATCH stores it; the context and the
+name are each sent only when changed (a rename never stores an empty context, nor a context edit a
+mangled name)."""
 
 from __future__ import annotations
 
@@ -34,44 +34,92 @@ def _stored(engine, image_id: str) -> tuple[dict, int]:
     return row.context, row.revision
 
 
-def _save_unchanged(page, base: str, image_id: str) -> None:
-    """Open the image page, save the form as it comes, and wait until the page has its answer."""
+def _open(page, base: str, image_id: str) -> None:
     page.goto(f"{base}/library/images/{image_id}")
     page.wait_until("document.body.dataset.ready === '1'")
     assert not page.evaluate("location.search.includes('updated=')")
+
+
+def _save(page) -> str:
+    """Save the form; wait until the page has its answer: the form's state, or "reloaded"."""
     page.click("#save-context")
-    # saved: either the page follows the new job (state "saved") or, with nothing to follow, reloads
-    page.wait_until(SAVED)
+    page.wait_until(SAVED + " || (document.querySelector('#context-form') || {dataset: {}}).dataset.state"
+                    " === 'unchanged'")
+    return page.evaluate("location.search.includes('updated=') ? 'reloaded'"
+                         " : document.querySelector('#context-form').dataset.state")
 
 
-def test_saving_the_form_unchanged_round_trips_the_context(make_app, engine, tmp_path):
-    app = make_app("none")
-    api = app.test_client()
+def _uploaded(api, n: int) -> list[str]:
     ids = []
-    for i in range(2):
+    for i in range(n):
         created = upload(api, png_bytes(color=(30 + 90 * i, 60, 90)), name=f"form-{i}.png", process=False)
         assert created.status_code == 201, created.get_json()
         ids.append(created.get_json()["image"]["id"])
-    exact, legacy = ids
-    context = {"title": "Deploy freeze, Friday edition", "description": "\nstarts with a line break\nand goes on",
-               "ocr_text": "line one\nline two", "tags": TAGS}
-    _set_context(engine, exact, context)
-    _set_context(engine, legacy, {**context, "title": "Deploy freeze\nFriday edition"})
-    before = _stored(engine, exact)
+    return ids
+
+
+CONTEXT = {"title": "Deploy freeze, Friday edition", "description": "\nstarts with a line break\nand goes on",
+           "ocr_text": "line one\nline two", "tags": TAGS}
+
+
+def test_saving_the_form_unchanged_writes_nothing(make_app, engine, tmp_path):
+    app = make_app("none")
+    exact, legacy = _uploaded(app.test_client(), 2)
+    _set_context(engine, exact, CONTEXT)
+    _set_context(engine, legacy, {**CONTEXT, "title": "Deploy freeze\nFriday edition"})
+    before = [_stored(engine, exact), _stored(engine, legacy)]
 
     with serving(app) as base, Browser(tmp_path / "profile") as browser:
         page = browser.new_page()
-        _save_unchanged(page, base, exact)
-        assert page.evaluate("document.querySelector('#f-tags').value.split('\\n')") == TAGS
-        _save_unchanged(page, base, legacy)
+        for image_id in (exact, legacy):
+            _open(page, base, image_id)
+            assert page.evaluate("document.querySelector('#f-tags').value.split('\\n')") == TAGS
+            assert _save(page) == "unchanged"
         assert page.csp_violations() == []
         page.goto("about:blank")
 
-    # the exact context came back as stored: nothing written, no new revision
-    assert _stored(engine, exact) == before
-    # the old multi-line title is stored as one line (as PATCH stores every title); the rest as it was
-    stored, _ = _stored(engine, legacy)
-    assert stored == {**context, "title": "Deploy freeze Friday edition"}
+    assert [_stored(engine, exact), _stored(engine, legacy)] == before  # nothing written, no new revision
+
+
+def test_changing_one_field_sends_the_others_as_stored(make_app, engine, tmp_path):
+    """The rest of the context goes back as PATCH stores it: a tag with a comma stays one tag, a
+    description that starts with a line break keeps it; a title written with a line break before
+    titles were one line is saved as the one line PATCH makes of it, not glued together."""
+    app = make_app("none")
+    exact, legacy = _uploaded(app.test_client(), 2)
+    _set_context(engine, exact, CONTEXT)
+    _set_context(engine, legacy, {**CONTEXT, "title": "Deploy freeze\nFriday edition"})
+
+    with serving(app) as base, Browser(tmp_path / "profile") as browser:
+        page = browser.new_page()
+        for image_id in (exact, legacy):
+            _open(page, base, image_id)
+            page.evaluate("document.querySelector('#f-ocr_text').value = 'line one\\nline 2'")
+            assert _save(page) in ("saved", "reloaded")
+        page.goto("about:blank")
+
+    assert _stored(engine, exact)[0] == {**CONTEXT, "ocr_text": "line one\nline 2"}
+    assert _stored(engine, legacy)[0] == {**CONTEXT, "ocr_text": "line one\nline 2",
+                                          "title": "Deploy freeze Friday edition"}
+
+
+def test_renaming_an_image_before_its_ocr_ran_leaves_it_without_a_context(make_app, engine, tmp_path):
+    """The form sent its (empty) context fields with every save: renaming an image whose agent had
+    not run yet stored an empty human-edited context, and its OCR then never ran."""
+    app = make_app("none")
+    [image_id] = _uploaded(app.test_client(), 1)
+
+    with serving(app) as base, Browser(tmp_path / "profile") as browser:
+        page = browser.new_page()
+        _open(page, base, image_id)
+        page.evaluate("document.querySelector('#f-display_name').value = 'renamed early'")
+        assert _save(page) in ("saved", "reloaded")
+        page.goto("about:blank")
+
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT display_name, context, context_status FROM images WHERE id = :id"),
+                           {"id": image_id}).one()
+    assert (row.display_name, row.context, row.context_status) == ("renamed early", None, "pending")
 
 
 def test_saving_the_context_leaves_an_untouched_display_name_as_stored(make_app, engine, tmp_path):

@@ -421,15 +421,26 @@
     // A one-line input drops a stored name's line breaks (and the form trims it): a name the user
     // did not touch is not sent, so saving the context never renames the image.
     const nameAsLoaded = form.elements.display_name.value;
+    // Likewise the context: sent only when a field of it changed. A human edit wins over the agent
+    // for good, so an image renamed before its OCR ran must not get an empty "edited" context (its
+    // OCR would then never run).
+    const value = (name) => form.elements[name].value;
+    // one tag a line: a tag may hold a comma (",", "，"); the API drops empty and repeated tags
+    const contextOf = () => ({
+      title: value('title'), description: value('description'), ocr_text: value('ocr_text'),
+      tags: value('tags').split('\n').map((t) => t.trim()).filter(Boolean),
+    });
+    const contextAsLoaded = JSON.stringify(contextOf());
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
-      const value = (name) => form.elements[name].value;
-      // one tag a line: a tag may hold a comma (",", "，"); the API drops empty and repeated tags
-      const tags = value('tags').split('\n').map((t) => t.trim()).filter(Boolean);
-      const body = {
-        context: { title: value('title'), description: value('description'), ocr_text: value('ocr_text'), tags },
-      };
+      const body = {};
+      if (JSON.stringify(contextOf()) !== contextAsLoaded) body.context = contextOf();
       if (value('display_name') !== nameAsLoaded) body.display_name = value('display_name').trim() || null;
+      if (!Object.keys(body).length) {
+        message.textContent = 'nothing changed';
+        form.dataset.state = 'unchanged';
+        return;
+      }
       message.textContent = 'saving…';
       form.dataset.state = 'saving';
       const r = await api(`/api/v1/images/${encodeURIComponent(imageId)}`, { method: 'PATCH', json: body });
