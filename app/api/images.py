@@ -128,7 +128,7 @@ class ImageById(MethodView):
     def delete(self, image_id: uuid.UUID):
         """Delete the image, its jobs, tasks and artifacts; the file goes after the commit."""
         svc = services()
-        svc.orchestrator.delete_image(scope_id(), image_id, files=svc.store)
+        publish(svc.orchestrator.delete_image(scope_id(), image_id, files=svc.store))
 
 
 @blp.route("/<uuid:image_id>/content")

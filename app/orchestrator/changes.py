@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.db.enums import ACTIVE_JOB_STATUSES, STAGE_ORDER, ContextStatus, JobMode, JobStatus
 from app.orchestrator import fingerprints as fp
-from app.orchestrator import grants, limits
+from app.orchestrator import grants, lanes, limits
 from app.orchestrator.advance import create_or_reuse_job_txn, end_job_txn
 from app.orchestrator.errors import (
     ContextGenerationInProgress,
@@ -18,7 +18,8 @@ from app.orchestrator.errors import (
     NotFound,
 )
 from app.orchestrator.files import release_file, store_file_txn
-from app.orchestrator.store import images, jobs, reads, tasks
+from app.orchestrator.hints import Hint
+from app.orchestrator.store import images, jobs, reads, slots, tasks
 from app.orchestrator.types import ImageJobResult, IngestResult, JobResult
 from app.storage import FileStore
 from app.storage import storage_key as content_key
@@ -247,9 +248,12 @@ def replace_content(
                           old_storage_key=old_key)
 
 
-def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, files: FileStore | None = None) -> str | None:
+def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *,
+                 files: FileStore | None = None) -> list[Hint]:
     """Delete the image (cascade). With ``files``, its file is then removed under the key's lock
-    unless a row (e.g. a re-upload of the same bytes) references it. Returns the storage key."""
+    unless a row (e.g. a re-upload of the same bytes) references it. Returns the hints to publish:
+    a lane slot its running task held is free now, and goes to the fairest waiting task (as when a
+    task ends) rather than idle until the sweep."""
     with orch.engine.begin() as conn:
         image = images.lock_image_txn(conn, scope_id, image_id)
         if image is None:
@@ -259,8 +263,10 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *, file
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:
                 grants.release_if_unattempted_txn(orch, conn, task_id)
+        held = slots.held_by_image_txn(conn, scope_id, image_id)
         key = images.delete_image_txn(conn, scope_id, image_id).expect(
             "the image row is locked (lock_image_txn above)").row
+        hints = [h for lane, n in held for h in lanes.next_fair_hints_of_lane_txn(orch, conn, lane, n)]
     if key:
         release_file(orch, files, key)
-    return key
+    return hints

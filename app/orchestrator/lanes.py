@@ -188,12 +188,18 @@ def next_fair_hints_txn(orch: Orchestrator, conn: Connection, claim: Claim, free
     task's ``last_hint_at``, as does a retry's requeue): a task whose hint is still in the broker
     will be claimed by it, and hinting it again would only cost an empty claim.
     """
-    if claim.lane not in LIMITED_LANES or freed < 1:
+    return next_fair_hints_of_lane_txn(orch, conn, claim.lane, freed)
+
+
+def next_fair_hints_of_lane_txn(orch: Orchestrator, conn: Connection, lane: str, freed: int) -> list[Hint]:
+    """``next_fair_hints_txn`` for ``freed`` slots of ``lane`` freed by something other than a claim's
+    end (an image deleted while its task held one: the row's cascade frees it)."""
+    if lane not in LIMITED_LANES or freed < 1:
         return []
     now = orch.now()
-    if not slots.unhinted_waiting_txn(conn, claim.lane, now):
+    if not slots.unhinted_waiting_txn(conn, lane, now):
         return []
-    rows = slots.fairest_queued_txn(conn, claim.lane, now, freed)
+    rows = slots.fairest_queued_txn(conn, lane, now, freed)
     if not rows:
         return []
     tasks.mark_hinted_txn(conn, [r["id"] for r in rows], now)

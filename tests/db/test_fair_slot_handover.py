@@ -65,3 +65,26 @@ def test_a_batch_completion_refills_every_slot_it_freed_when_one_scope_waits(eng
     assert {h.task_id for h in freed if h.lane == "agent"} == waiting
     claimed = [c for h in freed if h.lane == "agent" for c in orch.claim_agent_batch(h.task_id, 2, "w4")]
     assert {c.task_id for c in claimed} == waiting
+
+
+def test_deleting_an_image_whose_agent_task_runs_hands_its_slot_to_the_waiting_scope(engine, settings):
+    """The delete's cascade freed the running task's slot (its holder set to NULL) but hinted no one:
+    the refused task of another tenant waited for the sweep."""
+    import uuid
+
+    settings = dataclasses.replace(settings, agent_lane_limit=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    a = store_and_ingest(orch, "tenant-a", png_bytes(8300))
+    pub.publish(a.hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8301)).hints)
+    hint_b = step(orch, providers, pub, stop_lane="agent")
+    assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w1")) == 1
+    assert orch.claim_agent_batch(hint_b.task_id, 1, "w2") == []  # the one slot is A's: refused
+
+    hints = orch.delete_image("tenant-a", uuid.UUID(a.image["id"]))
+
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert [h.task_id for h in hints if h.lane == "agent"] == [hint_b.task_id]
+    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1

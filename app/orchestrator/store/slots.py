@@ -147,6 +147,18 @@ def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime
     return Outcome.count(conn.execute(EXTEND, {"t": task_id, "gen": gen, "exp": expires, "now": now}).rowcount)
 
 
+HELD_BY_IMAGE = sql("""
+SELECT ls.lane, count(*) AS n FROM tasks t JOIN lane_slots ls ON ls.task_id = t.id
+WHERE t.scope_id = :s AND t.image_id = :i GROUP BY ls.lane
+""")
+
+
+def held_by_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> list[tuple[str, int]]:
+    """(lane, slots) the image's tasks hold: what deleting the image frees (the rows' cascade sets
+    the slots' holder to NULL)."""
+    return [(r.lane, int(r.n)) for r in conn.execute(HELD_BY_IMAGE, {"s": scope_id, "i": image_id})]
+
+
 # Free the slots one execution (task, generation) holds — also the orphan sweep's per-slot re-check.
 RELEASE = sql("""
 UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL, updated_at = :now
