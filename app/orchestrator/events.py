@@ -101,14 +101,12 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
         from app.orchestrator.store.images import ensure_scope_txn
 
         ensure_scope_txn(conn, scope_id)
-        slot_no = None
-        for _ in range(3):  # two streams racing for one free slot: the loser tries the next one
-            acquired = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
-                                                 stream_lease_s(s))
-            if acquired.matched:
-                slot_no = acquired.row
-                break
-            # not matched: every slot held, or a racing stream took the free one — look again
+        # one open of the scope at a time (a lock held to this commit): racing opens each looked at
+        # the same free slot, and a few rounds of losing answered 429 while slots were free
+        q.lock_stream_slots_txn(conn, scope_id)
+        acquired = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
+                                             stream_lease_s(s))
+        slot_no = acquired.row if acquired.matched else None  # not matched: every slot is held
     if slot_no is None:
         raise TooManyStreams(f"at most {s.event_streams_per_scope} live event streams per scope")
     slot = StreamSlot(orch, scope_id, slot_no, holder)
