@@ -270,7 +270,8 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     (a library already processed, a fill scan past covered images) is never paused, and seeding
     all of it in one run held the sweep — and every scope's re-hints, published after it — for as
     long as the whole library took. Heads the budget left out keep their place (least recently
-    touched first) and go first next run.
+    touched first) and go first next run. The heads looked at get their ``batch.progress`` turn
+    (a seeding batch's items run long before its last page is in), as do the running batches.
 
     Bounded (``SWEEP_BATCHES`` of each kind per run), yet no batch waits on others: a paused head
     and a running batch left unfinished are touched, so the windows rotate; and the batches that
@@ -278,6 +279,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     finished batch completes at the next sweep however many long batches run."""
     with orch.engine.connect() as conn:
         heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
+    looked_at = list(heads)
     seeded, hints, budget = 0, [], orch.settings.batch_sweep_pages
     while heads and budget > 0:
         still = []
@@ -289,6 +291,10 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
             if more:
                 still.append(batch_id)
         heads = still
+    # a library larger than the backlog threshold stays seeding for most of its run (each page
+    # waits for the backlog to drain): its items' jobs end meanwhile, so its progress is told too
+    for batch_id in looked_at:
+        emit_batch_progress(orch, batch_id)
     with orch.engine.connect() as conn:
         candidates = store.completable_batches_txn(conn, SWEEP_BATCHES)
         running = [b["id"] for b in store.running_batches_txn(conn, SWEEP_BATCHES)]

@@ -117,11 +117,12 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
 
 
 def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
-    """Sweep step: a ``batch.progress`` event with the running batch's counts, if they changed
-    since its last one (one per batch per sweep at most). True when an event was staged."""
+    """Sweep step: a ``batch.progress`` event with the unfinished (seeding or running) batch's
+    counts, if they changed since its last one (one per batch per sweep at most). True when an
+    event was staged."""
     with orch.engine.begin() as conn:
         batch = batches_q.batch_txn(conn, batch_id, lock=True)
-        if batch is None or batch["status"] != BatchStatus.RUNNING:
+        if batch is None or batch["status"] not in (BatchStatus.SEEDING, BatchStatus.RUNNING):
             return False
         counts = batches_q.item_counts_txn(conn, batch_id)
         last = q.last_batch_progress_txn(conn, batch_id)
@@ -131,7 +132,7 @@ def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
         total = batch["total"]
         q.stage_event_txn(conn, batch["scope_id"], EventType.BATCH_PROGRESS.value, {
             "batch_id": str(batch_id), "status": batch["status"], "total": total, "counts": counts,
-            "progress": round(terminal / total, 6) if total else 0.0,
+            "progress": min(1.0, round(terminal / total, 6)) if total else 0.0,  # as GET /batches/{id}
         }, batch_id=batch_id)
     return True
 
