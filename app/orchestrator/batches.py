@@ -226,6 +226,7 @@ def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> d
 
 def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
     """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged.
+    A job an item of another unfinished batch follows (that batch adopted it) is left to it.
 
     The batch is marked first, its jobs are cancelled after, one transaction each: a cancel
     interrupted in between (the request killed) is finished by cancelling again — a cancelled batch
@@ -253,7 +254,9 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                 # lock a task and then its job: the other order deadlocked with them (a 500)
                 images.lock_open_tasks_of_image_txn(conn, ref["scope_id"], ref["image_id"])
                 job = jobs.lock_job_txn(conn, job_id)
-                if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
+                # (checked again under the image lock: a batch seeding the image adopts its job under it)
+                if job is not None and job["status"] in ACTIVE_JOB_STATUSES \
+                        and not store.followed_by_other_batch_txn(conn, job_id, bid):
                     end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
         if len(job_ids) < CANCEL_PAGE:
             break
