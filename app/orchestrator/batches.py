@@ -260,6 +260,7 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                     end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
         if len(job_ids) < CANCEL_PAGE:
             break
+    emit_batch_progress(orch, bid, cancelled=True)  # the counts the cancel left, if not batch.cancelled's
     return get_batch(orch, scope_id, bid)
 
 

@@ -116,13 +116,17 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
         slot.release()
 
 
-def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
+def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID, *, cancelled: bool = False) -> bool:
     """Sweep step: a ``batch.progress`` event with the unfinished (seeding or running) batch's
     counts, if they changed since its last one (one per batch per sweep at most). True when an
-    event was staged."""
+    event was staged.
+
+    ``cancelled``: the end of a cancel instead — the batch.cancelled event counted the batch's jobs
+    as they were when it was marked, still active; one last event gives the counts its cancel left."""
+    wanted = (BatchStatus.CANCELLED,) if cancelled else (BatchStatus.SEEDING, BatchStatus.RUNNING)
     with orch.engine.begin() as conn:
         batch = batches_q.batch_txn(conn, batch_id, lock=True)
-        if batch is None or batch["status"] not in (BatchStatus.SEEDING, BatchStatus.RUNNING):
+        if batch is None or batch["status"] not in wanted:
             return False
         counts = batches_q.item_counts_txn(conn, batch_id)
         last = q.last_batch_progress_txn(conn, batch_id)

@@ -54,10 +54,11 @@ def stage_event_txn(
 
 
 def last_batch_progress_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, Any] | None:
-    """The payload of the batch's newest ``batch.progress`` event (ix_events_batch), or None."""
+    """The payload of the batch's newest ``batch.progress`` event — or ``batch.cancelled``, whose
+    counts a cancel's last progress event follows (ix_events_batch), or None."""
     return conn.execute(
         sql(
-            "SELECT payload FROM events WHERE batch_id = :b AND type = 'batch.progress'"
+            "SELECT payload FROM events WHERE batch_id = :b AND type IN ('batch.progress', 'batch.cancelled')"
             " ORDER BY id DESC LIMIT 1"
         ),
         {"b": batch_id},
