@@ -52,7 +52,8 @@ class BatchCancel(MethodView):
     @blp.response(200, S.BatchEnvelopeSchema)
     @blp.doc(responses=error_docs({404: "not_found"}))
     def post(self, batch_id: uuid.UUID):
-        """Stop seeding and cancel the batch's queued jobs; a completed batch is returned unchanged.
+        """Stop seeding and cancel the batch's queued jobs (not one that another unfinished batch
+        over the same image follows); a completed batch is returned unchanged.
         A cancelled one keeps its status, and cancelling it again cancels its jobs still active (a
         cancel cut short, e.g. the request killed midway, is finished this way)."""
         result = _orch_call("cancel_batch")(scope_id(), batch_id)

@@ -93,9 +93,6 @@ def _wants_sse() -> bool:
     return sse > 0 and sse >= named.get("application/json", 0)
 
 
-_EVENT_ID_DIGITS = len(str(S.MAX_EVENT_ID))
-
-
 def _last_event_id() -> int | None:
     raw = request.headers.get("Last-Event-ID")
     if raw is None or raw.strip() == "":
@@ -103,7 +100,7 @@ def _last_event_id() -> int | None:
     raw = raw.strip()
     # isascii: '²' (one latin-1 byte in a header) is a digit to isdigit(), not to int(); the length
     # bound keeps int() from a run of digits past its 4300
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > _EVENT_ID_DIGITS or int(raw) > S.MAX_EVENT_ID:
+    if not S.is_event_id_text(raw):
         raise ApiError(422, "invalid_after", "Last-Event-ID must be an event id (a non-negative integer)")
     return int(raw)
 

@@ -539,10 +539,26 @@ class ReadySchema(Schema):
 # --- events and webhooks (issue 20) ---------------------------------------------------------------
 
 MAX_EVENT_ID = 2**63 - 1
+_EVENT_ID_DIGITS = len(str(MAX_EVENT_ID))
+
+
+def is_event_id_text(raw: str) -> bool:
+    """Whether ``raw`` spells an event id as the contract says: ASCII digits only (no sign, space,
+    ``_`` or other script's digits, which ``int()`` all accepts), at most ``MAX_EVENT_ID``."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= _EVENT_ID_DIGITS and int(raw) <= MAX_EVENT_ID
+
+
+class EventId(fields.Integer):
+    """An event id cursor: a non-negative integer in ASCII digits, at most ``MAX_EVENT_ID``."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if isinstance(value, str) and not is_event_id_text(value):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
 
 
 class EventsArgsSchema(StrictSchema):
-    after = fields.Integer(load_default=None, validate=validate.Range(min=0, max=MAX_EVENT_ID),
+    after = EventId(load_default=None, validate=validate.Range(min=0, max=MAX_EVENT_ID),
                            metadata={"description": "return events with a larger id (default 0; SSE: or "
                                                     "the Last-Event-ID header)"})
     limit = fields.Integer(load_default=100, validate=validate.Range(min=1, max=100))

@@ -226,6 +226,7 @@ def get_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> d
 
 def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -> dict:
     """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged.
+    A job an item of another unfinished batch follows (that batch adopted it) is left to it.
 
     The batch is marked first, its jobs are cancelled after, one transaction each: a cancel
     interrupted in between (the request killed) is finished by cancelling again — a cancelled batch
@@ -253,10 +254,13 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                 # lock a task and then its job: the other order deadlocked with them (a 500)
                 images.lock_open_tasks_of_image_txn(conn, ref["scope_id"], ref["image_id"])
                 job = jobs.lock_job_txn(conn, job_id)
-                if job is not None and job["status"] in ACTIVE_JOB_STATUSES:
+                # (checked again under the image lock: a batch seeding the image adopts its job under it)
+                if job is not None and job["status"] in ACTIVE_JOB_STATUSES \
+                        and not store.followed_by_other_batch_txn(conn, job_id, bid):
                     end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
         if len(job_ids) < CANCEL_PAGE:
             break
+    emit_batch_progress(orch, bid, cancelled=True)  # the counts the cancel left, if not batch.cancelled's
     return get_batch(orch, scope_id, bid)
 
 
@@ -270,7 +274,8 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     (a library already processed, a fill scan past covered images) is never paused, and seeding
     all of it in one run held the sweep — and every scope's re-hints, published after it — for as
     long as the whole library took. Heads the budget left out keep their place (least recently
-    touched first) and go first next run.
+    touched first) and go first next run. The heads looked at get their ``batch.progress`` turn
+    (a seeding batch's items run long before its last page is in), as do the running batches.
 
     Bounded (``SWEEP_BATCHES`` of each kind per run), yet no batch waits on others: a paused head
     and a running batch left unfinished are touched, so the windows rotate; and the batches that
@@ -278,6 +283,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     finished batch completes at the next sweep however many long batches run."""
     with orch.engine.connect() as conn:
         heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
+    looked_at = list(heads)
     seeded, hints, budget = 0, [], orch.settings.batch_sweep_pages
     while heads and budget > 0:
         still = []
@@ -289,6 +295,10 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
             if more:
                 still.append(batch_id)
         heads = still
+    # a library larger than the backlog threshold stays seeding for most of its run (each page
+    # waits for the backlog to drain): its items' jobs end meanwhile, so its progress is told too
+    for batch_id in looked_at:
+        emit_batch_progress(orch, batch_id)
     with orch.engine.connect() as conn:
         candidates = store.completable_batches_txn(conn, SWEEP_BATCHES)
         running = [b["id"] for b in store.running_batches_txn(conn, SWEEP_BATCHES)]

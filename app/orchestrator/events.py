@@ -101,14 +101,12 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
         from app.orchestrator.store.images import ensure_scope_txn
 
         ensure_scope_txn(conn, scope_id)
-        slot_no = None
-        for _ in range(3):  # two streams racing for one free slot: the loser tries the next one
-            acquired = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
-                                                 stream_lease_s(s))
-            if acquired.matched:
-                slot_no = acquired.row
-                break
-            # not matched: every slot held, or a racing stream took the free one — look again
+        # one open of the scope at a time (a lock held to this commit): racing opens each looked at
+        # the same free slot, and a few rounds of losing answered 429 while slots were free
+        q.lock_stream_slots_txn(conn, scope_id)
+        acquired = q.acquire_stream_slot_txn(conn, scope_id, holder, s.event_streams_per_scope, orch.now(),
+                                             stream_lease_s(s))
+        slot_no = acquired.row if acquired.matched else None  # not matched: every slot is held
     if slot_no is None:
         raise TooManyStreams(f"at most {s.event_streams_per_scope} live event streams per scope")
     slot = StreamSlot(orch, scope_id, slot_no, holder)
@@ -118,12 +116,17 @@ def stream_slot(orch: Orchestrator, scope_id: str) -> Iterator[StreamSlot]:
         slot.release()
 
 
-def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
-    """Sweep step: a ``batch.progress`` event with the running batch's counts, if they changed
-    since its last one (one per batch per sweep at most). True when an event was staged."""
+def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID, *, cancelled: bool = False) -> bool:
+    """Sweep step: a ``batch.progress`` event with the unfinished (seeding or running) batch's
+    counts, if they changed since its last one (one per batch per sweep at most). True when an
+    event was staged.
+
+    ``cancelled``: the end of a cancel instead — the batch.cancelled event counted the batch's jobs
+    as they were when it was marked, still active; one last event gives the counts its cancel left."""
+    wanted = (BatchStatus.CANCELLED,) if cancelled else (BatchStatus.SEEDING, BatchStatus.RUNNING)
     with orch.engine.begin() as conn:
         batch = batches_q.batch_txn(conn, batch_id, lock=True)
-        if batch is None or batch["status"] != BatchStatus.RUNNING:
+        if batch is None or batch["status"] not in wanted:
             return False
         counts = batches_q.item_counts_txn(conn, batch_id)
         last = q.last_batch_progress_txn(conn, batch_id)
@@ -133,7 +136,7 @@ def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID) -> bool:
         total = batch["total"]
         q.stage_event_txn(conn, batch["scope_id"], EventType.BATCH_PROGRESS.value, {
             "batch_id": str(batch_id), "status": batch["status"], "total": total, "counts": counts,
-            "progress": round(terminal / total, 6) if total else 0.0,
+            "progress": min(1.0, round(terminal / total, 6)) if total else 0.0,  # as GET /batches/{id}
         }, batch_id=batch_id)
     return True
 

@@ -42,8 +42,11 @@ def test_json_page_after_and_limit(client):
     assert empty == {"events": [], "last_id": body["last_id"], "expired": None}
 
 
+# the contract's ids are ASCII digits: not another script's digits ('٣'), '_' separators, a sign or
+# spaces, all of which int() takes
 @pytest.mark.parametrize("query", ["after=-1", "after=abc", "after=1.5", "after=99999999999999999999999",
-                                   "limit=0", "limit=101", "wait=-1"])
+                                   "after=%D9%A3", "after=5_000", "after=%2B5", "after=%205", "after=",
+                                   "after=" + "9" * 5000, "limit=0", "limit=101", "wait=-1"])
 def test_invalid_query_is_422(client, query):
     resp = client.get(f"/api/v1/events?{query}")
     assert resp.status_code == 422

@@ -188,14 +188,32 @@ def has_active_item_jobs_txn(conn: Connection, batch_id: uuid.UUID) -> bool:
     ).scalar_one()
 
 
+# Active jobs the batch created (ix_processing_jobs_batch) that no item of another unfinished batch
+# follows (ix_batch_items_job): a batch over the same images adopted them, and cancelling one batch
+# must not end the other's items.
+ACTIVE_BATCH_JOBS = sql("""
+SELECT j.id FROM processing_jobs j
+WHERE j.batch_id = :b AND j.status IN ('queued', 'running')
+  AND NOT EXISTS (SELECT 1 FROM batch_items bi JOIN batches o ON o.scope_id = bi.scope_id AND o.id = bi.batch_id
+                  WHERE bi.job_id = j.id AND bi.batch_id <> :b AND o.status IN ('seeding', 'running'))
+LIMIT :n
+""")
+
+
 def active_batch_jobs_txn(conn: Connection, batch_id: uuid.UUID, n: int) -> list[uuid.UUID]:
-    """Active jobs the batch created (ix_processing_jobs_batch), a page at a time."""
-    return list(
-        conn.execute(
-            sql("SELECT id FROM processing_jobs WHERE batch_id = :b AND status IN ('queued', 'running') LIMIT :n"),
-            {"b": batch_id, "n": n},
-        ).scalars()
-    )
+    """Active jobs the batch created and no other unfinished batch follows, a page at a time."""
+    return list(conn.execute(ACTIVE_BATCH_JOBS, {"b": batch_id, "n": n}).scalars())
+
+
+FOLLOWED_BY_OTHER_BATCH = sql("""
+SELECT EXISTS (SELECT 1 FROM batch_items bi JOIN batches o ON o.scope_id = bi.scope_id AND o.id = bi.batch_id
+               WHERE bi.job_id = :j AND bi.batch_id <> :b AND o.status IN ('seeding', 'running'))
+""")
+
+
+def followed_by_other_batch_txn(conn: Connection, job_id: uuid.UUID, batch_id: uuid.UUID) -> bool:
+    """Whether an item of an unfinished batch other than ``batch_id`` follows the job."""
+    return bool(conn.execute(FOLLOWED_BY_OTHER_BATCH, {"j": job_id, "b": batch_id}).scalar_one())
 
 
 def running_batches_txn(conn: Connection, limit: int) -> list[RowMapping]:

@@ -54,10 +54,11 @@ def stage_event_txn(
 
 
 def last_batch_progress_txn(conn: Connection, batch_id: uuid.UUID) -> dict[str, Any] | None:
-    """The payload of the batch's newest ``batch.progress`` event (ix_events_batch), or None."""
+    """The payload of the batch's newest ``batch.progress`` event — or ``batch.cancelled``, whose
+    counts a cancel's last progress event follows (ix_events_batch), or None."""
     return conn.execute(
         sql(
-            "SELECT payload FROM events WHERE batch_id = :b AND type = 'batch.progress'"
+            "SELECT payload FROM events WHERE batch_id = :b AND type IN ('batch.progress', 'batch.cancelled')"
             " ORDER BY id DESC LIMIT 1"
         ),
         {"b": batch_id},
@@ -123,7 +124,16 @@ def pruned_through_txn(conn: Connection, scope_id: str) -> int:
     return conn.execute(PRUNED_THROUGH, {"s": scope_id}).scalar_one()
 
 
+def lock_stream_slots_txn(conn: Connection, scope_id: str) -> None:
+    """Serialise the scope's slot acquisitions until the caller's transaction ends: an open that
+    raced another for the same free slot would otherwise lose it and see every slot held (429)
+    while another slot was free."""
+    conn.execute(sql("SELECT pg_advisory_xact_lock(hashtextextended('memeflow.stream_slots:' || :s, 0))"),
+                 {"s": scope_id})
+
+
 # -- acquire_stream_slot: a free (absent or expired) slot of the scope, taken under a lease --
+# (the caller holds lock_stream_slots_txn, so it sees every slot taken before it committed)
 ACQUIRE_STREAM_SLOT = sql(
     "INSERT INTO event_stream_slots AS x (scope_id, slot_no, holder, expires_at)"
     " SELECT CAST(:s AS varchar), g, CAST(:h AS varchar), CAST(:exp AS timestamptz)"
@@ -142,7 +152,8 @@ def acquire_stream_slot_txn(
     conn: Connection, scope_id: str, holder: str, n: int, now: datetime, lease_s: float
 ) -> Outcome[int]:
     """free (absent or expired) → held by ``holder`` until now + lease: one of the scope's ``n``
-    stream slots; ``row``: its number. Not matched: all are held (or a racing stream took it)."""
+    stream slots; ``row``: its number. Not matched: all are held (the caller holds
+    ``lock_stream_slots_txn``: no racing open can take the free slot it picked)."""
     return Outcome.of(conn.execute(
         ACQUIRE_STREAM_SLOT,
         {"s": scope_id, "h": holder, "n": n, "now": now, "exp": now + timedelta(seconds=lease_s)},

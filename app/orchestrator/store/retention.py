@@ -4,8 +4,8 @@ Kept, whatever their age: an active job (queued/running) and every task, attempt
 has; a job that waits for a human (``blocked``, ``unknown_execution``) with its tasks and attempts;
 every image's latest job; a task a job stage points at; an attempt whose outcome is open
 (``prepared``, ``external_started``, ``unknown_execution``); jobs of a batch that is active or
-ended within the retention age; and every image's current embeddings (current sha256, and
-metadata_hash for text, of a configured model).
+ended within the retention age (created by it, or adopted as one of its items' jobs); and every
+image's current embeddings (current sha256, and metadata_hash for text, of a configured model).
 
 Most old rows are of that kind (each image's latest job, its tasks, its current embeddings), so
 "oldest first" would re-read all of them on every sweep. Instead each kind with kept rows is a
@@ -79,7 +79,10 @@ SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS de
 # one waiting for a human, one with a task still queued or running, one with a task another job's
 # stage points at (dedupe links a newer job's stage to the running task of the one it replaced;
 # ``job_stages.task_id`` has no FK, so the cascade would leave that stage pointing at nothing), one
-# with an attempt whose outcome is open, or one of a batch that is active or ended within the age.
+# with an attempt whose outcome is open, or one of a batch that is active or ended within the age —
+# whether the batch created it (``batch_id``) or adopted it as an item's job (``batch_items.job_id``,
+# ix_batch_items_job: a batch over a processed library adopts each image's latest, long-ended job;
+# the FK cascade would take the item, and the image would drop out of the batch's counts and total).
 # The image's latest revision: its unique index, backwards; the task probes: ix_tasks_job, then
 # ix_job_stages_task and uq_task_attempts_task_id_attempt_no per task.
 PRUNE_JOBS = sql("""
@@ -98,6 +101,9 @@ doomed AS (
          WHERE t.job_id = j.id AND a.state IN ('prepared', 'external_started', 'unknown_execution') LIMIT 1) IS NULL
     AND (j.batch_id IS NULL OR (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
                                 FROM batches b WHERE b.scope_id = j.scope_id AND b.id = j.batch_id))
+    AND (SELECT true FROM batch_items bi JOIN batches b ON b.scope_id = bi.scope_id AND b.id = bi.batch_id
+         WHERE bi.job_id = j.id AND NOT (b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff)
+         LIMIT 1) IS NULL
   LIMIT :n FOR UPDATE OF j SKIP LOCKED),
 gone AS (DELETE FROM processing_jobs WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
