@@ -219,7 +219,7 @@ def replace_content(
             image = images.lock_image_txn(conn, scope_id, image_id)
             if image is None:
                 raise NotFound("image not found")
-            old_key = image["storage_key"]
+            old_key, old_size = image["storage_key"], image["size_bytes"]
             if image["sha256"] == sha256:
                 job = jobs.active_job_txn(conn, image_id) or jobs.latest_job_txn(conn, scope_id, image_id)
                 return ImageJobResult(image=orch.get_image(scope_id, image_id),
@@ -236,7 +236,8 @@ def replace_content(
                                  "storage_key": storage_key},
                 orch.now(),
             ).expect("the image row is locked (lock_image_txn above)").row
-            limits.check_quota_txn(orch, conn, scope_id)  # bigger bytes may cross the storage quota
+            if size_bytes > old_size:  # bigger bytes may cross the storage quota; the same or fewer
+                limits.check_quota_txn(orch, conn, scope_id)  # never do (nor the image count)
             job, _, hints = create_or_reuse_job_txn(orch, conn, image, mode=JobMode.AUTO, policy=policy)
             job_id = job["id"]
     except BaseException:

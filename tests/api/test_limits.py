@@ -258,3 +258,29 @@ def test_the_rate_check_without_a_limit_opens_no_transaction(engine, settings, m
         assert type(exc).__name__ == "RateLimited"
     else:
         raise AssertionError("the second request was not limited")
+
+
+def test_replacing_content_with_smaller_bytes_is_allowed_over_a_lowered_quota(engine, settings):
+    """An operator lowered the scope's byte quota below what it stores: a content replace that
+    frees bytes was refused 403 like one that adds them."""
+    import io
+
+    big, small = png_bytes((9, 50, 50), size=(120, 120)), png_bytes((9, 51, 50), size=(8, 8))
+    assert len(small) < len(big)
+    app, orch = _app(engine, settings)
+    create_scope(engine, "local")
+    client = app.test_client()
+    created = upload(client, big)
+    assert created.status_code == 201
+    image_id = created.get_json()["image"]["id"]
+    orch.set_scope_limits("local", {"max_bytes": len(small) - 1})  # over quota, even after the replace
+
+    def replace(data: bytes):
+        return client.put(f"/api/v1/images/{image_id}/content", data={"file": (io.BytesIO(data), "n.png")},
+                          content_type="multipart/form-data")
+
+    r = replace(small)
+    assert r.status_code == 200, r.get_json()
+    assert _count(engine, "SELECT stored_bytes FROM scope_usage WHERE scope_id = 'local'") == len(small)
+    grown = replace(png_bytes((9, 52, 50), size=(120, 120)))  # adding bytes over the quota: refused
+    assert grown.status_code == 403 and grown.get_json()["details"]["quota"] == "max_bytes"
