@@ -47,6 +47,9 @@ CORES_PER_EMBEDDING_THREAD = 2
 AGENT_RESULTS_DIR = ".agent-results"
 #: How long a worker's warm shutdown waits for its queued agent completions to commit (s).
 COMPLETION_DRAIN_S = 30.0
+#: The openai-compatible agent's connect timeout (s): with no deadline set, a call's bound is the
+#: read timeout plus this (app/stages/agent/openai_compatible.py).
+AGENT_CONNECT_TIMEOUT_S = 5.0
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
@@ -237,6 +240,13 @@ class Settings:
         """Where versions before the shared location kept the records (``<var>/agent-results``):
         still read by lookups and pruned by ``memeflow gc``, never written."""
         return (Path(self.var_dir) / "agent-results").resolve()
+
+    @property
+    def agent_call_max_s(self) -> float:
+        """The longest one agent call may legitimately run: the whole-call deadline
+        (``agent_deadline_s``; 0 = the read timeout plus the connect timeout, the provider's rule),
+        never less than one read's timeout. A warm shutdown must wait at least this long."""
+        return max(self.agent_timeout_s, self.agent_deadline_s or self.agent_timeout_s + AGENT_CONNECT_TIMEOUT_S)
 
     @property
     def agent_is_local(self) -> bool:
