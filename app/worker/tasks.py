@@ -15,6 +15,7 @@ import time
 from celery import signals
 
 import celeryconfig
+from app.config import get_settings
 from app.ids import parse_uuid
 from app.worker.celery_app import celery_app
 from app.worker.runtime import get_runtime, preload, reset_runtime
@@ -227,6 +228,34 @@ def _fresh_runtime_in_child(**_: object) -> None:
     reset_runtime()
     _preload_from_env(1)
     freeze_startup_objects()
+
+
+@signals.worker_init.connect
+def _refuse_an_unmigrated_database(**_: object) -> None:
+    # Before the pool starts: a worker on a database that lacks this code's migrations would run,
+    # fail every claim, sweep step and registry upsert with a traceback, and never say why. A
+    # database newer than the code (a rolling upgrade migrated it first) is allowed: old workers
+    # keep running until they are replaced (docs/operations.md, "Upgrading").
+    check_schema_at_start(get_settings())
+
+
+def check_schema_at_start(settings) -> None:
+    """Exit (code 1, with what to run) when the database is behind this code's migrations; warn
+    when it is ahead; an unreachable database is left to the usual retries."""
+    from app.db.engine import SchemaBehind, require_schema_not_behind
+    from app.worker.broker import database_url_for
+
+    try:
+        state = require_schema_not_behind(database_url_for(settings))
+    except SchemaBehind as exc:
+        log.critical("refusing to start: %s", exc)
+        raise SystemExit(f"memeflow worker: refusing to start: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - not reachable yet: claims retry, as before this check
+        log.warning("could not check the database's migrations at start: %s", exc)
+        return
+    if state == "ahead":
+        log.warning("the database is migrated beyond this code's head: a newer release runs against it; "
+                    "upgrade this worker")
 
 
 @signals.worker_init.connect
