@@ -7,6 +7,7 @@ without sleeping, and every process — API, workers, beat, CLI — reads the sa
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,9 @@ CORES_PER_EMBEDDING_THREAD = 2
 AGENT_RESULTS_DIR = ".agent-results"
 #: How long a worker's warm shutdown waits for its queued agent completions to commit (s).
 COMPLETION_DRAIN_S = 30.0
+#: The openai-compatible agent's connect timeout (s): with no deadline set, a call's bound is the
+#: read timeout plus this (app/stages/agent/openai_compatible.py).
+AGENT_CONNECT_TIMEOUT_S = 5.0
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
@@ -238,6 +242,13 @@ class Settings:
         return (Path(self.var_dir) / "agent-results").resolve()
 
     @property
+    def agent_call_max_s(self) -> float:
+        """The longest one agent call may legitimately run: the whole-call deadline
+        (``agent_deadline_s``; 0 = the read timeout plus the connect timeout, the provider's rule),
+        never less than one read's timeout. A warm shutdown must wait at least this long."""
+        return max(self.agent_timeout_s, self.agent_deadline_s or self.agent_timeout_s + AGENT_CONNECT_TIMEOUT_S)
+
+    @property
     def agent_is_local(self) -> bool:
         """The agent is a CPU-bound model in the worker (not a paid remote call)."""
         return self.agent_provider in LOCAL_AGENTS
@@ -302,6 +313,21 @@ class Settings:
             raise SettingsError("need 0 < MEMEFLOW_HEARTBEAT_S < MEMEFLOW_LEASE_S")
         if self.max_attempts < 1:
             raise SettingsError("MEMEFLOW_MAX_ATTEMPTS must be >= 1")
+        # values that would crash, stall or spin a process long after it started
+        if self.visual_batch_size < 1 or self.embedding_batch_size < 1:
+            raise SettingsError("MEMEFLOW_VISUAL_BATCH_SIZE and MEMEFLOW_EMBEDDING_BATCH_SIZE must be >= 1")
+        if self.sweep_interval_s <= 0 or self.worker_registry_interval_s <= 0:
+            # 0: beat sends a sweep every loop tick, the registry thread upserts in a busy loop
+            raise SettingsError("MEMEFLOW_SWEEP_INTERVAL_S and MEMEFLOW_WORKER_REGISTRY_INTERVAL_S must be > 0")
+        if self.sweep_batch_limit < 1:
+            raise SettingsError("MEMEFLOW_SWEEP_BATCH_LIMIT must be >= 1 (0: no sweep step would ever repair anything)")
+        if min(self.rehint_grace_s, self.backoff_base_s, self.backoff_max_s) < 0:
+            raise SettingsError("MEMEFLOW_REHINT_GRACE_S, MEMEFLOW_BACKOFF_BASE_S and MEMEFLOW_BACKOFF_MAX_S must be >= 0")
+        if self.max_upload_bytes < 1 or self.max_image_pixels < 1:
+            raise SettingsError("MEMEFLOW_MAX_UPLOAD_BYTES and MEMEFLOW_MAX_IMAGE_PIXELS must be >= 1")
+        if self.agent_timeout_s <= 0 or self.agent_deadline_s < 0:
+            raise SettingsError("need MEMEFLOW_AGENT_TIMEOUT_S > 0 and MEMEFLOW_AGENT_DEADLINE_S >= 0 "
+                                "(0: the timeout plus the connect timeout)")
         if (self.agent_lane_limit or 0) < 0 or self.agent_resource_limit < 0 or self.agent_batch_size < 0:
             raise SettingsError("lane limits and the agent batch must be >= 0 (0 = unlimited / auto)")
         if self.embedding_batch_linger_ms < 0 or self.visual_batch_linger_ms < 0:
@@ -374,7 +400,12 @@ def _convert(name: str, f: dataclasses.Field, raw: str) -> object:
         if kind.startswith("int"):
             return int(raw)
         if kind.startswith("float"):
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                # nan compares false with every bound (it passed 0 < heartbeat < lease) and
+                # timedelta(seconds=nan or inf) raises in every claim
+                raise ValueError(f"must be a finite number, got {raw!r}")
+            return value
         if kind.startswith("Path"):
             return Path(raw) if raw else None
     except ValueError as exc:

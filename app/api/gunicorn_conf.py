@@ -47,3 +47,30 @@ def on_starting(server) -> None:
         except UnsafeBind as exc:
             server.log.error("%s", exc)
             raise SystemExit(1) from None
+    _check_threads(server)
+
+
+def _request_threads(cfg) -> int | None:
+    """Requests one worker process serves at once: its threads (gthread), 1 (sync); None: another
+    kind of worker, whose concurrency is not threads."""
+    from gunicorn.workers.gthread import ThreadWorker
+    from gunicorn.workers.sync import SyncWorker
+
+    worker = cfg.worker_class
+    if issubclass(worker, ThreadWorker):
+        return int(cfg.threads)
+    return 1 if issubclass(worker, SyncWorker) else None
+
+
+def _check_threads(server) -> None:
+    """A live event stream holds one request thread for up to MEMEFLOW_EVENT_STREAM_MAX_S, and a
+    process admits MEMEFLOW_EVENT_STREAMS_PER_PROCESS of them: with no more threads than that, a few
+    open library pages take every thread, and /healthz and every other request wait. Refuse it."""
+    n = _request_threads(server.cfg)
+    streams = _settings.event_streams_per_process
+    if n is not None and n <= streams:
+        server.log.error(
+            "refusing to start: %d request thread(s) per worker process, and up to "
+            "MEMEFLOW_EVENT_STREAMS_PER_PROCESS=%d live event streams may each hold one for minutes: "
+            "use more threads (--threads, compose API_THREADS; default %d) or lower the setting", n, streams, threads)
+        raise SystemExit(1)

@@ -88,12 +88,13 @@ def stop_on_signals(event: threading.Event) -> None:
 
 
 def agent_stop_grace_s(settings: Settings) -> float:
-    """How long a stopping agent worker may take: a call in flight may run for ``agent_timeout_s``,
+    """How long a stopping agent worker may take: a call in flight may run until its deadline
+    (``Settings.agent_call_max_s``: ``agent_deadline_s``, longer than one read's ``agent_timeout_s``),
     then its completion is committed (at most ``COMPLETION_DRAIN_S``). Killing it sooner throws a
     paid result away (the job ends ``unknown_execution``)."""
     from app.config import COMPLETION_DRAIN_S
 
-    return settings.agent_timeout_s + COMPLETION_DRAIN_S + AGENT_STOP_MARGIN_S
+    return settings.agent_call_max_s + COMPLETION_DRAIN_S + AGENT_STOP_MARGIN_S
 
 
 class Stack:

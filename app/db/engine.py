@@ -242,3 +242,47 @@ def migration_status(conn: Connection) -> tuple[str | None, str]:
     script = ScriptDirectory.from_config(alembic_config(str(conn.engine.url)))
     current = MigrationContext.configure(conn).get_current_revision()
     return current, script.get_current_head() or ""
+
+
+class SchemaBehind(RuntimeError):
+    """The database is not migrated up to the code's head (a worker would fail every statement
+    that touches what the missing migrations add)."""
+
+
+def schema_check(conn: Connection) -> tuple[str, str | None, str]:
+    """How the database's migration revision relates to the code's: ``(state, current, head)``
+    with ``state`` ``at_head``; ``behind`` (never migrated, or at an older revision of the code's
+    history: ``memeflow db upgrade`` is needed); or ``ahead`` (a revision this code does not know:
+    a newer release migrated it, as during a rolling upgrade)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
+    script = ScriptDirectory.from_config(alembic_config(str(conn.engine.url)))
+    head = script.get_current_head() or ""
+    current = MigrationContext.configure(conn).get_current_revision()
+    if current == head:
+        return "at_head", current, head
+    if current is None:
+        return "behind", current, head
+    try:
+        script.get_revision(current)
+    except CommandError:  # not in this code's history: a newer release's
+        return "ahead", current, head
+    return "behind", current, head
+
+
+def require_schema_not_behind(url: str) -> str:
+    """Raise :class:`SchemaBehind` (with what to run) when the database at ``url`` is not migrated
+    up to the code's head; return the state (``at_head`` or ``ahead``) otherwise."""
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            state, current, head = schema_check(conn)
+    finally:
+        engine.dispose()
+    if state == "behind":
+        raise SchemaBehind(
+            f"the database is at migration {current or '(none: never migrated)'}, this code needs {head}: "
+            "run `memeflow db upgrade` first (docker compose: the `migrate` service)")
+    return state

@@ -15,6 +15,7 @@ import time
 from celery import signals
 
 import celeryconfig
+from app.config import get_settings
 from app.ids import parse_uuid
 from app.worker.celery_app import celery_app
 from app.worker.runtime import get_runtime, preload, reset_runtime
@@ -227,6 +228,85 @@ def _fresh_runtime_in_child(**_: object) -> None:
     reset_runtime()
     _preload_from_env(1)
     freeze_startup_objects()
+
+
+@signals.worker_init.connect
+def _refuse_a_database_it_cannot_serve(sender=None, **_: object) -> None:
+    # Before the pool starts: a worker on a database that lacks this code's migrations would run,
+    # fail every claim, sweep step and registry upsert with a traceback, and never say why. A
+    # database newer than the code (a rolling upgrade migrated it first) is allowed: old workers
+    # keep running until they are replaced (docs/operations.md, "Upgrading"). A worker that reads
+    # image files and whose storage holds none of the database's fails every task file_missing.
+    settings = get_settings()
+    check_schema_at_start(settings)
+    queues = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+    check_storage_at_start(settings, list((queues.consume_from or queues) if queues is not None else ()))
+
+
+def check_schema_at_start(settings) -> None:
+    """Exit (code 1, with what to run) when the database is behind this code's migrations; warn
+    when it is ahead; an unreachable database is left to the usual retries."""
+    from app.db.engine import SchemaBehind, require_schema_not_behind
+    from app.worker.broker import database_url_for
+
+    try:
+        state = require_schema_not_behind(database_url_for(settings))
+    except SchemaBehind as exc:
+        log.critical("refusing to start: %s", exc)
+        raise SystemExit(f"memeflow worker: refusing to start: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - not reachable yet: claims retry, as before this check
+        log.warning("could not check the database's migrations at start: %s", exc)
+        return
+    if state == "ahead":
+        log.warning("the database is migrated beyond this code's head: a newer release runs against it; "
+                    "upgrade this worker")
+
+
+#: Lanes whose stages read the image file (the embedding lane reads only the context).
+FILE_LANES = frozenset({"visual", "agent"})
+#: Stored images a worker looks for in its storage at start.
+STORAGE_SAMPLE = 20
+
+
+def _file_exists(files, key: str) -> bool:
+    try:
+        return files.exists(key)
+    except (ValueError, OSError):  # a key the store refuses, an unreadable mount: not found
+        return False
+
+
+def check_storage_at_start(settings, lanes) -> None:
+    """Exit (code 1) when this worker reads image files (visual, agent) and its storage directory
+    holds none of a sample of the database's images: MEMEFLOW_STORAGE_DIR is not the one the API
+    writes (unset on this machine, another mount). Every file of a committed image row exists in
+    the right storage (written before the commit; gc removes only unreferenced files), so none
+    found means the wrong directory, not bad luck; every task would fail ``file_missing`` after
+    its retries, an error that reads like lost files. An empty database or an unreachable one
+    passes."""
+    if not FILE_LANES & set(lanes):
+        return
+    from app.db.engine import make_engine
+    from app.orchestrator.store.workers import sample_storage_keys
+    from app.storage import FileStore
+    from app.worker.broker import database_url_for
+
+    try:
+        engine = make_engine(database_url_for(settings), pool_size=1, max_overflow=0)
+        try:
+            with engine.connect() as conn:
+                keys = sample_storage_keys(conn, STORAGE_SAMPLE)
+        finally:
+            engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - not reachable yet: the tasks' own checks apply
+        log.warning("could not check the storage directory at start: %s", exc)
+        return
+    files = FileStore(settings.storage_path)
+    if keys and not any(_file_exists(files, key) for key in keys):
+        message = (f"MEMEFLOW_STORAGE_DIR ({settings.storage_path}) holds none of the {len(keys)} image files "
+                   "of this database that were looked for: it is not the storage the API writes. Point it at the "
+                   "shared storage (docs/operations.md, 'Scaling out')")
+        log.critical("refusing to start: %s", message)
+        raise SystemExit(f"memeflow worker: refusing to start: {message}")
 
 
 @signals.worker_init.connect

@@ -209,4 +209,33 @@ def test_the_agent_worker_gets_time_to_finish_a_paid_call_on_stop(services):
     grace = services["worker-agent"]["stop_grace_period"]
     seconds = int(re.fullmatch(r"(\d+)s", grace).group(1))
     assert seconds >= Settings().agent_timeout_s + COMPLETION_DRAIN_S
+    # an openai-compatible call may run its whole deadline (120 s), not only one read's timeout
+    assert seconds >= Settings().agent_call_max_s + COMPLETION_DRAIN_S
     assert all("stop_grace_period" not in services[f"worker-{lane}"] for lane in ("visual", "embedding"))
+
+
+#: Where the containers deliberately differ from a bare `memeflow` process: where the servers and
+#: the shared files are, and the safer auth for a published API.
+DEPLOYMENT_ONLY = {"MEMEFLOW_DATABASE_URL", "MEMEFLOW_BROKER_URL", "MEMEFLOW_STORAGE_DIR", "MEMEFLOW_VAR_DIR",
+                   "MEMEFLOW_AUTH", "MEMEFLOW_ALLOWED_HOSTS"}
+
+
+def test_compose_defaults_are_the_products_so_a_worker_added_outside_compose_agrees(compose):
+    """README "Running it distributed" adds workers on machines without Docker that set only the
+    URLs and the storage dir. Any other compose default that differs from the code's (the text
+    model set fell behind when the query bank was added) makes those workers run another pipeline
+    configuration than the compose ones: their jobs are replanned back and forth and fail with
+    provider_config_mismatch, and the sweeps disagree about the scope's search model."""
+    import dataclasses
+
+    from app.config import Settings
+
+    defaults = Settings()
+    for name, raw in compose["x-memeflow-env"].items():
+        value = _expand(str(raw))
+        if name in DEPLOYMENT_ONLY or value == "":  # "" = unset, the code's default in force
+            continue
+        field = name.removeprefix("MEMEFLOW_").lower()
+        assert field in {f.name for f in dataclasses.fields(Settings)}, name
+        got = getattr(Settings.from_env({name: value}), field)
+        assert got == getattr(defaults, field), f"{name}: compose {value!r}, code {getattr(defaults, field)!r}"

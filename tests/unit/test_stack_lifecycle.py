@@ -41,6 +41,23 @@ def test_the_agent_worker_may_finish_a_call_in_flight_and_commit_it_before_it_is
     assert slow._plan()[0].stop_grace_s >= 300.0 + COMPLETION_DRAIN_S
 
 
+def test_the_agent_stop_grace_covers_the_whole_call_deadline_not_only_the_read_timeout(tmp_path):
+    """An openai-compatible call may run MEMEFLOW_AGENT_DEADLINE_S (120 s by default: connect,
+    request, headers, a slowly streamed body), longer than MEMEFLOW_AGENT_TIMEOUT_S (60 s, each
+    read). A grace from the timeout alone (100 s) killed a paid call still within its deadline, and
+    its job ended unknown_execution."""
+    from app.cli.stack import agent_stop_grace_s
+
+    settings = Settings(var_dir=tmp_path, agent_provider="openai-compatible")
+    assert settings.agent_deadline_s > settings.agent_timeout_s  # the defaults: 120 vs 60
+    assert agent_stop_grace_s(settings) >= settings.agent_deadline_s + COMPLETION_DRAIN_S
+    plan = Stack(settings, components=("agent",))._plan()
+    assert plan[0].stop_grace_s >= settings.agent_deadline_s + COMPLETION_DRAIN_S
+    # deadline 0 = the read timeout plus the connect timeout (the provider's rule)
+    unset = Settings(var_dir=tmp_path, agent_timeout_s=200.0, agent_deadline_s=0.0)
+    assert agent_stop_grace_s(unset) > 200.0 + COMPLETION_DRAIN_S
+
+
 def test_stop_waits_out_a_long_grace_while_killing_the_others_at_the_stop_timeout(tmp_path):
     from app.cli.children import Child
 

@@ -95,3 +95,11 @@ def lanes_with_queued_work(conn: Connection, lanes: Iterable[str]) -> set[str]:
         {"lanes": list(lanes)},
     )
     return {r.l for r in rows}
+
+
+SAMPLE_STORAGE_KEYS = sql("SELECT storage_key FROM images LIMIT :n")
+
+
+def sample_storage_keys(conn: Connection, n: int) -> list[str]:
+    """Up to ``n`` stored images' file keys (any; a worker checks at start that its storage holds them)."""
+    return list(conn.execute(SAMPLE_STORAGE_KEYS, {"n": n}).scalars())

@@ -1,0 +1,116 @@
+"""A worker started against a database that lacks this code's migrations (started before `memeflow
+db upgrade`, or on a machine upgraded before the migration ran) refuses to start, saying what to
+run, instead of running and failing every claim, sweep step and registry upsert with a traceback.
+A database migrated beyond the code (a rolling upgrade migrated it first) is allowed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from app.db.engine import SchemaBehind, make_engine, require_schema_not_behind, schema_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _set_version(url: str, version: str) -> None:
+    conn = psycopg2.connect(url.replace("postgresql+psycopg2://", "postgresql://", 1))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("UPDATE alembic_version SET version_num = %s", (version,))
+    conn.close()
+
+
+def _state(url: str) -> str:
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            return schema_check(conn)[0]
+    finally:
+        engine.dispose()
+
+
+def test_the_schema_check_tells_behind_from_ahead(fresh_db, template_db):
+    at_head = fresh_db(template_db)
+    assert _state(at_head) == "at_head" and require_schema_not_behind(at_head) == "at_head"
+    empty = fresh_db()
+    assert _state(empty) == "behind"
+    with pytest.raises(SchemaBehind, match="memeflow db upgrade"):
+        require_schema_not_behind(empty)
+    older = fresh_db(template_db)
+    _set_version(older, "0001")  # a revision of the code's own history, before its head
+    assert _state(older) == "behind"
+    newer = fresh_db(template_db)
+    _set_version(newer, "9999_from_a_newer_release")
+    assert _state(newer) == "ahead" and require_schema_not_behind(newer) == "ahead"
+
+
+def test_a_worker_on_an_unmigrated_database_exits_at_once_saying_what_to_run(fresh_db, services, tmp_path):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "MEMEFLOW_DATABASE_URL": fresh_db(),
+        "MEMEFLOW_BROKER_URL": services.redis_url(),
+        "MEMEFLOW_VAR_DIR": str(tmp_path / "var"),
+        "MEMEFLOW_VISUAL_PROVIDER": "deterministic",
+        "MEMEFLOW_AGENT_PROVIDER": "deterministic",
+        "MEMEFLOW_TEXT_PROVIDER": "deterministic",
+        "MEMEFLOW_LOG_JSON": "0",
+    }
+    try:
+        proc = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--lane", "visual"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:  # the old behaviour: it ran on, failing every statement
+        raise AssertionError(f"the worker kept running on an unmigrated database: {exc.stderr!r}") from None
+    assert proc.returncode != 0
+    assert "memeflow db upgrade" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------- storage
+def test_a_file_reading_worker_whose_storage_holds_none_of_the_databases_images_exits_at_once(
+        settings, engine, services, tmp_path):
+    """README's "add a machine" worker without MEMEFLOW_STORAGE_DIR (or with another mount) ran,
+    and every visual and agent task failed file_missing after its retries, an error that reads
+    like lost files. It now refuses to start, naming the setting."""
+    from app.orchestrator import Orchestrator
+    from app.worker.tasks import check_storage_at_start
+    from tests.support.pipeline import png_bytes, store_and_ingest
+
+    orch = Orchestrator(engine, settings)
+    for seed in range(3):
+        store_and_ingest(orch, "local", png_bytes(seed), process=False)
+    check_storage_at_start(settings, ["visual", "maintenance"])  # the API's storage: passes
+    elsewhere = settings.replace(storage_dir=tmp_path / "not-the-shared-storage")
+    check_storage_at_start(elsewhere, ["embedding", "webhooks", "maintenance"])  # reads no image file
+    with pytest.raises(SystemExit, match="MEMEFLOW_STORAGE_DIR"):
+        check_storage_at_start(elsewhere, ["agent"])
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "MEMEFLOW_DATABASE_URL": settings.database_url,
+        "MEMEFLOW_BROKER_URL": services.redis_url(),
+        "MEMEFLOW_VAR_DIR": str(tmp_path / "other-machine-var"),  # storage unset: <var>/storage
+        "MEMEFLOW_VISUAL_PROVIDER": "deterministic",
+        "MEMEFLOW_AGENT_PROVIDER": "deterministic",
+        "MEMEFLOW_TEXT_PROVIDER": "deterministic",
+        "MEMEFLOW_LOG_JSON": "0",
+    }
+    try:
+        proc = subprocess.run([sys.executable, "-m", "app.cli", "worker", "--lane", "visual"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the worker ran on another storage: {exc.stderr!r}") from None
+    assert proc.returncode != 0
+    assert "MEMEFLOW_STORAGE_DIR" in proc.stderr and "not the storage the API writes" in proc.stderr
+
+
+def test_an_empty_database_passes_the_storage_check(settings, tmp_path):
+    from app.worker.tasks import check_storage_at_start
+
+    check_storage_at_start(settings.replace(storage_dir=tmp_path / "new"), ["visual", "agent"])
