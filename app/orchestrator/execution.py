@@ -384,8 +384,10 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
             else:
                 rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
-        paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]]
-        locked.update(_write_agent_results_txn(orch, conn, paid, locked))
+        paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact)]
+        locked.update(_write_agent_results_txn(orch, conn, [(c, a) for c, a in paid if not stale[c.task_id]], locked))
+        # every call that answered closes its attempt and commits its grant, a stale one too: it ran
+        # (and is billed) though its answer describes bytes the image no longer has
         _close_paid_txn(orch, conn, paid, [c for c, _ in landed])
         hints = advance_jobs_txn(orch, conn, [
             (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
@@ -453,7 +455,7 @@ def _write_agent_results_txn(
 
 def _close_paid_txn(orch: Orchestrator, conn: Connection, results: list[tuple[Claim, AgentArtifact]],
                     landed: list[Claim]) -> None:
-    """Close the attempts of ``results`` (the agents' fresh artifacts), commit their grants and free
+    """Close the attempts of ``results`` (the agents' answers, stale ones too), commit their grants and free
     the slots of every ``landed`` claim: one statement with the built-in policies
     (``attempts.close_paid_many_txn``), a custom policy's own ``commit`` per grant otherwise."""
     if not results:
