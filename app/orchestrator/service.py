@@ -132,8 +132,12 @@ class Orchestrator:
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
 
-    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> BatchClaim:
-        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
+    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str,
+                         shared: bool = False) -> BatchClaim:
+        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner, shared)
+
+    def run_alone(self, claim: Claim) -> bool:
+        return execution.run_alone(self, claim)
 
     def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str) -> list[Claim]:
         return execution.claim_agent_batch(self, _uuid(task_id), n, owner)
