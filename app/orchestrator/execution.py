@@ -184,7 +184,8 @@ def claim_batch(orch: Orchestrator, lane: str, n: int, owner: str) -> list[Claim
 
 
 @retry_on_disconnect
-def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str) -> BatchClaim:
+def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str,
+                     shared: bool = False) -> BatchClaim:
     """Claim the hinted task and its wake-up group, then up to ``n`` in all with other due tasks of
     its batched lane, in one transaction — as far as the lane's batch budget allows (decoded
     pixels, document characters: ``lanes.lane_batch_budget``), and at least the hinted task.
@@ -197,12 +198,16 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
     joined. A hinted task whose lease lapsed (its worker died) is claimed alone, its group left
     to a new hint: whatever killed the worker (a poisoned input) kills no other task's run again,
     and a task is charged only for a death in a run of its own (SPEC §10; store/tasks.py).
+
+    ``shared``: the claimer's process runs claims side by side (a threads pool), so none of these
+    is a run alone; a dead task (``BatchClaim.died``) is then marked alone by ``run_alone`` once its
+    process holds every other thread off.
     """
     if lane == Lane.AGENT:
         raise ValueError("the agent lane claims through claim_agent_batch (attempts, lane slots)")
     budget = lane_batch_budget(orch.settings, lane)
     try:
-        return _claim_with_batch(orch, task_id, lane, n, owner, budget)
+        return _claim_with_batch(orch, task_id, lane, n, owner, budget, shared)
     except OperationalError as exc:
         if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise
@@ -218,7 +223,8 @@ def claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, 
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE lock_not_available: lock_timeout expired
 
 
-def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str, budget: int) -> BatchClaim:
+def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int, owner: str, budget: int,
+                      shared: bool) -> BatchClaim:
     """``claim_with_batch``'s one transaction (its docstring)."""
     with orch.engine.begin() as conn:
         tasks.generic_plans_txn(conn)
@@ -226,23 +232,35 @@ def _claim_with_batch(orch: Orchestrator, task_id: uuid.UUID, lane: str, n: int,
         # still be due — the group claim below decides
         tasks.lock_hinted_txn(conn, task_id, lane)
         now = orch.now()  # after the wait: a member that joined meanwhile is due by now
-        group, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget)
+        group, left_out = tasks.claim_group_txn(conn, task_id, lane, owner, now, orch.settings.lease_s, budget=budget,
+                                                shared=shared)
         rows = list(group.rows)
+        # a task whose run died is claimed alone (no fill): the death may be its own (SPEC §10)
+        died = any(r["died"] for r in rows)
         if group.matched:  # fill fairly; the group's scope counts as served even when nothing is left to fill
             used = sum(r["batch_cost"] for r in rows)
-            # a task whose run died is claimed alone (no fill): the death may be its own (SPEC §10)
-            alone = any(r["died"] for r in rows)
-            room = n - len(rows) if not left_out and not alone and used < budget else 0
+            room = n - len(rows) if not left_out and not died and used < budget else 0
             rows += tasks.claim_batch_txn(conn, lane, max(0, room), owner, now, orch.settings.lease_s,
                                           budget=max(0, budget - used), at_least_one=False,
                                           served=sorted({r["scope_id"] for r in rows}),
-                                          with_ids=[r["id"] for r in rows]).rows  # none: batch of the group
+                                          with_ids=[r["id"] for r in rows], shared=shared).rows  # none: batch of the group
         # not matched: a stale, duplicate, wrong-lane or unknown hint — it claims nothing
     if rows:
         metrics.CLAIMS.labels(lane).inc(len(rows))
     else:
         metrics.EMPTY_CLAIMS.labels(lane).inc()
-    return BatchClaim([_claim_from_row(r, owner) for r in rows], [Hint(lane, task_id)] if left_out else [])
+    return BatchClaim([_claim_from_row(r, owner) for r in rows], [Hint(lane, task_id)] if left_out else [], died)
+
+
+@retry_on_disconnect
+def run_alone(orch: Orchestrator, claim: Claim) -> bool:
+    """Mark ``claim``'s execution as running alone in its process (``tasks.run_alone_txn``): from now
+    on a death of its process is charged to it. False: fenced out (counted) — do not run it."""
+    with orch.engine.begin() as conn:
+        if tasks.run_alone_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now()).matched:
+            return True
+        rejected_txn(orch, conn, claim, "run_alone")  # lease lost and re-claimed, or finished
+    return False
 
 
 def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str) -> list[Claim]:
@@ -384,8 +402,10 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
             else:
                 rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
-        paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact) and not stale[c.task_id]]
-        locked.update(_write_agent_results_txn(orch, conn, paid, locked))
+        paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact)]
+        locked.update(_write_agent_results_txn(orch, conn, [(c, a) for c, a in paid if not stale[c.task_id]], locked))
+        # every call that answered closes its attempt and commits its grant, a stale one too: it ran
+        # (and is billed) though its answer describes bytes the image no longer has
         _close_paid_txn(orch, conn, paid, [c for c, _ in landed])
         hints = advance_jobs_txn(orch, conn, [
             (job_id, locked.get(claim.image_id)) for claim, _ in landed for job_id in finished[claim.task_id]
@@ -453,7 +473,7 @@ def _write_agent_results_txn(
 
 def _close_paid_txn(orch: Orchestrator, conn: Connection, results: list[tuple[Claim, AgentArtifact]],
                     landed: list[Claim]) -> None:
-    """Close the attempts of ``results`` (the agents' fresh artifacts), commit their grants and free
+    """Close the attempts of ``results`` (the agents' answers, stale ones too), commit their grants and free
     the slots of every ``landed`` claim: one statement with the built-in policies
     (``attempts.close_paid_many_txn``), a custom policy's own ``commit`` per grant otherwise."""
     if not results:

@@ -132,8 +132,12 @@ class Orchestrator:
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
 
-    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str) -> BatchClaim:
-        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner)
+    def claim_with_batch(self, task_id: uuid.UUID | str, lane: str, n: int, owner: str,
+                         shared: bool = False) -> BatchClaim:
+        return execution.claim_with_batch(self, _uuid(task_id), lane, n, owner, shared)
+
+    def run_alone(self, claim: Claim) -> bool:
+        return execution.run_alone(self, claim)
 
     def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str) -> list[Claim]:
         return execution.claim_agent_batch(self, _uuid(task_id), n, owner)
@@ -164,7 +168,14 @@ class Orchestrator:
 
     def complete_tasks(self, results: list[tuple[Claim, Any]], landed: list[Claim] | None = None) -> list[Hint]:
         """Complete several claims of one lane in one transaction (each fenced on its own);
-        ``landed`` receives the claims whose completion committed."""
+        ``landed`` receives the claims whose completion committed.
+
+        A model's first vectors then build its per-model index — after the commit, never before:
+        the worker's heartbeat has stopped by the time it completes, so a build (minutes on a big
+        table) run first let the batch's leases lapse, another worker took the tasks, and this
+        batch's results were fenced out when the build ended. Rows written before a CONCURRENTLY
+        build are in it."""
+        hints = execution.complete_tasks(self, results, landed)
         wanted: set[tuple[str, str, int]] = set()  # each index once per call, not once per claim
         for claim, artifact in results:
             spec = by_lane(claim.lane)
@@ -173,7 +184,6 @@ class Orchestrator:
                     wanted.add((spec.artifact_table, vec.model, int(vec.dims)))
         for table, model, dims in sorted(wanted):
             self.ensure_vector_index(table, model, dims)
-        hints = execution.complete_tasks(self, results, landed)
         spec = by_lane(results[0][0].lane) if results else None
         kind = spec.serving_kind if spec is not None else None
         if kind is not None:

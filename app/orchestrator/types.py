@@ -125,6 +125,8 @@ class BatchClaim:
 
     claims: list[Claim]
     hints: list[Hint] = field(default_factory=list)
+    #: the one claim is a task whose previous run died (its lease lapsed): it must run alone
+    died: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ heartbeat → complete or fail → publish the returned hints (after the orchest
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -11,7 +12,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from app import metrics
@@ -205,16 +206,79 @@ atexit.register(drain_completions)
 
 
 def _forget_call_pool() -> None:  # a forked child has none of its parent's threads
-    global _call_pool, _call_pool_lock, _beater, _completer
+    global _call_pool, _call_pool_lock, _beater, _completer, _gate
     _call_pool, _call_pool_lock = None, threading.Lock()
     _beater = _Beater()
     _completer = _Completer()
+    _gate = _ComputeGate()
 
 
 os.register_at_fork(after_in_child=_forget_call_pool)
 
 
 _internal_error = executor.as_stage_error  # an unexpected exception: retryable, never "provably not executed"
+
+
+#: How many task threads this process runs side by side (a threads pool's concurrency, set at the
+#: worker's start by app.worker.tasks); above 1, claims are never a run alone (``_ComputeGate``).
+COMPUTE_THREADS = 1
+
+
+class _ComputeGate:
+    """Which of this process's task threads may compute, when it runs several (a threads pool).
+
+    A claim of one task is a run alone in the store (``claimed_alone``: a death of its process is
+    charged to it), but a threads pool runs other claims beside it, and an input of theirs may be
+    what kills the process. So there every claim is made ``shared`` (never alone), computes
+    holding the gate shared, and a task whose previous run died is run with the gate held
+    exclusively — no other thread of the process computes meanwhile — marked alone first
+    (``Orchestrator.run_alone``) and until its terminal write. A poisoned input thus dies alone
+    and is charged for its own deaths only, and no task is charged for another thread's (SPEC §10).
+    Waiting exclusive runs go first, so a stream of batches cannot hold one off."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+_gate = _ComputeGate()
+
+
+def _computing() -> contextlib.AbstractContextManager:
+    """The gate held shared while a claim computes, in a process of several task threads."""
+    return _gate.shared() if COMPUTE_THREADS > 1 else contextlib.nullcontext()
 
 
 def _compute(orch: Orchestrator, claim: Claim, providers: Providers) -> object | None:
@@ -390,11 +454,12 @@ def run_agent_batch(
         return 0
     hb = Heartbeat(orch, claims).__enter__()
     try:
-        if len(claims) == 1:
-            results = [_outcome(orch, claims[0], providers)]
-        else:
-            group = records.CallGroup(len(claims))  # the batch's result records: one flush
-            results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
+        with _computing():
+            if len(claims) == 1:
+                results = [_outcome(orch, claims[0], providers)]
+            else:
+                group = records.CallGroup(len(claims))  # the batch's result records: one flush
+                results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
     except BaseException:
         hb.__exit__(None, None, None)
         raise
@@ -450,19 +515,32 @@ def run_batch(
     batch budget), compute them with one provider call, and complete them in one transaction;
     returns how many were claimed. Every claim keeps its own outcome: one item's failure never
     fails, charges or annotates another."""
-    batch = orch.claim_with_batch(first_task_id, lane, n, owner)
+    shared = COMPUTE_THREADS > 1  # other threads of this process compute beside it (_ComputeGate)
+    batch = orch.claim_with_batch(first_task_id, lane, n, owner, shared=shared)
     handoff(publisher, batch.hints)  # group members the budget left out: claimable by another worker now
     claims = batch.claims
     if not claims:
         return 0
-    with Heartbeat(orch, claims):
-        results = _compute_isolated(orch, lane, claims, providers)
-    # terminal writes after the heartbeat stopped (see execute_claim)
-    done = [(c, r) for c, r in zip(claims, results, strict=True) if not isinstance(r, StageError)]
-    hints = complete_isolated(orch, done)
-    for claim, result in zip(claims, results, strict=True):
-        if isinstance(result, StageError):
-            hints += orch.fail_task(claim, result)
+    with contextlib.ExitStack() as alone:
+        hb = Heartbeat(orch, claims).__enter__()
+        try:
+            if shared and batch.died:  # its last run died: run it with no other thread computing
+                alone.enter_context(_gate.exclusive())
+                if not orch.run_alone(claims[0]):  # fenced out while it waited: not ours to run
+                    return len(claims)
+                results = _compute_isolated(orch, lane, claims, providers)
+            else:
+                with _computing():
+                    results = _compute_isolated(orch, lane, claims, providers)
+        finally:
+            hb.__exit__(None, None, None)
+        # terminal writes after the heartbeat stopped (see execute_claim); a run alone keeps the
+        # gate until they are done: until then a death of the process is still charged to it
+        done = [(c, r) for c, r in zip(claims, results, strict=True) if not isinstance(r, StageError)]
+        hints = complete_isolated(orch, done)
+        for claim, result in zip(claims, results, strict=True):
+            if isinstance(result, StageError):
+                hints += orch.fail_task(claim, result)
     publisher.publish(hints)
     return len(claims)
 

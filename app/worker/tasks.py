@@ -314,6 +314,10 @@ def _preload_in_solo(sender=None, **_: object) -> None:
     # solo/threads pools run tasks in this process; prefork children preload in their own init.
     pool = getattr(getattr(sender, "pool_cls", None), "__module__", "") or ""
     if pool.endswith(".thread"):  # one local OCR engine per thread, warm before the first task
+        from app.worker import run
+
+        # its task threads compute side by side: no claim of it is a run alone (run._ComputeGate)
+        run.COMPUTE_THREADS = max(1, int(getattr(sender, "concurrency", None) or 1))
         _preload_from_env(getattr(sender, "concurrency", None))
     elif pool.endswith(".solo"):
         _preload_from_env()

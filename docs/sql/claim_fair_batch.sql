@@ -46,7 +46,8 @@ WITH cand AS MATERIALIZED (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1,
+         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1
+                         AND NOT CAST(:shared AS boolean),
          started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,

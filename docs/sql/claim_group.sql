@@ -18,7 +18,8 @@ WITH cand AS MATERIALIZED (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1,
          attempt_count = t.attempt_count + CASE WHEN t.status = 'running' AND NOT t.claimed_alone THEN 0 ELSE 1 END,
-         claimed_alone = (SELECT count(*) FROM pick) = 1, started_at = coalesce(started_at, :now), updated_at = :now
+         claimed_alone = (SELECT count(*) FROM pick) = 1 AND NOT CAST(:shared AS boolean),
+         started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
             t.claim_generation, t.attempt_count, t.max_attempts, t.payload, t.input_fingerprint, t.grant_id,

@@ -185,3 +185,29 @@ def test_provider_error_bodies_never_reach_the_tenant(engine, settings, mode, st
         assert leak not in stored[0][0], (leak, stored[0][0])
     assert job["error"]["code"].startswith("agent_") or job["error"]["code"] == "unknown_execution", job["error"]
     assert host not in job["error"]["message"]
+
+
+def test_a_paid_call_whose_image_was_replaced_meanwhile_closes_its_attempt_and_commits_its_grant(engine, settings):
+    """The call ran and answered: its attempt is completed and its grant committed (the call is billed),
+    though the answer describes bytes the image no longer has and is not written. Left external_started,
+    the attempt kept its task and job from retention for ever and the policy never heard of the call."""
+    import hashlib
+
+    policy = CountingPolicy()
+    orch = Orchestrator(engine, settings, clock=Clock(T0), policy=policy)
+    agent = CountingAgent(results_dir=str(settings.agent_results_path))
+    providers, pub = providers_with(settings, agent), RecordingPublisher()
+    res, claim = _to_agent_claim(orch, providers, pub, seed=41)
+    artifact = executor.execute_agent(settings, providers, claim)  # the paid call answers …
+    new = png_bytes(42)  # … while the user replaces the image's content
+    sha = hashlib.sha256(new).hexdigest()
+    ns = orch.ensure_scope("local")
+    (settings.storage_path / f"{ns}/{sha}.png").write_bytes(new)
+    orch.replace_content("local", res.image["id"], sha256=sha, media_type="image/png", extension=".png",
+                         size_bytes=len(new), width=48, height=40, storage_key=f"{ns}/{sha}.png")
+    orch.complete_task(claim, artifact)
+    assert rows(engine, "SELECT status FROM tasks WHERE id = :t", t=claim.task_id) == [("cancelled",)]
+    assert rows(engine, "SELECT context_status FROM images WHERE id = :i", i=res.image["id"]) == [("pending",)]
+    assert _attempt_states(engine, claim.task_id) == ["completed"]
+    assert rows(engine, "SELECT state FROM operation_grants WHERE task_id = :t", t=claim.task_id) == [("committed",)]
+    assert agent.calls["describe"] == 1 and sum(policy.committed.values()) == 1

@@ -162,3 +162,62 @@ def test_a_first_run_that_died_alone_is_charged_at_once(engine, settings):
     _lapse(clock, s)
     assert orch.sweep().counts["exhausted"] == 1  # no extra run: the death was its own
     assert _tasks(engine)[a]["status"] == "failed"
+
+
+class _ProcessOrch:
+    """The orchestrator as one simulated worker process sees it: once the process died, none of
+    its threads claims or writes anything more (a real dead process does nothing)."""
+
+    _DEAD_CALLS = {"claim_with_batch", "run_alone", "complete_tasks", "fail_task"}
+
+    def __init__(self, orch, process) -> None:
+        self._orch, self._process = orch, process
+
+    def __getattr__(self, name):
+        if name in self._DEAD_CALLS and self._process.dead:
+            raise poison.ProcessDied()
+        return getattr(self._orch, name)
+
+
+def test_a_threads_worker_charges_a_death_only_to_a_run_that_was_alone_in_its_process(engine, settings,
+                                                                                        monkeypatch):
+    """A worker of several threads (a threads pool) runs claims side by side: a task claimed alone
+    is not alone in its process. When the poisoned image kills the process, the other thread's task
+    dies with it and must not be charged — else the innocent task fails max_attempts_exceeded after
+    running beside the poisoned one max_attempts times (each re-hinted run of both is a claim "alone")."""
+    from app.worker import run
+
+    max_attempts = 2
+    s = settings.replace(max_attempts=max_attempts, visual_provider="tests.support.poison:ThreadedCrashVisual")
+    clock = FakeClock()
+    orch, pub, providers = Orchestrator(engine, s, clock=clock), RecordingPublisher(), Providers(s)
+    monkeypatch.setattr(run, "COMPUTE_THREADS", 2, raising=False)  # what a threads pool of two sets
+    poisoned = _ingest(orch, pub, "tenant-a", 1, POISONED)
+    innocent = _ingest(orch, pub, "tenant-b", 2)
+    errors: list[BaseException] = []
+
+    def thread(worker, hint) -> None:
+        try:
+            handle_hint(worker, hint.lane, hint.task_id, "w", providers, pub)
+        except poison.ProcessDied:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    import threading
+
+    for _ in range(max_attempts + 3):
+        worker = _ProcessOrch(orch, poison.new_process())  # the supervisor restarted it
+        hints = [h for h in pub.drain() if h.lane == "visual"]
+        threads = [threading.Thread(target=thread, args=(worker, h)) for h in hints]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads) and errors == []
+        _lapse(clock, s)
+        pub.publish(orch.sweep().hints)
+    tasks = _tasks(engine)
+    assert (tasks[poisoned]["status"], tasks[poisoned]["error"]["code"]) == ("failed", "max_attempts_exceeded")
+    assert (tasks[innocent]["status"], tasks[innocent]["attempt_count"], tasks[innocent]["error"]) == (
+        "succeeded", 1, None)

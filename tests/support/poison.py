@@ -171,3 +171,54 @@ class ExitVisual(CrashVisual):
 
     def die(self) -> None:
         os._exit(70)
+
+
+class SimulatedProcess:
+    """One worker process of several task threads, simulated in the test process: when one of its
+    calls kills it, every call of it still in flight dies with it (``ThreadedCrashVisual``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.in_flight = 0
+        self.dead = False
+
+
+#: The process ``ThreadedCrashVisual``'s calls run in (a test starts a new one per simulated worker).
+PROCESS = SimulatedProcess()
+
+
+def new_process() -> SimulatedProcess:
+    global PROCESS
+    PROCESS = SimulatedProcess()
+    return PROCESS
+
+
+class ThreadedCrashVisual(DeterministicVisualProvider):
+    """``CrashVisual`` in a worker of several threads: a call holding a poisoned image waits (at most
+    ``COMPANION_WAIT_S``) for another call of its process to be in flight — as in a threads pool
+    whose threads run side by side — then kills the process; a call in flight then dies with it
+    (a healthy call lingers ``GRACE_S`` first, so a poisoned one running beside it gets there)."""
+
+    COMPANION_WAIT_S = 2.0
+    GRACE_S = 1.0
+
+    def embed(self, images: list[DecodedImage]):
+        process = PROCESS
+        poisoned = any(is_poisoned(im) for im in images)
+        _record("visual", [im.width * im.height for im in images], not poisoned)
+        with process.cond:
+            if process.dead:
+                raise ProcessDied()
+            process.in_flight += 1
+            process.cond.notify_all()
+            try:
+                if poisoned:
+                    process.cond.wait_for(lambda: process.in_flight > 1, timeout=self.COMPANION_WAIT_S)
+                    process.dead = True
+                    process.cond.notify_all()
+                    raise ProcessDied()
+                if process.cond.wait_for(lambda: process.dead, timeout=self.GRACE_S):
+                    raise ProcessDied()
+            finally:
+                process.in_flight -= 1
+        return super().embed(images)

@@ -129,13 +129,15 @@ def test_a_threads_worker_warms_one_local_ocr_engine_per_thread(monkeypatch):
     so none of its threads loads a model on its first task."""
     from types import SimpleNamespace
 
-    from app.worker import runtime, tasks
+    from app.worker import run, runtime, tasks
 
     seen: list = []
     monkeypatch.setattr(tasks, "preload", lambda lanes, concurrency=None: seen.append((lanes, concurrency)))
     monkeypatch.setenv(tasks.PRELOAD_ENV, "agent")
+    monkeypatch.setattr(run, "COMPUTE_THREADS", 1)
     pool = type("TaskPool", (), {"__module__": "celery.concurrency.thread"})
     tasks._preload_in_solo(sender=SimpleNamespace(pool_cls=pool, concurrency=3))
+    assert run.COMPUTE_THREADS == 3  # its claims are never a run alone (run._ComputeGate)
     solo = type("TaskPool", (), {"__module__": "celery.concurrency.solo"})
     tasks._preload_in_solo(sender=SimpleNamespace(pool_cls=solo, concurrency=1))
     assert seen == [(["agent"], 3), (["agent"], None)]

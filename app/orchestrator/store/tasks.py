@@ -130,7 +130,8 @@ WITH cand AS MATERIALIZED (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1,
          attempt_count = t.attempt_count + CASE WHEN t.status = 'running' AND NOT t.claimed_alone THEN 0 ELSE 1 END,
-         claimed_alone = (SELECT count(*) FROM pick) = 1, started_at = coalesce(started_at, :now), updated_at = :now
+         claimed_alone = (SELECT count(*) FROM pick) = 1 AND NOT CAST(:shared AS boolean),
+         started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
             t.claim_generation, t.attempt_count, t.max_attempts, t.payload, t.input_fingerprint, t.grant_id,
@@ -151,7 +152,8 @@ FROM c JOIN images i ON i.id = c.image_id JOIN cand ON cand.id = c.id
 
 @transition
 def claim_group_txn(
-    conn: Connection, task_id: uuid.UUID, lane: str, owner: str, now: datetime, lease_s: float, *, budget: int
+    conn: Connection, task_id: uuid.UUID, lane: str, owner: str, now: datetime, lease_s: float, *, budget: int,
+    shared: bool = False,
 ) -> tuple[Outcome[RowMapping], int]:
     """queued → running: a batched lane's hinted task and its wake-up group's due members, within the budget.
 
@@ -165,9 +167,13 @@ def claim_group_txn(
     running by then). A group is otherwise claimed whole — it is at most its creator's batch
     size — so a claimer with a smaller ``n`` leaves no member behind with its hint spent. Call
     ``lock_hinted_txn`` first, in the same transaction.
+
+    ``shared``: the claimer's process runs other claims side by side (a threads pool), so even a
+    claim of one task is no run alone — a death there may be another thread's (``run_alone_txn``).
     """
     rows = conn.execute(CLAIM_GROUP, {"id": task_id, "lane": lane, "owner": owner, "now": now,
-                                      "exp": now + timedelta(seconds=lease_s), "budget": budget}).mappings().all()
+                                      "exp": now + timedelta(seconds=lease_s), "budget": budget,
+                                      "shared": shared}).mappings().all()
     return Outcome.of(rows), (int(rows[0]["left_out"]) if rows else 0)
 
 
@@ -244,7 +250,8 @@ WITH cand AS MATERIALIZED (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1,
+         claimed_alone = (SELECT count(*) FROM pick) + cardinality(CAST(:with_ids AS uuid[])) = 1
+                         AND NOT CAST(:shared AS boolean),
          started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
@@ -267,6 +274,7 @@ FROM c JOIN images i ON i.id = c.image_id JOIN cand ON cand.id = c.id
 def claim_batch_txn(
     conn: Connection, lane: str, n: int, owner: str, now: datetime, lease_s: float, *, budget: int,
     at_least_one: bool = True, served: list[str] | tuple[str, ...] = (), with_ids: list[uuid.UUID] | tuple = (),
+    shared: bool = False,
 ) -> Outcome[RowMapping]:
     """queued → running: up to ``n`` due tasks of a batched lane within ``budget``, fairly across scopes.
 
@@ -278,12 +286,12 @@ def claim_batch_txn(
     statement: pick (FOR UPDATE SKIP LOCKED), claim, stages and jobs to running, fairness
     recorded; the rest stay queued for their own hints. Queued tasks only: a task whose run died
     is never filled into a batch (see ``claim_group_txn``). Not matched: nothing due (or nothing
-    fits what is left of the budget).
+    fits what is left of the budget). ``shared``: as in ``claim_group_txn``.
     """
     return Outcome.of(conn.execute(CLAIM_FAIR_BATCH, {
         "lane": lane, "n": n, "owner": owner, "served": list(served), "now": now,
         "exp": now + timedelta(seconds=lease_s), "budget": budget, "at_least_one": at_least_one,
-        "with_ids": list(with_ids),
+        "with_ids": list(with_ids), "shared": shared,
     }).mappings().all())
 
 
@@ -371,6 +379,25 @@ def claim_group_members_txn(
     return Outcome.of(conn.execute(CLAIM_GROUP_MEMBERS, {
         "id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s),
     }).mappings().all())
+
+
+RUN_ALONE = sql("""
+UPDATE tasks SET claimed_alone = true, updated_at = :now
+WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
+RETURNING id
+""")
+
+
+@transition
+def run_alone_txn(conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime) -> Outcome[uuid.UUID]:
+    """running → running alone (``claimed_alone``): its execution now runs with no other in its process (fenced).
+
+    A process that runs claims side by side (a threads pool) claims with ``shared`` — no claim of it
+    is alone, so a death there is charged to none (another thread's input may have killed it). A
+    task whose run died is then run with every other thread of its process held off, and marked
+    alone first: a death now is its own. Not matched: fenced out (lease lost, re-claimed).
+    """
+    return Outcome.of(conn.execute(RUN_ALONE, {"id": task_id, "owner": owner, "gen": gen, "now": now}).scalars().all())
 
 
 HEARTBEAT = sql("""
