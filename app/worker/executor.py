@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
+from app.stages.agent.context_text import checked_agent_context
 from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
@@ -207,7 +208,8 @@ def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     result = providers.agent.describe(
         image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
     )
-    return AgentArtifact(result.context, result.model, claim.attempt_id, result.request_id)
+    # whatever agent answered: what a PATCH may store, or this claim's own agent_bad_output
+    return AgentArtifact(checked_agent_context(result.context), result.model, claim.attempt_id, result.request_id)
 
 
 def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact | None:
@@ -216,7 +218,8 @@ def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     found = providers.agent.lookup(claim.attempt_id)
     if found.status != "complete" or found.result is None:
         return None
-    return AgentArtifact(found.result.context, found.result.model, claim.attempt_id, found.result.request_id)
+    return AgentArtifact(checked_agent_context(found.result.context), found.result.model, claim.attempt_id,
+                         found.result.request_id)
 
 
 def text_document(inputs: dict | None, cfg: dict) -> tuple[str, str]:

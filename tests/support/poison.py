@@ -114,13 +114,37 @@ class PoisonVectorText(DeterministicTextProvider):
 
 
 class PoisonOutputAgent(DeterministicAgent):
-    """Answers a poisoned image with a title holding NUL, which no text or jsonb column stores
-    (a provider without the openai-compatible parser's checks)."""
+    """Answers a poisoned image with pixel facts holding NUL, which no jsonb column stores: the
+    worker's context check (app/stages/agent/context_text.py) reads the text fields only, so the
+    database's refusal is what fails it (the completion's net, app/worker/run.complete_isolated)."""
 
     def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
         result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
         if is_poisoned(image):
-            result.context["title"] = "poisoned \x00 title"
+            result.context["facts"] = {**result.context["facts"], "note": "poisoned \x00 facts"}
+        return result
+
+
+class WrongTypesAgent(DeterministicAgent):
+    """Answers a poisoned image with a context of the wrong shape — tags a number, the title a
+    list (a provider without the openai-compatible parser's checks)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["tags"] = 5
+            result.context["title"] = ["a", "list"]
+        return result
+
+
+class OverlongContextAgent(DeterministicAgent):
+    """Answers a poisoned image with a context PostgreSQL stores but a human could not save back
+    (PATCH /images/{id}): OCR text, title and a tag past the API's limits (app/stages/agent/limits.py)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context.update(ocr_text="word " * 6000, title="t" * 600, tags=["x" * 500])
         return result
 
 
