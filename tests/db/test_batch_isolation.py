@@ -206,6 +206,16 @@ def test_a_vector_the_database_refuses_fails_its_own_item_only(engine, settings)
     assert [len(sizes) for _, sizes, _ in poison.CALLS] == [7]  # one provider call, no bisection
 
 
+def test_a_zero_vector_fails_its_own_item_and_is_never_stored(engine, settings):
+    """An all-zero vector is storable but no cosine can be computed against it (pgvector answers
+    NaN, so a search ranked and scored garbage): that task fails (provider_bad_output), the six
+    others succeed, and no visual embedding of it is stored."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonZeroVectorVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "provider_bad_output"
+    assert _rows(engine, "SELECT count(*) AS n FROM visual_embeddings")[0]["n"] == 6
+
+
 def test_a_document_vector_past_float4_fails_only_its_task(engine, settings):
     """1e39 is a finite float but overflows pgvector's float4: the poisoned document fails alone."""
     settings = settings.replace(text_provider="tests.support.poison:PoisonVectorText", text_document_version="1")

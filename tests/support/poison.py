@@ -104,6 +104,16 @@ class PoisonVectorVisual(DeterministicVisualProvider):
         return [[float("nan")] * len(v) if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
 
 
+class PoisonZeroVectorVisual(DeterministicVisualProvider):
+    """Answers a poisoned image with a vector pgvector stores but cannot compare: all zeros (its
+    cosine distance to anything is NaN; an HNSW cosine index leaves it out)."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [[0.0] * len(v) if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
 class PoisonVectorText(DeterministicTextProvider):
     """Answers a poisoned document with a vector holding 1e39: a finite float, past float4's range."""
 
