@@ -216,6 +216,18 @@ def test_a_zero_vector_fails_its_own_item_and_is_never_stored(engine, settings):
     assert _rows(engine, "SELECT count(*) AS n FROM visual_embeddings")[0]["n"] == 6
 
 
+def test_a_provider_error_message_the_database_refuses_still_fails_its_item(engine, settings):
+    """A provider's own error whose message holds NUL and an unpaired surrogate (and runs 100 kB):
+    the task still fails with the provider's code — its message stored without the characters no
+    column takes, and bounded — instead of the failure's write raising out of the worker (which
+    left the task running, and its batch's hints unpublished, to fail the same way at every lease
+    recovery)."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonMessageVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "poisoned_image"
+    assert bad["error"]["message"].startswith("the model said: ") and len(bad["error"]["message"]) <= 2000
+
+
 def test_a_document_vector_past_float4_fails_only_its_task(engine, settings):
     """1e39 is a finite float but overflows pgvector's float4: the poisoned document fails alone."""
     settings = settings.replace(text_provider="tests.support.poison:PoisonVectorText", text_document_version="1")

@@ -71,6 +71,17 @@ class PoisonItemVisual(DeterministicVisualProvider):
                 if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
 
 
+class PoisonMessageVisual(DeterministicVisualProvider):
+    """Fails a poisoned image with an error whose message holds NUL and an unpaired surrogate (a
+    provider quoting what its model or library said), which no text or jsonb column stores."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [PermanentError("the model said: \x00\ud800" + "!" * 100_000, code="poisoned_image")
+                if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
 class PoisonBatchVisual(DeterministicVisualProvider):
     """The whole call crashes whenever a poisoned image is in it (as a model crashing on one bad
     input would), naming how many images the crashed call held."""
