@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,23 @@ def retry_on_disconnect(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+#: Characters no text or jsonb column stores: NUL and UTF-16 surrogates (unpaired in a str).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: A stored error's message and code, at most (it is written on the task, stage, job and attempt).
+ERROR_MESSAGE_MAX, ERROR_CODE_MAX = 1000, 100
+
+
+def stored_error(code: Any, message: Any) -> dict[str, str]:
+    """``{code, message}`` as a failure stores it: a provider's StageError carries its own text (a
+    model's or library's words), so NUL and unpaired surrogates become U+FFFD and the text is cut
+    to a bound — else the failure's own write was refused and raised out of the worker, leaving
+    the task running to fail the same way at every lease recovery."""
+    def clean(value: Any, limit: int) -> str:
+        text = str(value)
+        return _UNSTORABLE.sub("\ufffd", text[:limit] + ("…" if len(text) > limit else ""))
+    return {"code": clean(code, ERROR_CODE_MAX), "message": clean(message, ERROR_MESSAGE_MAX)}
 
 
 #: SQLSTATE class 54, program_limit_exceeded: a value past one of PostgreSQL's size limits ("string
@@ -505,7 +523,7 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
         base_s=orch.settings.backoff_base_s, max_s=orch.settings.backoff_max_s, rand=orch.rand,
         paid_call=claim.attempt_id is not None,
     )
-    err = {"code": decision.code or error.code, "message": error.message}
+    err = stored_error(decision.code or error.code, error.message)
     with orch.engine.begin() as conn:
         if lease_expired and not tasks.lock_expired_lease_txn(
             conn, claim.task_id, claim.owner, claim.generation, now,
@@ -517,7 +535,7 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
         # ends cancelled, as abandon_task records a stop — requeued, no claim could ever take it
         cancelled = decision.retry and tasks.end_cancel_requested_txn(
             conn, claim.task_id, claim.owner, claim.generation, now,
-            {"code": "cancelled", "message": f"cancelled while it ran; not retried after: {error.message}"},
+            stored_error("cancelled", f"cancelled while it ran; not retried after: {err['message']}"),
         ).matched  # not matched: fenced out (seen below), not cancelled, or a job waits on it — requeue
         if not cancelled:
             if decision.retry:

@@ -16,9 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
+from app.stages.agent.context_text import checked_agent_context
 from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
@@ -65,16 +68,29 @@ def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], la
 
 #: The largest magnitude a pgvector element (a float4) holds; a larger finite float overflows it.
 _FLOAT4_MAX = 3.4028234663852886e38
+#: The smallest normal float4: a squared norm below it is no norm pgvector can divide by.
+_FLOAT4_TINY = float(np.finfo(np.float32).tiny)
 
 
 def _storable_element(x: float) -> bool:
     return abs(x) <= _FLOAT4_MAX  # False for NaN and the infinities too
 
 
+def _comparable(values: list[float]) -> bool:
+    """pgvector's cosine distance sums the squares in float4: a vector whose squared norm is 0
+    there (all zeros, or elements so small their squares vanish) or overflows it (elements past
+    ~1.8e19) has distance NaN to anything, and an HNSW cosine index leaves it out."""
+    as_float4 = np.asarray(values, dtype=np.float32)
+    with np.errstate(over="ignore", under="ignore"):
+        norm2 = float(np.dot(as_float4, as_float4))
+    return _FLOAT4_TINY <= norm2 < float("inf")
+
+
 def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
     """A provider's vector for one item as floats, or the PermanentError that fails that item
     alone: a vector pgvector refuses (NaN, infinite, beyond float4, not ``dims`` long) would
-    otherwise abort the completion transaction of its whole batch (SPEC §10)."""
+    otherwise abort the completion transaction of its whole batch (SPEC §10), and one it stores
+    but cannot compare (no float4 norm: all zeros) would rank and score every search with NaN."""
     if isinstance(vector, StageError):
         return vector
     values = None
@@ -86,6 +102,9 @@ def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
     if values is None or len(values) != dims or not all(map(_storable_element, values)):
         return PermanentError(f"the provider returned an invalid vector (not {dims} finite numbers)",
                               code="provider_bad_output")
+    if not _comparable(values):
+        return PermanentError("the provider returned a vector without a usable length (all zeros, or "
+                              "elements too small or too large for a cosine)", code="provider_bad_output")
     return values
 
 
@@ -207,7 +226,8 @@ def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     result = providers.agent.describe(
         image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
     )
-    return AgentArtifact(result.context, result.model, claim.attempt_id, result.request_id)
+    # whatever agent answered: what a PATCH may store, or this claim's own agent_bad_output
+    return AgentArtifact(checked_agent_context(result.context), result.model, claim.attempt_id, result.request_id)
 
 
 def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact | None:
@@ -216,7 +236,8 @@ def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     found = providers.agent.lookup(claim.attempt_id)
     if found.status != "complete" or found.result is None:
         return None
-    return AgentArtifact(found.result.context, found.result.model, claim.attempt_id, found.result.request_id)
+    return AgentArtifact(checked_agent_context(found.result.context), found.result.model, claim.attempt_id,
+                         found.result.request_id)
 
 
 def text_document(inputs: dict | None, cfg: dict) -> tuple[str, str]:

@@ -206,6 +206,28 @@ def test_a_vector_the_database_refuses_fails_its_own_item_only(engine, settings)
     assert [len(sizes) for _, sizes, _ in poison.CALLS] == [7]  # one provider call, no bisection
 
 
+def test_a_zero_vector_fails_its_own_item_and_is_never_stored(engine, settings):
+    """An all-zero vector is storable but no cosine can be computed against it (pgvector answers
+    NaN, so a search ranked and scored garbage): that task fails (provider_bad_output), the six
+    others succeed, and no visual embedding of it is stored."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonZeroVectorVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "provider_bad_output"
+    assert _rows(engine, "SELECT count(*) AS n FROM visual_embeddings")[0]["n"] == 6
+
+
+def test_a_provider_error_message_the_database_refuses_still_fails_its_item(engine, settings):
+    """A provider's own error whose message holds NUL and an unpaired surrogate (and runs 100 kB):
+    the task still fails with the provider's code — its message stored without the characters no
+    column takes, and bounded — instead of the failure's write raising out of the worker (which
+    left the task running, and its batch's hints unpublished, to fail the same way at every lease
+    recovery)."""
+    tasks = _mixed_scope_batch_with_one_poisoned(engine, settings, "tests.support.poison:PoisonMessageVisual")
+    bad = _assert_only_the_poisoned_task_was_charged(tasks)
+    assert bad["status"] == "failed" and bad["error"]["code"] == "poisoned_image"
+    assert bad["error"]["message"].startswith("the model said: ") and len(bad["error"]["message"]) <= 2000
+
+
 def test_a_document_vector_past_float4_fails_only_its_task(engine, settings):
     """1e39 is a finite float but overflows pgvector's float4: the poisoned document fails alone."""
     settings = settings.replace(text_provider="tests.support.poison:PoisonVectorText", text_document_version="1")
@@ -251,8 +273,8 @@ def test_an_unstorable_openai_compatible_answer_fails_alone_and_its_batch_mate_k
 
 def test_an_agent_answer_the_database_refuses_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
         engine, settings):
-    """A provider whose answer holds NUL (no parser of its own caught it): the batch's completion
-    is refused, so each claim is completed alone — the good answer lands, the bad one fails."""
+    """A provider whose answer holds NUL where no check looked (its pixel facts): the batch's
+    completion is refused, so each claim is completed alone — the good answer lands, the bad one fails."""
     settings = settings.replace(agent_provider="tests.support.poison:PoisonOutputAgent", agent_batch_size=2)
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
@@ -284,11 +306,13 @@ def test_a_single_task_run_whose_answer_the_database_refuses_fails_with_its_code
 
 def test_an_agent_answer_past_a_database_limit_fails_alone_and_its_batch_mate_keeps_its_paid_answer(
         engine, settings):
-    """A provider's OCR text so long that its lexical document passes PostgreSQL's tsvector limit
-    ("string is too long for tsvector", SQLSTATE 54000 — an OperationalError, not a DataError):
-    the batch's completion is refused, each claim is completed alone, the batch-mate's answer
-    lands and the long one fails with agent_bad_output — nothing raises out of the worker (which
-    left both tasks running, to die the same way at every lease recovery)."""
+    """A provider's OCR text so long that its lexical document would pass PostgreSQL's tsvector
+    limit ("string is too long for tsvector", SQLSTATE 54000 — an OperationalError, not a
+    DataError): it is past the API's OCR text limit too, so the worker's context check fails it
+    before any write (the completion's net, should such a value reach the database, completes each
+    claim alone); the batch-mate's answer lands and the long one fails with agent_bad_output —
+    nothing raises out of the worker (which left both tasks running, to die the same way at every
+    lease recovery)."""
     from app.worker.run import run_task
 
     settings = settings.replace(agent_provider="tests.support.poison:OverlongTextAgent", agent_batch_size=2)
@@ -304,6 +328,23 @@ def test_an_agent_answer_past_a_database_limit_fails_alone_and_its_batch_mate_ke
     _run(orch, providers, pub, {"visual"})
     (hint,) = [h for h in pub.drain() if h.lane == "agent"]
     assert run_task(orch, hint.task_id, "w", providers, pub) == "failed"
+
+
+@pytest.mark.parametrize("agent", ["WrongTypesAgent", "OverlongContextAgent"])
+def test_an_agent_context_of_the_wrong_shape_or_past_the_api_limits_fails_alone(engine, settings, agent):
+    """An agent's context must be what a human may write through PATCH /images/{id}: four text
+    fields of the right types within the API's limits. A context with tags that are a number (which
+    crashed the completion of the whole batch, leaving both paid answers running until their lease
+    expired) or an OCR text past the limit (stored, then refused when the edit form saved it back)
+    fails its own task with agent_bad_output; the batch-mate's paid answer lands."""
+    settings = settings.replace(agent_provider=f"tests.support.poison:{agent}", agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 1)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    assert _run(orch, providers, pub, {"agent"}) == [2]  # both paid calls in one batch
+    _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
 
 
 def _assert_agent_batch_mate_kept(engine, is_bad) -> None:

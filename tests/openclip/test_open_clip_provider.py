@@ -187,6 +187,7 @@ def test_corrupt_or_mismatched_checkpoint_fails_permanently_at_load(tmp_path, im
     with pytest.raises(PermanentError) as err:
         provider_for(corrupt).embed(images[:1])
     assert err.value.code == "visual_model_load_failed"
+    assert str(tmp_path) not in err.value.message  # shown to tenants: no server path
 
     wide = save_random_checkpoint(tmp_path / "wide.pt", seed=0, model_name=OTHER)
     with pytest.raises(PermanentError) as err:

@@ -71,6 +71,17 @@ class PoisonItemVisual(DeterministicVisualProvider):
                 if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
 
 
+class PoisonMessageVisual(DeterministicVisualProvider):
+    """Fails a poisoned image with an error whose message holds NUL and an unpaired surrogate (a
+    provider quoting what its model or library said), which no text or jsonb column stores."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [PermanentError("the model said: \x00\ud800" + "!" * 100_000, code="poisoned_image")
+                if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
 class PoisonBatchVisual(DeterministicVisualProvider):
     """The whole call crashes whenever a poisoned image is in it (as a model crashing on one bad
     input would), naming how many images the crashed call held."""
@@ -104,6 +115,16 @@ class PoisonVectorVisual(DeterministicVisualProvider):
         return [[float("nan")] * len(v) if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
 
 
+class PoisonZeroVectorVisual(DeterministicVisualProvider):
+    """Answers a poisoned image with a vector pgvector stores but cannot compare: all zeros (its
+    cosine distance to anything is NaN; an HNSW cosine index leaves it out)."""
+
+    def embed(self, images: list[DecodedImage]):
+        _record("visual", [im.width * im.height for im in images], True)
+        vectors = super().embed(images)
+        return [[0.0] * len(v) if is_poisoned(im) else v for im, v in zip(images, vectors, strict=True)]
+
+
 class PoisonVectorText(DeterministicTextProvider):
     """Answers a poisoned document with a vector holding 1e39: a finite float, past float4's range."""
 
@@ -114,13 +135,37 @@ class PoisonVectorText(DeterministicTextProvider):
 
 
 class PoisonOutputAgent(DeterministicAgent):
-    """Answers a poisoned image with a title holding NUL, which no text or jsonb column stores
-    (a provider without the openai-compatible parser's checks)."""
+    """Answers a poisoned image with pixel facts holding NUL, which no jsonb column stores: the
+    worker's context check (app/stages/agent/context_text.py) reads the text fields only, so the
+    database's refusal is what fails it (the completion's net, app/worker/run.complete_isolated)."""
 
     def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
         result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
         if is_poisoned(image):
-            result.context["title"] = "poisoned \x00 title"
+            result.context["facts"] = {**result.context["facts"], "note": "poisoned \x00 facts"}
+        return result
+
+
+class WrongTypesAgent(DeterministicAgent):
+    """Answers a poisoned image with a context of the wrong shape — tags a number, the title a
+    list (a provider without the openai-compatible parser's checks)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["tags"] = 5
+            result.context["title"] = ["a", "list"]
+        return result
+
+
+class OverlongContextAgent(DeterministicAgent):
+    """Answers a poisoned image with a context PostgreSQL stores but a human could not save back
+    (PATCH /images/{id}): OCR text, title and a tag past the API's limits (app/stages/agent/limits.py)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context.update(ocr_text="word " * 6000, title="t" * 600, tags=["x" * 500])
         return result
 
 

@@ -30,6 +30,10 @@ BAD_VECTORS = {
     "a string": "0.5",
     "none": None,
     "nested": [[0.5], [0.5], [0.5]],
+    # stored, but pgvector's cosine (squares summed in float4) is NaN against it
+    "all zeros": [0.0, 0.0, -0.0],
+    "squares vanish in float4": [1e-25, 1e-25, 0.0],
+    "squares overflow float4": [0.5, -3.4e38, 0.5],
 }
 
 
@@ -40,7 +44,8 @@ def test_a_vector_pgvector_refuses_is_that_items_provider_bad_output(kind):
 
 
 def test_a_good_vector_comes_back_as_floats_and_an_items_own_error_as_is():
-    assert checked_vector((1, 0.5, -3.4e38), 3) == [1.0, 0.5, -3.4e38]
+    assert checked_vector((1, 0.5, -1e18), 3) == [1.0, 0.5, -1e18]
+    assert checked_vector((1e-18, 0, 0), 3) == [1e-18, 0.0, 0.0]
     assert all(type(x) is float for x in checked_vector([1, 2, 3], 3))
     own = RetryableError("busy", code="provider_busy")
     assert checked_vector(own, 3) is own

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from PIL import Image
 
 from app.api.schemas import ContextSchema
-from app.stages.agent.context_text import normalise_tags, single_line, tag_key
+from app.stages.agent import limits
+from app.stages.agent.context_text import checked_agent_context, normalise_tags, single_line, tag_key
 from app.stages.agent.openai_compatible import parse_context
+from app.stages.errors import PermanentError
 
 from .stages.helpers import decoded
+
+GOOD = {"title": "Sleepy cat", "description": "A cat.", "ocr_text": "MONDAY", "tags": ["cat"], "facts": {"width": 4}}
 
 
 def test_a_title_is_one_line():
@@ -56,3 +61,43 @@ def test_a_local_ocr_title_is_one_line(tmp_path, monkeypatch):
     assert ctx["title"] == "BIG NEWS TODAY"
     editable = {k: v for k, v in ctx.items() if k != "facts"}
     assert ContextSchema().load(editable) == editable
+
+
+def test_an_agent_context_is_stored_as_a_patch_would_store_it():
+    """Any agent's context (app/worker/executor.py checks every one): the title one line, the tags
+    normalised, keys beyond the context's dropped — and what it returns a PATCH stores unchanged."""
+    ctx = checked_agent_context({**GOOD, "title": " Sleepy\ncat ", "tags": ["Cat", "cat", " "], "extra": 1})
+    assert ctx == {**GOOD, "title": "Sleepy cat", "tags": ["Cat"]}
+    editable = {k: v for k, v in ctx.items() if k != "facts"}
+    assert ContextSchema().load(editable) == editable
+    assert checked_agent_context({k: v for k, v in GOOD.items() if k != "facts"})["facts"] == {}
+
+
+@pytest.mark.parametrize("change", [
+    {"tags": 5}, {"tags": "cat"}, {"tags": {"a": 1}}, {"tags": [1]}, {"tags": None}, {"title": ["a", "list"]},
+    {"title": None}, {"description": 3}, {"ocr_text": {"x": 1}}, {"facts": []},
+    {"title": "a\x00b"}, {"ocr_text": "line\ud800"}, {"tags": ["ok", "a\x00b"]},
+    {"title": "t" * (limits.TITLE_MAX + 1)}, {"description": "d" * (limits.DESCRIPTION_MAX + 1)},
+    {"ocr_text": "o" * (limits.OCR_TEXT_MAX + 1)}, {"tags": ["x" * (limits.TAG_MAX + 1)]},
+    {"tags": [f"t{i}" for i in range(limits.TAGS_MAX + 1)]}, {"tags": ["t"] * 10**6},
+])
+def test_an_agent_context_a_patch_would_refuse_is_agent_bad_output(change):
+    with pytest.raises(PermanentError) as info:
+        checked_agent_context({**GOOD, **change})
+    assert info.value.code == "agent_bad_output"
+
+
+@pytest.mark.parametrize("context", [None, [], "context", 5])
+def test_an_agent_context_that_is_no_object_is_agent_bad_output(context):
+    with pytest.raises(PermanentError) as info:
+        checked_agent_context(context)
+    assert info.value.code == "agent_bad_output"
+
+
+def test_an_openai_compatible_tag_that_lower_casing_makes_too_long_is_agent_bad_output():
+    """The parser checks a tag's 64 characters before lower-casing it, and "İ".lower() is two."""
+    ctx = parse_context('{"title": "t", "description": "", "ocr_text": "", "tags": ["' + "\\u0130" * 64 + '"]}')
+    assert len(ctx["tags"][0]) > limits.TAG_MAX
+    with pytest.raises(PermanentError) as info:
+        checked_agent_context({**ctx, "facts": {}})
+    assert info.value.code == "agent_bad_output"

@@ -3,12 +3,18 @@
 made single spaces and its invisible characters (zero-width space, word joiner, BOM, soft hyphen)
 dropped, and a list of tags holds no tag without a visible character and no tag twice ("Cat",
 "cat" and the full-width "Ｃａｔ" are one tag, spelled as it came first, in the order given). The limits of
-:mod:`app.stages.agent.limits` apply to the values made here. Pure functions."""
+:mod:`app.stages.agent.limits` apply to the values made here (:func:`checked_agent_context` for
+an agent's). Pure functions."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.stages.agent import limits
+from app.stages.errors import PermanentError
 
 #: Characters that show nothing and join or split nothing a reader sees: dropped from tags.
 #: (Zero-width joiners stay: they make one emoji of several, and shape Indic scripts.)
@@ -46,4 +52,55 @@ def normalise_tags(tags: Iterable[str]) -> list[str]:
         if _visible(tag) and key not in seen:
             seen.add(key)
             out.append(tag)
+    return out
+
+
+#: NUL (PostgreSQL stores it in neither text nor jsonb) and UTF-16 surrogates (a JSON "\ud800"
+#: escape decodes to one; no UTF-8 encoder takes it): refused in every text field (as the API's).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_TEXT_LIMITS = {"title": limits.TITLE_MAX, "description": limits.DESCRIPTION_MAX, "ocr_text": limits.OCR_TEXT_MAX}
+#: Tags an agent may hand over before empty and repeated ones are dropped (as a PATCH may send).
+_TAGS_SENT_MAX = 10 * limits.TAGS_MAX
+
+
+def _bad_output(message: str) -> PermanentError:
+    return PermanentError(f"the agent's context is not storable: {message}", code="agent_bad_output")
+
+
+def checked_agent_context(context: Any) -> dict[str, Any]:
+    """An agent's context as it is stored, or ``PermanentError(agent_bad_output)``: the context
+    any agent hands over (a built-in one, a ``module:Class`` one, or a result adopted after a
+    crash) must be what a human may write through PATCH /api/v1/images/{id} — title, description,
+    ocr_text strings and tags a list of strings, without NUL or unpaired surrogates, within
+    :mod:`app.stages.agent.limits` — with the title one line and the tags normalised as a PATCH
+    stores them. ``facts`` (the pixel facts) must be an object if present; other keys are dropped.
+
+    Without it a context of the wrong shape (tags a number) crashed the completion of its whole
+    batch, and one past the limits was stored, then refused when the edit form saved it back."""
+    if not isinstance(context, Mapping):
+        raise _bad_output("it is not an object")
+    out: dict[str, Any] = {}
+    for key, limit in _TEXT_LIMITS.items():
+        value = context.get(key)
+        if not isinstance(value, str):
+            raise _bad_output(f"{key!r} must be a string")
+        if _UNSTORABLE.search(value):
+            raise _bad_output(f"{key!r} holds NUL or unpaired surrogates")
+        if key == "title":
+            value = single_line(value)
+        if len(value) > limit:
+            raise _bad_output(f"{key!r} is longer than {limit} characters")
+        out[key] = value
+    tags = context.get("tags")
+    if not isinstance(tags, list | tuple) or len(tags) > _TAGS_SENT_MAX:
+        raise _bad_output(f"'tags' must be a list of at most {limits.TAGS_MAX} strings")
+    if not all(isinstance(t, str) and not _UNSTORABLE.search(t) for t in tags):
+        raise _bad_output("'tags' must be strings without NUL or unpaired surrogates")
+    out["tags"] = normalise_tags(tags)
+    if len(out["tags"]) > limits.TAGS_MAX or any(len(t) > limits.TAG_MAX for t in out["tags"]):
+        raise _bad_output(f"'tags' must be at most {limits.TAGS_MAX} tags of at most {limits.TAG_MAX} characters")
+    facts = context.get("facts", {})
+    if not isinstance(facts, Mapping):
+        raise _bad_output("'facts' must be an object")
+    out["facts"] = dict(facts)
     return out

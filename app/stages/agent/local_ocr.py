@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields
 from typing import Any
 
@@ -18,6 +19,7 @@ from app.stages.images import DecodedImage
 
 VERSION = "local-ocr-v2"
 _OCR_FIELDS = frozenset(f.name for f in fields(OcrSettings))
+log = logging.getLogger(__name__)
 
 
 class LocalOcrAgent:
@@ -70,7 +72,11 @@ class LocalOcrAgent:
         try:
             raw = run_ocr(self.ocr, image.image)
         except Exception as exc:  # the engine failing on valid pixels will not improve on retry
-            raise PermanentError(f"OCR failed: {exc}", code="agent_ocr_failed") from exc
+            # the message is stored on the task and shown to the tenant: the engine's own text
+            # (model paths, library internals) goes to the log only
+            log.warning("OCR failed: %r", exc, exc_info=exc)
+            raise PermanentError("OCR failed on this image; the worker's log has the details",
+                                 code="agent_ocr_failed") from exc
         boxes = []
         for points, text, score in raw:
             if score < self.min_score or not text.strip():

@@ -17,6 +17,7 @@ another model for the visual stage fingerprint (SPEC §3.3) and for search.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from dataclasses import asdict
@@ -36,6 +37,7 @@ INSTALL_HINT = (
 )
 _SCHEMAS = ("hf-hub:", "local-dir:")
 _CHUNK = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def import_open_clip():
@@ -149,8 +151,10 @@ class OpenClipVisualProvider:
                         self.model_name, pretrained=str(self.checkpoint_path), device="cpu", precision="fp32"
                     )
                 except Exception as exc:  # torch/open_clip raise RuntimeError, KeyError, pickle errors ...
+                    # stored on the task and shown to the tenant: the path and torch's text go to the log
+                    log.warning("cannot load open_clip %s from %s: %r", self.model_name, self.checkpoint_path, exc)
                     raise PermanentError(
-                        f"cannot load open_clip {self.model_name} from {self.checkpoint_path}: {exc}",
+                        f"cannot load the open_clip model {self.model_name}; the worker's log has the details",
                         code="visual_model_load_failed",
                     ) from exc
                 try:
@@ -159,9 +163,10 @@ class OpenClipVisualProvider:
                     changed = True
                 if changed:
                     # The weights just loaded may not be the ones config() hashed: never label them so.
+                    log.warning("open_clip checkpoint %s changed after this process hashed it", self.checkpoint_path)
                     raise PermanentError(
-                        f"open_clip checkpoint {self.checkpoint_path} changed after this process hashed it; "
-                        "restart the process to pick up the new weights",
+                        "the open_clip checkpoint changed after this worker hashed it; "
+                        "restart the worker to pick up the new weights",
                         code="visual_checkpoint_changed",
                     )
                 loaded = open_clip.get_model_preprocess_cfg(model)

@@ -310,3 +310,23 @@ def test_a_context_read_from_a_wall_of_text_can_be_saved_back(tmp_path, monkeypa
     assert ctx["title"].startswith("headline headline") and caption not in ctx["tags"]
     assert ctx["ocr_text"].startswith(title.strip()) and len(ctx["ocr_text"]) == 20_000
     assert "headline" in ctx["tags"] and len(ctx["tags"]) <= agent.max_tags
+
+
+def test_an_ocr_engine_failure_tells_the_tenant_nothing_of_the_host(tmp_path, monkeypatch, caplog):
+    """The message of a failed OCR is stored on the task and shown to the tenant: the engine's own
+    text (model file paths, library internals) goes to the worker's log only."""
+    from app.stages.agent import local_ocr
+
+    secret = "Load model from /srv/memeflow/models/det.onnx failed: file is corrupt"
+
+    def broken(settings, picture):
+        raise RuntimeError(secret)
+
+    monkeypatch.setattr(local_ocr, "run_ocr", broken)
+    agent = LocalOcrAgent(results_dir=str(tmp_path))
+    with caplog.at_level("WARNING"), pytest.raises(PermanentError) as info:
+        agent.describe(decoded(Image.new("RGB", (64, 48), "white")), attempt_id=uuid.uuid4().hex,
+                       reverse_image_policy="forbid")
+    assert info.value.code == "agent_ocr_failed"
+    assert "/srv" not in info.value.message and "corrupt" not in info.value.message
+    assert secret in caplog.text
