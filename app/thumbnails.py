@@ -15,8 +15,10 @@ pixel limit, decompression-bomb guard); any failure is a :class:`ThumbnailError`
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
+import logging
 import os
 import re
 import time
@@ -39,6 +41,8 @@ MEDIA_TYPE = "image/webp"
 THUMBS_DIR = ".thumbs"
 _NAME = re.compile(r"^(?P<sha>[0-9a-f]{64})-(?P<size>\d{2,4})-(?P<v>[a-z0-9]{1,8})\.webp$")
 _TMP_PREFIX = ".tmp-"
+
+log = logging.getLogger(__name__)
 
 
 class ThumbnailError(Exception):
@@ -91,18 +95,30 @@ class ThumbnailCache:
 
     def get_or_create(self, namespace: uuid.UUID | str, sha256: str, size: int, source: Callable[[], bytes], *,
                       max_pixels: int = DEFAULT_MAX_PIXELS) -> Thumbnail:
-        """The cached thumbnail, or make it from ``source()`` (the original's bytes) exactly once."""
+        """The cached thumbnail, or make it from ``source()`` (the original's bytes) exactly once.
+
+        A cache the filesystem will not write (disk full, read-only, permissions) costs only the
+        caching: the thumbnail is made and returned all the same (logged), and made again next time."""
         target = self.path(namespace, sha256, size)
         found = _read(target)
         if found is not None:
             return Thumbnail(found, etag(sha256, size), False)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(target.parent / f".lock-{sha256[0]}"):
+        with contextlib.ExitStack() as held:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                held.enter_context(_locked(target.parent / f".lock-{sha256[0]}"))
+            except OSError as exc:
+                log.warning("thumbnail cache not writable, served uncached: %s: %s", target.parent,
+                            exc.strerror or exc)
+                return Thumbnail(render_thumbnail(source(), size, max_pixels=max_pixels), etag(sha256, size), True)
             found = _read(target)  # made by another process while this one waited
             if found is not None:
                 return Thumbnail(found, etag(sha256, size), False)
             data = render_thumbnail(source(), size, max_pixels=max_pixels)
-            write_atomic(target, data, prefix=_TMP_PREFIX, sync_dir=False)  # a cache: regenerated if lost
+            try:
+                write_atomic(target, data, prefix=_TMP_PREFIX, sync_dir=False)  # a cache: regenerated if lost
+            except OSError as exc:
+                log.warning("thumbnail cache not writable, served uncached: %s: %s", target, exc.strerror or exc)
         return Thumbnail(data, etag(sha256, size), True)
 
     def entries(self) -> Iterator[tuple[str, str, Path]]:
@@ -170,8 +186,13 @@ class _locked:
         self.fd = -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)

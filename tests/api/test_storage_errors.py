@@ -55,3 +55,27 @@ def test_an_upload_to_read_only_storage_is_a_503(client, store, engine, settings
         assert r.status_code == 503, r.get_data(as_text=True)
         assert r.get_json()["error"] == "storage_unavailable"
         assert _rows(engine) == 0
+
+
+def test_a_thumbnail_on_a_full_disk_is_served_uncached(client, settings):
+    """The thumbnail cache is derived data: when it cannot be written the thumbnail is still
+    made and served (and made again next time), never a 500."""
+    with small_fs(settings.storage_path) as root:
+        r = upload(client, png_bytes((7, 8, 9), size=(300, 200)))
+        image = r.get_json()["image"]
+        fill(root)
+        for _ in range(2):
+            r = client.get(f"/api/v1/images/{image['id']}/thumbnail?size=128")
+            assert r.status_code == 200, r.get_data(as_text=True)
+            assert r.mimetype == "image/webp" and r.data[:4] == b"RIFF"
+        assert not list((root / ".thumbs").rglob("*.webp"))
+
+
+def test_a_thumbnail_on_read_only_storage_is_served_uncached(client, settings):
+    with small_fs(settings.storage_path) as root:
+        r = upload(client, png_bytes((7, 8, 10), size=(300, 200)))
+        image = r.get_json()["image"]
+        remount_read_only(root)
+        r = client.get(f"/api/v1/images/{image['id']}/thumbnail?size=128")
+        assert r.status_code == 200, r.get_data(as_text=True)
+        assert r.mimetype == "image/webp"
