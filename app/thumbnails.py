@@ -134,13 +134,15 @@ class ThumbnailCache:
                     yield ns_dir.name, m.group("sha"), f
 
     def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
-              dry_run: bool = False, namespaces: Container[str] | None = None) -> list[Path]:
+              dry_run: bool = False, namespaces: Container[str] | None = None,
+              failed: list[tuple[Path, OSError]] | None = None) -> list[Path]:
         """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
         sha256) of every image row), those of an older rendering version, and temp files of crashed
         writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
         thumbnail is derived, so a request that finds it gone makes it again. ``namespaces``: only
         those namespace directories are considered (the scopes of the database ``live_versions``
-        was read from)."""
+        was read from). ``failed``: where removals the filesystem refuses go (left out of the
+        result); without it they raise."""
         live = {(str(ns), sha) for ns, sha in live_versions}
         now = time.time() if now is None else now
         gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
@@ -149,8 +151,7 @@ class ThumbnailCache:
         gone = [p for p in gone if _age_s(p, now) >= min_age_s
                 and (namespaces is None or p.parent.name in namespaces)]
         if not dry_run:
-            for p in gone:
-                p.unlink(missing_ok=True)
+            gone = _unlink_all(gone, failed)
         return gone
 
 
@@ -162,6 +163,21 @@ def live_versions(engine: Engine) -> set[tuple[str, str]]:
     """Every (namespace, sha256) an image row currently has."""
     with engine.connect() as conn:
         return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
+
+
+def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None) -> list[Path]:
+    """Remove ``paths``; those the filesystem refuses go to ``failed`` (raised without it)."""
+    removed = []
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:
+            if failed is None:
+                raise
+            failed.append((p, exc))
+            continue
+        removed.append(p)
+    return removed
 
 
 def _age_s(path: Path, now: float) -> float:

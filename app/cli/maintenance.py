@@ -38,6 +38,7 @@ class GcReport:
     bytes: int = 0
     kept_young: int = 0
     foreign: list[str] = field(default_factory=list)  # namespace directories no scope of the database owns
+    failed: list[tuple[Path, OSError]] = field(default_factory=list)  # removals the filesystem refused
 
 
 def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None,
@@ -54,6 +55,9 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
     check to its commit, so a file is never removed from under a row, however the two race. An
     upload refreshes an existing file's mtime, so ``min_age_s`` counts from the latest upload and
     also keeps uploads of older versions (which wrote the file before locking) safe.
+
+    A removal the filesystem refuses (read-only mount, permissions) is listed in ``failed`` and the
+    pass goes on.
     """
     from app.orchestrator.files import owned_namespaces, referenced_keys, remove_unreferenced_file
     from app.storage import FileStore
@@ -81,7 +85,11 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
         if not old(store.path(key)):
             report.kept_young += 1
             continue
-        removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
+        try:
+            removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
+        except OSError as exc:
+            report.failed.append((store.path(key), exc))
+            continue
         if removed is not None:
             report.orphans.append(store.path(key))
             report.bytes += removed
@@ -96,6 +104,8 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
             report.temp_files.append(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            report.failed.append((path, exc))
     return report
 
 
@@ -107,7 +117,8 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
 def gc(dry_run: bool, min_age_s: float) -> None:
     """Remove storage files no image references, temp files left by crashed writes, local agent
     result records whose attempt is no longer in flight, and thumbnails of versions no image has —
-    each only in the storage namespaces of this database's scopes."""
+    each only in the storage namespaces of this database's scopes. Exit 1 if the filesystem refused
+    a removal (each one is listed; the rest of the pass ran)."""
     from app.orchestrator.files import owned_namespaces
     from app.stages.agent import records
     from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions
@@ -117,11 +128,12 @@ def gc(dry_run: bool, min_age_s: float) -> None:
         owned = owned_namespaces(ctx.orch)
         report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run, owned=owned)
         results_dirs = list(dict.fromkeys((ctx.settings.agent_results_path, ctx.settings.legacy_agent_results_path)))
+        failed = report.failed
         pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run,
-                                   namespaces=owned)
+                                   namespaces=owned, failed=failed)
                   for d in results_dirs}
         thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run,
-                                               namespaces=owned)
+                                               namespaces=owned, failed=failed)
     if report.foreign:
         click.echo(f"warning: {storage} has namespaces not owned by this database, left alone: "
                    f"{', '.join(report.foreign)} (is MEMEFLOW_DATABASE_URL this storage's database?)", err=True)
@@ -134,6 +146,12 @@ def gc(dry_run: bool, min_age_s: float) -> None:
         if removed or results_dir == ctx.settings.agent_results_path:  # the legacy dir only when it had some
             click.echo(f"gc {results_dir}: {verb} {len(removed)} agent result records")
     click.echo(f"gc {storage / THUMBS_DIR}: {verb} {len(thumbs)} thumbnails of versions no image has")
+    for path, exc in failed:
+        click.echo(f"error: could not remove {path}: {exc.strerror or exc}", err=True)
+    if failed:
+        click.echo(f"error: {len(failed)} file(s) could not be removed (is the storage mounted read-only, "
+                   "or owned by another user?)", err=True)
+        raise SystemExit(1)
 
 
 @click.command("search-indexes")

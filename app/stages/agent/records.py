@@ -276,13 +276,14 @@ def discard(results_dir: str | os.PathLike[str], namespace: str, attempt_ids: It
 
 def prune(
     results_dir: str | os.PathLike[str], still_open: Callable[[list[str]], set[str]], *, min_age_s: float,
-    dry_run: bool = False, namespaces: Container[str] | None = None,
+    dry_run: bool = False, namespaces: Container[str] | None = None, failed: list[tuple[Path, OSError]] | None = None,
 ) -> list[Path]:
     """Remove records older than ``min_age_s`` whose attempt may no longer be adopted:
     ``still_open(ids)`` returns those of ``ids`` still in flight (their records are kept). Also
     removes stale temp files of interrupted writes. Returns the paths removed (or, dry, removable).
     ``namespaces``: only those namespace directories are considered (the scopes of the database
-    ``still_open`` asks: another's attempts are unknown to it, never "in flight")."""
+    ``still_open`` asks: another's attempts are unknown to it, never "in flight"). ``failed``: where
+    removals the filesystem refuses go (left out of the result); without it they raise."""
     root = Path(results_dir)
     if not root.is_dir():
         return []
@@ -303,7 +304,16 @@ def prune(
             candidates.setdefault(path.stem, []).append(path)
     keep = still_open(list(candidates)) if candidates else set()
     removed = [p for attempt_id, paths in candidates.items() if attempt_id not in keep for p in paths] + temps
-    if not dry_run:
-        for path in removed:
+    if dry_run:
+        return removed
+    done = []
+    for path in removed:
+        try:
             path.unlink(missing_ok=True)
-    return removed
+        except OSError as exc:
+            if failed is None:
+                raise
+            failed.append((path, exc))
+            continue
+        done.append(path)
+    return done
