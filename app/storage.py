@@ -108,7 +108,8 @@ class FileStore:
         return [k for k in self.iter_keys() if k not in known]
 
     def stale_temp_files(self) -> list[Path]:
-        """Temp files left by a crash mid-write (safe to remove once no writer is running)."""
+        """Temp files of writes: those of a crash mid-write, and of writes in flight — remove them
+        only through :func:`app.atomic.remove_abandoned_temp`, which leaves a live write's alone."""
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*")

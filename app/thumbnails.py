@@ -30,7 +30,7 @@ from pathlib import Path
 from PIL import Image
 from sqlalchemy import Engine, text
 
-from app.atomic import write_atomic
+from app.atomic import remove_abandoned_temp, write_atomic
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
 SIZES = (128, 256, 512)
@@ -150,9 +150,7 @@ class ThumbnailCache:
             gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
         gone = [p for p in gone if _age_s(p, now) >= min_age_s
                 and (namespaces is None or p.parent.name in namespaces)]
-        if not dry_run:
-            gone = _unlink_all(gone, failed)
-        return gone
+        return _unlink_all(gone, failed, dry_run=dry_run)
 
 
 # -- live_versions: (namespace, sha256) of every image row, the versions whose thumbnails may stay --
@@ -165,12 +163,17 @@ def live_versions(engine: Engine) -> set[tuple[str, str]]:
         return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
 
 
-def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None) -> list[Path]:
-    """Remove ``paths``; those the filesystem refuses go to ``failed`` (raised without it)."""
+def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None, *, dry_run: bool) -> list[Path]:
+    """Remove ``paths`` (a temp file only if no live write holds it, app/atomic.py); those the
+    filesystem refuses go to ``failed`` (raised without it). Returns those removed (dry: removable)."""
     removed = []
     for p in paths:
         try:
-            p.unlink(missing_ok=True)
+            if p.name.startswith(_TMP_PREFIX):
+                if not remove_abandoned_temp(p, dry_run=dry_run):
+                    continue
+            elif not dry_run:
+                p.unlink(missing_ok=True)
         except OSError as exc:
             if failed is None:
                 raise

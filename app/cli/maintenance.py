@@ -43,7 +43,8 @@ class GcReport:
 
 def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None,
                     owned: Collection[str] | None = None) -> GcReport:
-    """Remove files no ``images.storage_key`` references, and stale temp files, older than ``min_age_s``.
+    """Remove files no ``images.storage_key`` references, and temp files of crashed writes (never one
+    a live write holds: ``app.atomic``), older than ``min_age_s``.
 
     Only in the namespace directories of this database's scopes (``owned``; read from it when not
     given): the rows of a database that does not own the storage directory (a wrong
@@ -59,6 +60,7 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
     A removal the filesystem refuses (read-only mount, permissions) is listed in ``failed`` and the
     pass goes on.
     """
+    from app.atomic import remove_abandoned_temp
     from app.orchestrator.files import owned_namespaces, referenced_keys, remove_unreferenced_file
     from app.storage import FileStore
 
@@ -98,9 +100,10 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
             report.kept_young += 1
             continue
         try:
-            report.bytes += path.stat().st_size
-            if not dry_run:
-                path.unlink()
+            size = path.stat().st_size
+            if not remove_abandoned_temp(path, dry_run=dry_run):  # a live write's: kept
+                continue
+            report.bytes += size
             report.temp_files.append(path)
         except FileNotFoundError:
             pass
