@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import itertools
 import logging
 import os
 import re
@@ -31,6 +32,7 @@ from PIL import Image
 from sqlalchemy import Engine, text
 
 from app.atomic import remove_abandoned_temp, write_atomic
+from app.ids import parse_uuid
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
 SIZES = (128, 256, 512)
@@ -122,35 +124,55 @@ class ThumbnailCache:
         return Thumbnail(data, etag(sha256, size), True)
 
     def entries(self) -> Iterator[tuple[str, str, Path]]:
-        """(namespace, sha256, path) of every cached thumbnail."""
+        """(namespace, sha256, path) of every cached thumbnail, streamed (in no particular order)."""
         if not self.root.is_dir():
             return
-        for ns_dir in sorted(self.root.iterdir()):
-            if not ns_dir.is_dir():
+        for ns_dir in sorted(d.name for d in os.scandir(self.root) if d.is_dir()):
+            try:
+                found = os.scandir(self.root / ns_dir)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            for f in sorted(ns_dir.iterdir()):
-                m = _NAME.match(f.name)
-                if m and f.is_file():
-                    yield ns_dir.name, m.group("sha"), f
+            with found:
+                for f in found:
+                    m = _NAME.match(f.name)
+                    if m and f.is_file():
+                        yield ns_dir, m.group("sha"), Path(f.path)
 
-    def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
-              dry_run: bool = False, namespaces: Container[str] | None = None,
-              failed: list[tuple[Path, OSError]] | None = None) -> list[Path]:
-        """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
-        sha256) of every image row), those of an older rendering version, and temp files of crashed
-        writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
-        thumbnail is derived, so a request that finds it gone makes it again. ``namespaces``: only
-        those namespace directories are considered (the scopes of the database ``live_versions``
-        was read from). ``failed``: where removals the filesystem refuses go (left out of the
-        result); without it they raise."""
-        live = {(str(ns), sha) for ns, sha in live_versions}
+    def prune(self, live_versions: Iterable[tuple[str, str]] | Callable[[list[tuple[str, str]]], set[tuple[str, str]]],
+              *, min_age_s: float = 0.0, now: float | None = None, dry_run: bool = False,
+              namespaces: Container[str] | None = None, failed: list[tuple[Path, OSError]] | None = None,
+              chunk: int = 1000) -> list[Path]:
+        """Remove thumbnails of versions no image has any more, those of an older rendering
+        version, and temp files of crashed writes, when older than ``min_age_s``. Returns them.
+        ``live_versions``: (namespace, sha256) of every image row, or a function that tells which
+        of a list of them an image row has (:func:`live_versions_among`: the cache is then read
+        and checked ``chunk`` entries at a time, whatever the library's size). Racing a request is
+        harmless: a thumbnail is derived, so a request that finds it gone makes it again.
+        ``namespaces``: only those namespace directories are considered (the scopes of the
+        database ``live_versions`` reads). ``failed``: where removals the filesystem refuses go
+        (left out of the result); without it they raise."""
+        if callable(live_versions):
+            live_among = live_versions
+        else:
+            known = {(str(ns), sha) for ns, sha in live_versions}
+            live_among = lambda pairs: {p for p in pairs if p in known}  # noqa: E731
         now = time.time() if now is None else now
-        gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
+
+        def doomed(paths: Iterable[Path]) -> list[Path]:
+            return [p for p in paths if _age_s(p, now) >= min_age_s]
+
+        entries = (e for e in self.entries() if namespaces is None or e[0] in namespaces)
+        gone: list[Path] = []
+        while batch := list(itertools.islice(entries, chunk)):
+            live = live_among(sorted({(ns, sha) for ns, sha, _ in batch}))
+            gone += _unlink_all(doomed(p for ns, sha, p in batch
+                                       if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name),
+                                failed, dry_run=dry_run)
         if self.root.is_dir():
-            gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
-        gone = [p for p in gone if _age_s(p, now) >= min_age_s
-                and (namespaces is None or p.parent.name in namespaces)]
-        return _unlink_all(gone, failed, dry_run=dry_run)
+            temps = sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*")
+                           if p.is_file() and (namespaces is None or p.parent.name in namespaces))
+            gone += _unlink_all(doomed(temps), failed, dry_run=dry_run)
+        return gone
 
 
 # -- live_versions: (namespace, sha256) of every image row, the versions whose thumbnails may stay --
@@ -161,6 +183,26 @@ def live_versions(engine: Engine) -> set[tuple[str, str]]:
     """Every (namespace, sha256) an image row currently has."""
     with engine.connect() as conn:
         return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
+
+
+# -- live_versions_among: which of these (namespace, sha256) an image row has — a probe of the
+# scopes' unique namespace and the images' unique (scope_id, sha256) each
+LIVE_VERSIONS_AMONG = text("""
+SELECT k.ns, k.sha FROM unnest(CAST(:ns AS text[]), CAST(:sha AS text[])) AS k(ns, sha)
+WHERE EXISTS (SELECT 1 FROM images i
+              WHERE i.scope_id = (SELECT s.id FROM scopes s WHERE s.storage_namespace = CAST(k.ns AS uuid))
+                AND i.sha256 = k.sha)
+""")
+
+
+def live_versions_among(engine: Engine, pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of ``pairs`` ((namespace, sha256)) an image row currently has."""
+    pairs = [(ns, sha) for ns, sha in pairs if parse_uuid(ns) is not None]  # a stray directory: no image's
+    if not pairs:
+        return set()
+    with engine.connect() as conn:
+        rows = conn.execute(LIVE_VERSIONS_AMONG, {"ns": [str(ns) for ns, _ in pairs], "sha": [s for _, s in pairs]})
+        return {(r.ns, r.sha) for r in rows}
 
 
 def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None, *, dry_run: bool) -> list[Path]:

@@ -3,6 +3,8 @@ and agent result records no attempt in flight needs)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -29,6 +31,10 @@ def sweep() -> None:
     click.echo(f"sweep: {counts}; hints published {len(report.hints)}")
     for failed in report.failed_steps:
         click.echo(f"sweep step {failed['step']} failed: {failed['error']} (the other steps ran)", err=True)
+
+
+#: storage keys (and thumbnails) gc reads and checks against the database at a time
+GC_CHUNK = 1000
 
 
 @dataclass
@@ -75,26 +81,29 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
             return False
 
     owned = owned_namespaces(orch) if owned is None else owned
-    all_keys, all_temps = list(store.iter_keys()), store.stale_temp_files()
-    keys = [k for k in all_keys if k.split("/", 1)[0] in owned]
+    all_temps = store.stale_temp_files()
     temps = [p for p in all_temps if p.parent.name in owned]
-    seen = {k.split("/", 1)[0] for k in all_keys} | {p.parent.name for p in all_temps}
-    report.foreign = sorted(seen - set(owned))
-    referenced = referenced_keys(orch, keys)  # a lock-free first filter; each removal re-checks
-    for key in keys:
-        if key in referenced:
-            continue
-        if not old(store.path(key)):
-            report.kept_young += 1
-            continue
-        try:
-            removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
-        except OSError as exc:
-            report.failed.append((store.path(key), exc))
-            continue
-        if removed is not None:
-            report.orphans.append(store.path(key))
-            report.bytes += removed
+    on_disk = store.namespaces()
+    mine = [ns for ns in on_disk if ns in owned]
+    report.foreign = sorted({p.parent.name for p in all_temps if p.parent.name not in owned}
+                            | {ns for ns in on_disk if ns not in owned and any(True for _ in store.iter_keys([ns]))})
+    keys = store.iter_keys(mine)  # streamed: memory and each query bounded by GC_CHUNK, whatever the library
+    while chunk := list(itertools.islice(keys, GC_CHUNK)):
+        referenced = referenced_keys(orch, chunk)  # a lock-free first filter; each removal re-checks
+        for key in chunk:
+            if key in referenced:
+                continue
+            if not old(store.path(key)):
+                report.kept_young += 1
+                continue
+            try:
+                removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
+            except OSError as exc:
+                report.failed.append((store.path(key), exc))
+                continue
+            if removed is not None:
+                report.orphans.append(store.path(key))
+                report.bytes += removed
     for path in temps:
         if not old(path):
             report.kept_young += 1
@@ -124,7 +133,7 @@ def gc(dry_run: bool, min_age_s: float) -> None:
     a removal (each one is listed; the rest of the pass ran)."""
     from app.orchestrator.files import owned_namespaces
     from app.stages.agent import records
-    from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions
+    from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions_among
 
     with connected() as ctx:
         storage = ctx.settings.storage_path
@@ -135,8 +144,9 @@ def gc(dry_run: bool, min_age_s: float) -> None:
         pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run,
                                    namespaces=owned, failed=failed)
                   for d in results_dirs}
-        thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run,
-                                               namespaces=owned, failed=failed)
+        thumbs = ThumbnailCache(storage).prune(functools.partial(live_versions_among, ctx.orch.engine),
+                                               min_age_s=min_age_s, dry_run=dry_run, namespaces=owned, failed=failed,
+                                               chunk=GC_CHUNK)
     if report.foreign:
         click.echo(f"warning: {storage} has namespaces not owned by this database, left alone: "
                    f"{', '.join(report.foreign)} (is MEMEFLOW_DATABASE_URL this storage's database?)", err=True)
