@@ -4,12 +4,20 @@ The one way memeflow writes a file that others read (stored images, thumbnails, 
 records, samples): a temp file in the target's directory, fsync, rename over the target, then an
 fsync of the directory so the rename itself survives a crash. A failed write removes its temp file;
 a crash leaves one behind, named by ``prefix`` so its owner can find and remove it.
+
+A temp file is ``flock``-ed by its writer from its creation until the write is done (renamed,
+linked or removed), and cleaners remove one only through :func:`remove_abandoned_temp`, which
+takes that lock without waiting first: a live write's temp file is never removed from under it,
+however young a ``memeflow gc --min-age`` accepts; a crashed writer's lock went with its process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -20,32 +28,78 @@ def write_atomic(
     """Replace ``target`` with ``data`` in one rename. ``durable``: fsync the file before the rename;
     ``sync_dir``: fsync the directory after it (both default on; off only for files that can be
     regenerated, where a crash may lose the write but never tear it)."""
-    tmp = write_temp(target.parent, data, prefix=prefix, suffix=suffix, durable=durable)
-    try:
+    with held_temp(target.parent, data, prefix=prefix, suffix=suffix, durable=durable) as tmp:
         os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     if sync_dir:
         fsync_dir(target.parent)
 
 
-def write_temp(directory: Path, data: bytes, *, prefix: str = ".tmp-", suffix: str = "",
-               durable: bool = True) -> Path:
-    """A new temp file in ``directory`` holding ``data`` (fsync'd if ``durable``) for the caller to
-    rename or hard-link into place — ``write_atomic``'s first half, also the agent records' group
-    data file (app/stages/agent/records.py). Removed again if the write fails."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+@contextlib.contextmanager
+def held_temp(directory: Path, data: bytes, *, prefix: str = ".tmp-", suffix: str = "",
+              durable: bool = True) -> Iterator[Path]:
+    """A new temp file in ``directory`` holding ``data`` (fsync'd if ``durable``), locked for the
+    ``with`` block, for the caller to rename or hard-link into place — ``write_atomic``'s first
+    half, also the agent records' group data file (app/stages/agent/records.py). Removed again if
+    the write or the block fails."""
+    while True:
+        fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
+        tmp = Path(name)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, tmp):
+                break
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)  # a cleaner removed it between its creation and the lock: take a new name
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "wb", closefd=False) as fh:
             fh.write(data)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())
+        yield tmp
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return Path(tmp)
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def remove_abandoned_temp(path: Path, *, dry_run: bool = False) -> bool:
+    """Remove the temp file ``path`` unless a live write still holds it (its writer's lock, see the
+    module docstring); True if it went (``dry_run``: would go). A filesystem refusal (read-only,
+    permissions) raises."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a write in flight
+        if not _same_file(fd, path):
+            return False  # renamed into place (or replaced) since it was listed
+        if not dry_run:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return False
+        return True
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def fsync_dir(path: Path) -> None:

@@ -90,17 +90,25 @@ class FileStore:
         fsync_dir(self.path(key).parent)
         return True
 
-    def iter_keys(self) -> Iterator[str]:
-        """Every complete file key under the root (temp files excluded)."""
+    def namespaces(self) -> list[str]:
+        """The namespace directories under the root (``.thumbs``, ``.agent-results``: not namespaces)."""
         if not self.root.is_dir():
-            return
-        for ns in sorted(self.root.iterdir()):
-            if not ns.is_dir() or ns.name.startswith("."):  # .thumbs, .agent-results: not namespaces
+            return []
+        return sorted(d.name for d in os.scandir(self.root) if d.is_dir() and not d.name.startswith("."))
+
+    def iter_keys(self, namespaces: Iterable[str] | None = None) -> Iterator[str]:
+        """Every complete file key under the root, or in ``namespaces`` (temp files excluded) —
+        streamed, one directory entry at a time, in no particular order."""
+        for ns in self.namespaces() if namespaces is None else namespaces:
+            try:
+                entries = os.scandir(self.root / ns)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            for f in sorted(ns.iterdir()):
-                key = f"{ns.name}/{f.name}"
-                if f.is_file() and _KEY.match(key):
-                    yield key
+            with entries:
+                for f in entries:
+                    key = f"{ns}/{f.name}"
+                    if _KEY.match(key) and f.is_file():
+                        yield key
 
     def orphans(self, referenced: Iterable[str]) -> list[str]:
         """Keys of files no image row references (``referenced`` = all images.storage_key)."""
@@ -108,7 +116,8 @@ class FileStore:
         return [k for k in self.iter_keys() if k not in known]
 
     def stale_temp_files(self) -> list[Path]:
-        """Temp files left by a crash mid-write (safe to remove once no writer is running)."""
+        """Temp files of writes: those of a crash mid-write, and of writes in flight — remove them
+        only through :func:`app.atomic.remove_abandoned_temp`, which leaves a live write's alone."""
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*")

@@ -15,8 +15,11 @@ pixel limit, decompression-bomb guard); any failure is a :class:`ThumbnailError`
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
+import itertools
+import logging
 import os
 import re
 import time
@@ -28,7 +31,8 @@ from pathlib import Path
 from PIL import Image
 from sqlalchemy import Engine, text
 
-from app.atomic import write_atomic
+from app.atomic import remove_abandoned_temp, write_atomic
+from app.ids import parse_uuid
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
 SIZES = (128, 256, 512)
@@ -39,6 +43,8 @@ MEDIA_TYPE = "image/webp"
 THUMBS_DIR = ".thumbs"
 _NAME = re.compile(r"^(?P<sha>[0-9a-f]{64})-(?P<size>\d{2,4})-(?P<v>[a-z0-9]{1,8})\.webp$")
 _TMP_PREFIX = ".tmp-"
+
+log = logging.getLogger(__name__)
 
 
 class ThumbnailError(Exception):
@@ -91,50 +97,81 @@ class ThumbnailCache:
 
     def get_or_create(self, namespace: uuid.UUID | str, sha256: str, size: int, source: Callable[[], bytes], *,
                       max_pixels: int = DEFAULT_MAX_PIXELS) -> Thumbnail:
-        """The cached thumbnail, or make it from ``source()`` (the original's bytes) exactly once."""
+        """The cached thumbnail, or make it from ``source()`` (the original's bytes) exactly once.
+
+        A cache the filesystem will not write (disk full, read-only, permissions) costs only the
+        caching: the thumbnail is made and returned all the same (logged), and made again next time."""
         target = self.path(namespace, sha256, size)
         found = _read(target)
         if found is not None:
             return Thumbnail(found, etag(sha256, size), False)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(target.parent / f".lock-{sha256[0]}"):
+        with contextlib.ExitStack() as held:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                held.enter_context(_locked(target.parent / f".lock-{sha256[0]}"))
+            except OSError as exc:
+                log.warning("thumbnail cache not writable, served uncached: %s: %s", target.parent,
+                            exc.strerror or exc)
+                return Thumbnail(render_thumbnail(source(), size, max_pixels=max_pixels), etag(sha256, size), True)
             found = _read(target)  # made by another process while this one waited
             if found is not None:
                 return Thumbnail(found, etag(sha256, size), False)
             data = render_thumbnail(source(), size, max_pixels=max_pixels)
-            write_atomic(target, data, prefix=_TMP_PREFIX, sync_dir=False)  # a cache: regenerated if lost
+            try:
+                write_atomic(target, data, prefix=_TMP_PREFIX, sync_dir=False)  # a cache: regenerated if lost
+            except OSError as exc:
+                log.warning("thumbnail cache not writable, served uncached: %s: %s", target, exc.strerror or exc)
         return Thumbnail(data, etag(sha256, size), True)
 
     def entries(self) -> Iterator[tuple[str, str, Path]]:
-        """(namespace, sha256, path) of every cached thumbnail."""
+        """(namespace, sha256, path) of every cached thumbnail, streamed (in no particular order)."""
         if not self.root.is_dir():
             return
-        for ns_dir in sorted(self.root.iterdir()):
-            if not ns_dir.is_dir():
+        for ns_dir in sorted(d.name for d in os.scandir(self.root) if d.is_dir()):
+            try:
+                found = os.scandir(self.root / ns_dir)
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            for f in sorted(ns_dir.iterdir()):
-                m = _NAME.match(f.name)
-                if m and f.is_file():
-                    yield ns_dir.name, m.group("sha"), f
+            with found:
+                for f in found:
+                    m = _NAME.match(f.name)
+                    if m and f.is_file():
+                        yield ns_dir, m.group("sha"), Path(f.path)
 
-    def prune(self, live_versions: Iterable[tuple[str, str]], *, min_age_s: float = 0.0, now: float | None = None,
-              dry_run: bool = False, namespaces: Container[str] | None = None) -> list[Path]:
-        """Remove thumbnails of versions no image has any more (``live_versions``: (namespace,
-        sha256) of every image row), those of an older rendering version, and temp files of crashed
-        writes, when older than ``min_age_s``. Returns them. Racing a request is harmless: a
-        thumbnail is derived, so a request that finds it gone makes it again. ``namespaces``: only
-        those namespace directories are considered (the scopes of the database ``live_versions``
-        was read from)."""
-        live = {(str(ns), sha) for ns, sha in live_versions}
+    def prune(self, live_versions: Iterable[tuple[str, str]] | Callable[[list[tuple[str, str]]], set[tuple[str, str]]],
+              *, min_age_s: float = 0.0, now: float | None = None, dry_run: bool = False,
+              namespaces: Container[str] | None = None, failed: list[tuple[Path, OSError]] | None = None,
+              chunk: int = 1000) -> list[Path]:
+        """Remove thumbnails of versions no image has any more, those of an older rendering
+        version, and temp files of crashed writes, when older than ``min_age_s``. Returns them.
+        ``live_versions``: (namespace, sha256) of every image row, or a function that tells which
+        of a list of them an image row has (:func:`live_versions_among`: the cache is then read
+        and checked ``chunk`` entries at a time, whatever the library's size). Racing a request is
+        harmless: a thumbnail is derived, so a request that finds it gone makes it again.
+        ``namespaces``: only those namespace directories are considered (the scopes of the
+        database ``live_versions`` reads). ``failed``: where removals the filesystem refuses go
+        (left out of the result); without it they raise."""
+        if callable(live_versions):
+            live_among = live_versions
+        else:
+            known = {(str(ns), sha) for ns, sha in live_versions}
+            live_among = lambda pairs: {p for p in pairs if p in known}  # noqa: E731
         now = time.time() if now is None else now
-        gone = [p for ns, sha, p in self.entries() if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name]
+
+        def doomed(paths: Iterable[Path]) -> list[Path]:
+            return [p for p in paths if _age_s(p, now) >= min_age_s]
+
+        entries = (e for e in self.entries() if namespaces is None or e[0] in namespaces)
+        gone: list[Path] = []
+        while batch := list(itertools.islice(entries, chunk)):
+            live = live_among(sorted({(ns, sha) for ns, sha, _ in batch}))
+            gone += _unlink_all(doomed(p for ns, sha, p in batch
+                                       if (ns, sha) not in live or f"-{RENDER_VERSION}." not in p.name),
+                                failed, dry_run=dry_run)
         if self.root.is_dir():
-            gone += sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*") if p.is_file())
-        gone = [p for p in gone if _age_s(p, now) >= min_age_s
-                and (namespaces is None or p.parent.name in namespaces)]
-        if not dry_run:
-            for p in gone:
-                p.unlink(missing_ok=True)
+            temps = sorted(p for p in self.root.glob(f"*/{_TMP_PREFIX}*")
+                           if p.is_file() and (namespaces is None or p.parent.name in namespaces))
+            gone += _unlink_all(doomed(temps), failed, dry_run=dry_run)
         return gone
 
 
@@ -146,6 +183,46 @@ def live_versions(engine: Engine) -> set[tuple[str, str]]:
     """Every (namespace, sha256) an image row currently has."""
     with engine.connect() as conn:
         return {(r.namespace, r.sha256) for r in conn.execute(LIVE_VERSIONS)}
+
+
+# -- live_versions_among: which of these (namespace, sha256) an image row has — a probe of the
+# scopes' unique namespace and the images' unique (scope_id, sha256) each
+LIVE_VERSIONS_AMONG = text("""
+SELECT k.ns, k.sha FROM unnest(CAST(:ns AS text[]), CAST(:sha AS text[])) AS k(ns, sha)
+WHERE EXISTS (SELECT 1 FROM images i
+              WHERE i.scope_id = (SELECT s.id FROM scopes s WHERE s.storage_namespace = CAST(k.ns AS uuid))
+                AND i.sha256 = k.sha)
+""")
+
+
+def live_versions_among(engine: Engine, pairs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Those of ``pairs`` ((namespace, sha256)) an image row currently has."""
+    pairs = [(ns, sha) for ns, sha in pairs if parse_uuid(ns) is not None]  # a stray directory: no image's
+    if not pairs:
+        return set()
+    with engine.connect() as conn:
+        rows = conn.execute(LIVE_VERSIONS_AMONG, {"ns": [str(ns) for ns, _ in pairs], "sha": [s for _, s in pairs]})
+        return {(r.ns, r.sha) for r in rows}
+
+
+def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None, *, dry_run: bool) -> list[Path]:
+    """Remove ``paths`` (a temp file only if no live write holds it, app/atomic.py); those the
+    filesystem refuses go to ``failed`` (raised without it). Returns those removed (dry: removable)."""
+    removed = []
+    for p in paths:
+        try:
+            if p.name.startswith(_TMP_PREFIX):
+                if not remove_abandoned_temp(p, dry_run=dry_run):
+                    continue
+            elif not dry_run:
+                p.unlink(missing_ok=True)
+        except OSError as exc:
+            if failed is None:
+                raise
+            failed.append((p, exc))
+            continue
+        removed.append(p)
+    return removed
 
 
 def _age_s(path: Path, now: float) -> float:
@@ -170,8 +247,13 @@ class _locked:
         self.fd = -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)

@@ -28,6 +28,7 @@ _FILE_READS = 3
 _UPLOAD_ERRORS = {
     400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
     415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / invalid_text / validation_error",
+    503: "storage_unavailable", 507: "storage_full",
 }
 
 

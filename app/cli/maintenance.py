@@ -3,6 +3,8 @@ and agent result records no attempt in flight needs)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -31,6 +33,10 @@ def sweep() -> None:
         click.echo(f"sweep step {failed['step']} failed: {failed['error']} (the other steps ran)", err=True)
 
 
+#: storage keys (and thumbnails) gc reads and checks against the database at a time
+GC_CHUNK = 1000
+
+
 @dataclass
 class GcReport:
     orphans: list[Path] = field(default_factory=list)
@@ -38,11 +44,13 @@ class GcReport:
     bytes: int = 0
     kept_young: int = 0
     foreign: list[str] = field(default_factory=list)  # namespace directories no scope of the database owns
+    failed: list[tuple[Path, OSError]] = field(default_factory=list)  # removals the filesystem refused
 
 
 def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool, now: float | None = None,
                     owned: Collection[str] | None = None) -> GcReport:
-    """Remove files no ``images.storage_key`` references, and stale temp files, older than ``min_age_s``.
+    """Remove files no ``images.storage_key`` references, and temp files of crashed writes (never one
+    a live write holds: ``app.atomic``), older than ``min_age_s``.
 
     Only in the namespace directories of this database's scopes (``owned``; read from it when not
     given): the rows of a database that does not own the storage directory (a wrong
@@ -54,7 +62,11 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
     check to its commit, so a file is never removed from under a row, however the two race. An
     upload refreshes an existing file's mtime, so ``min_age_s`` counts from the latest upload and
     also keeps uploads of older versions (which wrote the file before locking) safe.
+
+    A removal the filesystem refuses (read-only mount, permissions) is listed in ``failed`` and the
+    pass goes on.
     """
+    from app.atomic import remove_abandoned_temp
     from app.orchestrator.files import owned_namespaces, referenced_keys, remove_unreferenced_file
     from app.storage import FileStore
 
@@ -69,33 +81,43 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
             return False
 
     owned = owned_namespaces(orch) if owned is None else owned
-    all_keys, all_temps = list(store.iter_keys()), store.stale_temp_files()
-    keys = [k for k in all_keys if k.split("/", 1)[0] in owned]
+    all_temps = store.stale_temp_files()
     temps = [p for p in all_temps if p.parent.name in owned]
-    seen = {k.split("/", 1)[0] for k in all_keys} | {p.parent.name for p in all_temps}
-    report.foreign = sorted(seen - set(owned))
-    referenced = referenced_keys(orch, keys)  # a lock-free first filter; each removal re-checks
-    for key in keys:
-        if key in referenced:
-            continue
-        if not old(store.path(key)):
-            report.kept_young += 1
-            continue
-        removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
-        if removed is not None:
-            report.orphans.append(store.path(key))
-            report.bytes += removed
+    on_disk = store.namespaces()
+    mine = [ns for ns in on_disk if ns in owned]
+    report.foreign = sorted({p.parent.name for p in all_temps if p.parent.name not in owned}
+                            | {ns for ns in on_disk if ns not in owned and any(True for _ in store.iter_keys([ns]))})
+    keys = store.iter_keys(mine)  # streamed: memory and each query bounded by GC_CHUNK, whatever the library
+    while chunk := list(itertools.islice(keys, GC_CHUNK)):
+        referenced = referenced_keys(orch, chunk)  # a lock-free first filter; each removal re-checks
+        for key in chunk:
+            if key in referenced:
+                continue
+            if not old(store.path(key)):
+                report.kept_young += 1
+                continue
+            try:
+                removed = remove_unreferenced_file(orch, store, key, min_age_s=min_age_s, now=now, dry_run=dry_run)
+            except OSError as exc:
+                report.failed.append((store.path(key), exc))
+                continue
+            if removed is not None:
+                report.orphans.append(store.path(key))
+                report.bytes += removed
     for path in temps:
         if not old(path):
             report.kept_young += 1
             continue
         try:
-            report.bytes += path.stat().st_size
-            if not dry_run:
-                path.unlink()
+            size = path.stat().st_size
+            if not remove_abandoned_temp(path, dry_run=dry_run):  # a live write's: kept
+                continue
+            report.bytes += size
             report.temp_files.append(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            report.failed.append((path, exc))
     return report
 
 
@@ -107,21 +129,24 @@ def collect_garbage(orch, storage_dir: Path, *, min_age_s: float, dry_run: bool,
 def gc(dry_run: bool, min_age_s: float) -> None:
     """Remove storage files no image references, temp files left by crashed writes, local agent
     result records whose attempt is no longer in flight, and thumbnails of versions no image has —
-    each only in the storage namespaces of this database's scopes."""
+    each only in the storage namespaces of this database's scopes. Exit 1 if the filesystem refused
+    a removal (each one is listed; the rest of the pass ran)."""
     from app.orchestrator.files import owned_namespaces
     from app.stages.agent import records
-    from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions
+    from app.thumbnails import THUMBS_DIR, ThumbnailCache, live_versions_among
 
     with connected() as ctx:
         storage = ctx.settings.storage_path
         owned = owned_namespaces(ctx.orch)
         report = collect_garbage(ctx.orch, storage, min_age_s=min_age_s, dry_run=dry_run, owned=owned)
         results_dirs = list(dict.fromkeys((ctx.settings.agent_results_path, ctx.settings.legacy_agent_results_path)))
+        failed = report.failed
         pruned = {d: records.prune(d, ctx.orch.open_attempt_ids, min_age_s=min_age_s, dry_run=dry_run,
-                                   namespaces=owned)
+                                   namespaces=owned, failed=failed)
                   for d in results_dirs}
-        thumbs = ThumbnailCache(storage).prune(live_versions(ctx.orch.engine), min_age_s=min_age_s, dry_run=dry_run,
-                                               namespaces=owned)
+        thumbs = ThumbnailCache(storage).prune(functools.partial(live_versions_among, ctx.orch.engine),
+                                               min_age_s=min_age_s, dry_run=dry_run, namespaces=owned, failed=failed,
+                                               chunk=GC_CHUNK)
     if report.foreign:
         click.echo(f"warning: {storage} has namespaces not owned by this database, left alone: "
                    f"{', '.join(report.foreign)} (is MEMEFLOW_DATABASE_URL this storage's database?)", err=True)
@@ -134,6 +159,12 @@ def gc(dry_run: bool, min_age_s: float) -> None:
         if removed or results_dir == ctx.settings.agent_results_path:  # the legacy dir only when it had some
             click.echo(f"gc {results_dir}: {verb} {len(removed)} agent result records")
     click.echo(f"gc {storage / THUMBS_DIR}: {verb} {len(thumbs)} thumbnails of versions no image has")
+    for path, exc in failed:
+        click.echo(f"error: could not remove {path}: {exc.strerror or exc}", err=True)
+    if failed:
+        click.echo(f"error: {len(failed)} file(s) could not be removed (is the storage mounted read-only, "
+                   "or owned by another user?)", err=True)
+        raise SystemExit(1)
 
 
 @click.command("search-indexes")

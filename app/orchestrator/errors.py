@@ -73,6 +73,20 @@ class QuotaExceeded(OrchestratorError):
     status = 403
 
 
+class StorageFull(OrchestratorError):
+    """The image storage has no space left (or the quota of its filesystem is reached); nothing was stored."""
+
+    code = "storage_full"
+    status = 507
+
+
+class StorageUnavailable(OrchestratorError):
+    """The image storage refused the write (read-only, permissions, I/O error); nothing was stored."""
+
+    code = "storage_unavailable"
+    status = 503
+
+
 class UnstorableResult(OrchestratorError):
     """A completion held a value PostgreSQL refuses to store; its transaction wrote nothing."""
 

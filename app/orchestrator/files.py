@@ -17,12 +17,15 @@ a file write and before the commit leaves an unreferenced file, which ``memeflow
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection
 
+from app.orchestrator.errors import StorageFull, StorageUnavailable
 from app.orchestrator.store import images
 from app.storage import FileStore
 
@@ -35,12 +38,30 @@ log = logging.getLogger(__name__)
 def store_file_txn(conn: Connection, files: FileStore | None, storage_key: str, data: bytes | None) -> None:
     """In the transaction that will reference ``storage_key``, before its row is written: take the
     key's lock (held to commit) and make sure the file is there. ``files=None``: the caller stored
-    the file itself (tools and tests); the lock is still taken."""
+    the file itself (tools and tests); the lock is still taken.
+
+    A write the filesystem refuses raises :class:`StorageFull` (no space, filesystem quota) or
+    :class:`StorageUnavailable` (read-only, permissions, I/O) — a clear answer for the client and
+    one log line naming the path for the operator; the caller's transaction then rolls back, and
+    the write left no temp file (``app.atomic``)."""
     images.lock_storage_key_txn(conn, storage_key)
     if files is not None:
         if data is None:
             raise ValueError("the file's bytes are needed to store it")
-        files.write(storage_key, data)
+        try:
+            files.write(storage_key, data)
+        except OSError as exc:
+            raise storage_error(exc, files.path(storage_key)) from exc
+
+
+def storage_error(exc: OSError, path: os.PathLike[str] | str) -> StorageFull | StorageUnavailable:
+    """The typed error for a write the storage filesystem refused (logged with its path, which
+    the client's message leaves out)."""
+    log.error("the storage refused a write: %s: %s", path, exc.strerror or exc)
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"the image storage is full ({reason}); nothing was stored")
+    return StorageUnavailable(f"the image storage refused the write ({reason}); nothing was stored")
 
 
 def remove_unreferenced_file(

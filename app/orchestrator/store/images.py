@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from typing import Any
@@ -212,12 +213,36 @@ def delete_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> Ou
     return Outcome.of(conn.execute(DELETE_IMAGE, {"s": scope_id, "id": image_id}).scalars().all())
 
 
+# Whether an image row references a file. A content-addressed key (app/storage.py) is
+# ``<namespace>/<sha256><ext>``, and a row's key is always its own scope's namespace and its own
+# sha256: so the rows that can reference it are found through the scopes' unique namespace and the
+# images' unique (scope_id, sha256) — an index probe, not a scan of every image (there is no index
+# on storage_key, and these checks run on every delete, replace, failed upload and gc candidate).
+# A key of another shape (none is written today) falls back to comparing storage_key alone.
+STORAGE_KEY_IN_USE = sql("""
+SELECT EXISTS (SELECT 1 FROM images i
+               WHERE i.scope_id = (SELECT s.id FROM scopes s WHERE s.storage_namespace = CAST(:ns AS uuid))
+                 AND i.sha256 = :sha AND i.storage_key = :k)
+""")
+STORAGE_KEY_IN_USE_ANY_SHAPE = sql("SELECT EXISTS (SELECT 1 FROM images WHERE storage_key = :k)")
+REFERENCED_STORAGE_KEYS = sql("""
+SELECT i.storage_key
+FROM unnest(CAST(:ns AS uuid[]), CAST(:sha AS text[]), CAST(:keys AS text[])) AS k(ns, sha, key)
+CROSS JOIN LATERAL (
+  SELECT i.storage_key FROM images i
+  WHERE i.scope_id = (SELECT s.id FROM scopes s WHERE s.storage_namespace = k.ns)
+    AND i.sha256 = k.sha AND i.storage_key = k.key) i
+""")
+_CONTENT_KEY = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/([0-9a-f]{64})\.[a-z0-9]{1,6}$")
+
+
 def storage_key_in_use_txn(conn: Connection, storage_key: str) -> bool:
     """Whether any image row (any scope) references the file. Read under ``lock_storage_key_txn``
     (a statement after the lock sees every row committed before it was granted)."""
-    return conn.execute(
-        sql("SELECT EXISTS (SELECT 1 FROM images WHERE storage_key = :k)"), {"k": storage_key}
-    ).scalar_one()
+    m = _CONTENT_KEY.match(storage_key)
+    if m is None:
+        return conn.execute(STORAGE_KEY_IN_USE_ANY_SHAPE, {"k": storage_key}).scalar_one()
+    return conn.execute(STORAGE_KEY_IN_USE, {"ns": m.group(1), "sha": m.group(2), "k": storage_key}).scalar_one()
 
 
 def lock_storage_key_txn(conn: Connection, storage_key: str) -> None:
@@ -235,7 +260,13 @@ def storage_namespaces_txn(conn: Connection) -> set[str]:
 
 def referenced_storage_keys_txn(conn: Connection, storage_keys: list[str]) -> set[str]:
     """Which of ``storage_keys`` an image row (any scope) references."""
-    if not storage_keys:
-        return set()
-    rows = conn.execute(sql("SELECT storage_key FROM images WHERE storage_key = ANY(:keys)"), {"keys": storage_keys})
-    return {r[0] for r in rows}
+    parsed = [(m.group(1), m.group(2), key) for key in storage_keys if (m := _CONTENT_KEY.match(key))]
+    odd = [key for key in storage_keys if not _CONTENT_KEY.match(key)]
+    found: set[str] = set()
+    if parsed:
+        ns, sha, keys = (list(col) for col in zip(*parsed, strict=True))
+        found |= set(conn.execute(REFERENCED_STORAGE_KEYS, {"ns": ns, "sha": sha, "keys": keys}).scalars())
+    if odd:
+        found |= set(conn.execute(sql("SELECT storage_key FROM images WHERE storage_key = ANY(:keys)"),
+                                  {"keys": odd}).scalars())
+    return found

@@ -26,7 +26,7 @@ data file holds that scope's records only. A record outside a group (a worker ru
 per thread, e.g. ``local-ocr`` in a threads pool) is written at once, concurrently with the
 others, as one file: tmp + fsync + rename + directory fsync (so is a lone record of a group, and
 every record on a filesystem without hard links). Both paths write through ``app/atomic.py``:
-``write_atomic`` for a single record, ``write_temp`` (its fsync'd temp file) for a group's data
+``write_atomic`` for a single record, ``held_temp`` (its fsync'd, locked temp file) for a group's data
 file, which is hard-linked instead of renamed.
 """
 
@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 
-from app.atomic import fsync_dir, write_atomic, write_temp
+from app.atomic import fsync_dir, held_temp, remove_abandoned_temp, write_atomic
 from app.stages.base import AgentResult
 from app.stages.errors import PermanentError
 
@@ -246,23 +246,23 @@ def _write_group(directory: Path, entries: list[_Pending]) -> bool:
     then one directory fsync. False (nothing linked) if this filesystem has no hard links."""
     payload = json.dumps({"format": _BATCH_FORMAT, "records": {e.attempt_id: e.data for e in entries}},
                          ensure_ascii=False, sort_keys=True).encode("utf-8")
-    tmp_name = write_temp(directory, payload, prefix=f".group-{secrets.token_hex(8)}.", suffix=".tmp")
-    try:
-        for entry in entries:
-            target = directory / f"{entry.attempt_id}.json"
-            try:
-                os.link(tmp_name, target)
-            except FileExistsError:  # an earlier write of this attempt: replaced, as os.replace would
-                link_tmp = directory / f".{entry.attempt_id}.{secrets.token_hex(4)}.tmp"
-                os.link(tmp_name, link_tmp)
-                os.replace(link_tmp, target)
-            except OSError:
-                if entry is entries[0]:
-                    return False  # no hard links here (e.g. some network or FUSE filesystems)
-                raise
-            entry.path = target
-    finally:
-        Path(tmp_name).unlink(missing_ok=True)  # the data lives on under the attempts' names
+    with held_temp(directory, payload, prefix=f".group-{secrets.token_hex(8)}.", suffix=".tmp") as tmp_name:
+        try:
+            for entry in entries:
+                target = directory / f"{entry.attempt_id}.json"
+                try:
+                    os.link(tmp_name, target)
+                except FileExistsError:  # an earlier write of this attempt: replaced, as os.replace would
+                    link_tmp = directory / f".{entry.attempt_id}.{secrets.token_hex(4)}.tmp"
+                    os.link(tmp_name, link_tmp)  # the same (locked) file: gc leaves it alone too
+                    os.replace(link_tmp, target)
+                except OSError:
+                    if entry is entries[0]:
+                        return False  # no hard links here (e.g. some network or FUSE filesystems)
+                    raise
+                entry.path = target
+        finally:
+            tmp_name.unlink(missing_ok=True)  # the data lives on under the attempts' names
     fsync_dir(directory)  # every name durable (and the data file's, already fsync'd, with it)
     return True
 
@@ -276,13 +276,14 @@ def discard(results_dir: str | os.PathLike[str], namespace: str, attempt_ids: It
 
 def prune(
     results_dir: str | os.PathLike[str], still_open: Callable[[list[str]], set[str]], *, min_age_s: float,
-    dry_run: bool = False, namespaces: Container[str] | None = None,
+    dry_run: bool = False, namespaces: Container[str] | None = None, failed: list[tuple[Path, OSError]] | None = None,
 ) -> list[Path]:
     """Remove records older than ``min_age_s`` whose attempt may no longer be adopted:
     ``still_open(ids)`` returns those of ``ids`` still in flight (their records are kept). Also
     removes stale temp files of interrupted writes. Returns the paths removed (or, dry, removable).
     ``namespaces``: only those namespace directories are considered (the scopes of the database
-    ``still_open`` asks: another's attempts are unknown to it, never "in flight")."""
+    ``still_open`` asks: another's attempts are unknown to it, never "in flight"). ``failed``: where
+    removals the filesystem refuses go (left out of the result); without it they raise."""
     root = Path(results_dir)
     if not root.is_dir():
         return []
@@ -303,7 +304,18 @@ def prune(
             candidates.setdefault(path.stem, []).append(path)
     keep = still_open(list(candidates)) if candidates else set()
     removed = [p for attempt_id, paths in candidates.items() if attempt_id not in keep for p in paths] + temps
-    if not dry_run:
-        for path in removed:
-            path.unlink(missing_ok=True)
-    return removed
+    done: list[Path] = []
+    for path in removed:
+        try:
+            if path.suffix == ".tmp":  # only one no live write holds (app/atomic.py)
+                if not remove_abandoned_temp(path, dry_run=dry_run):
+                    continue
+            elif not dry_run:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            if failed is None:
+                raise
+            failed.append((path, exc))
+            continue
+        done.append(path)
+    return done
