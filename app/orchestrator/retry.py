@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,7 +45,16 @@ def decide_retry(
     if attempt >= max_attempts:  # getattr: an error unpickled from an older worker has no exhausted_code
         return RetryDecision(retry=False, code=getattr(error, "exhausted_code", None) or "max_attempts_exceeded")
     delay = backoff_delay(attempt, base_s, max_s, rand)
+    # the provider said when to come back (HTTP 429/503 Retry-After): not sooner — a retry before it
+    # would only spend an attempt on another refusal — and not later than RETRY_AFTER_MAX_S
+    asked = getattr(error, "retry_after_s", None)  # getattr: an error unpickled from an older worker
+    if isinstance(asked, int | float) and math.isfinite(asked) and asked > delay:
+        delay = min(float(asked), RETRY_AFTER_MAX_S)
     return RetryDecision(retry=True, available_at=now + timedelta(seconds=delay), code=error.code)
+
+
+#: The longest wait a provider's Retry-After can ask of a task before its next attempt.
+RETRY_AFTER_MAX_S = 3600.0
 
 
 @dataclass(frozen=True)

@@ -126,3 +126,21 @@ def test_memoised_fingerprints_equal_the_canonical_hash_and_keep_value_types_apa
     assert fp.text_fingerprint(sha, "mh", {**text_cfg, "model": ["odd"]})  # unhashable: still computed
     assert fp.agent_fingerprint(sha, "h", "allow") == fp.sha256_hex({
         "stage": "agent", "image_sha256": sha, "agent_config_hash": "h", "reverse_image_policy": "allow"})
+
+
+def test_a_providers_retry_after_is_waited_out_within_a_cap():
+    """A 429's Retry-After was parsed and then ignored: the task came back after our backoff (a few
+    seconds) and spent an attempt on another refusal."""
+    from app.orchestrator.retry import RETRY_AFTER_MAX_S
+
+    r = random.Random(2)
+
+    def at(retry_after):
+        error = RetryableError("rate limited", code="agent_rate_limited", not_executed=True, retry_after_s=retry_after)
+        return decide_retry(error, attempt=1, max_attempts=5, now=NOW, base_s=2, max_s=60, rand=r, paid_call=True)
+
+    assert at(120).available_at == NOW + timedelta(seconds=120)  # beyond our own backoff's cap: honoured
+    assert at(0.5).available_at >= NOW + timedelta(seconds=1)  # shorter than our backoff: ours
+    assert at(10**9).available_at == NOW + timedelta(seconds=RETRY_AFTER_MAX_S)
+    for unusable in (float("inf"), float("nan"), None):
+        assert at(unusable).available_at <= NOW + timedelta(seconds=2)

@@ -34,6 +34,7 @@ import base64
 import io
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -407,8 +408,10 @@ class OpenAICompatibleAgent:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Retry-After in seconds (its HTTP-date form, ``inf`` or ``nan``: None — not a wait we can use)."""
     value = headers.get("Retry-After")
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return max(0.0, seconds) if seconds is not None and math.isfinite(seconds) else None
