@@ -191,7 +191,7 @@ def edit_context(
         hints: list = []
         images.lock_open_tasks_of_image_txn(conn, scope_id, image_id)  # tasks before the job (lock order)
         active = jobs.active_job_txn(conn, image_id)
-        policy = active["reverse_image_policy"] if active else "forbid"
+        policy = _edit_policy_txn(conn, scope_id, image, active)
         if active is not None:
             end_job_txn(orch, conn, active, JobStatus.SUPERSEDED, "superseded", "the image context was edited")
         job = None
@@ -200,6 +200,20 @@ def edit_context(
         job_id = job["id"] if job else None
     return ImageJobResult(image=orch.get_image(scope_id, image_id),
                           job=orch.get_job(scope_id, job_id) if job_id else None, hints=hints)
+
+
+def _edit_policy_txn(conn, scope_id: str, image, active) -> str:
+    """The reverse_image_policy of a context edit's job: the active job's; else the one the agent
+    context was produced with, so that its agent stage is reused (SPEC §4.7) — planned with the
+    default ``forbid``, an ``auto`` context counted as invalid and the edit re-ran the paid agent
+    call; else the latest job's; else the default."""
+    if active is not None:
+        return active["reverse_image_policy"]
+    produced = (image["context_provenance"] or {}).get("reverse_image_policy")
+    if image["context_status"] == ContextStatus.READY and produced in POLICIES:
+        return produced
+    latest = jobs.latest_job_txn(conn, scope_id, image["id"])
+    return latest["reverse_image_policy"] if latest is not None else "forbid"
 
 
 def replace_content(

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 
 from app import metrics
-from app.db.enums import AttemptState, JobStatus, Lane, StageStatus, TaskStatus
+from app.db.enums import AttemptState, ContextStatus, JobStatus, Lane, StageStatus, TaskStatus
 from app.orchestrator import fingerprints as fp
 from app.orchestrator import grants, lanes, stages
 from app.orchestrator.advance import advance_jobs_txn
@@ -421,7 +421,9 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
                 rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
         paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact)]
-        locked.update(_write_agent_results_txn(orch, conn, [(c, a) for c, a in paid if not stale[c.task_id]], locked))
+        locked.update(_write_agent_results_txn(orch, conn, [
+            (c, a) for c, a in paid if not stale[c.task_id] and not _human_edit_kept(c, locked, finished)
+        ], locked))
         # every call that answered closes its attempt and commits its grant, a stale one too: it ran
         # (and is billed) though its answer describes bytes the image no longer has
         _close_paid_txn(orch, conn, paid, [c for c, _ in landed])
@@ -453,6 +455,17 @@ def _stale_reason(claim: Claim, image: RowMapping | None, artifact: Any) -> str 
     if isinstance(artifact, TextArtifact) and image["metadata_hash"] != artifact.metadata_hash:
         return "context_changed"
     return None
+
+
+def _human_edit_kept(claim: Claim, locked: dict, finished: dict) -> bool:
+    """Whether an agent answer must not be written because a human edited the context after its
+    job ended: no open stage waited on the task (its job was cancelled or superseded while the
+    call ran, so ``PATCH`` was allowed) and the context is ``edited``. While an agent stage is in
+    progress a PATCH is refused (409), so an edit seen with a stage still waiting predates the
+    task (a forced rerun), whose answer replaces it as asked."""
+    image = locked.get(claim.image_id)
+    return (not finished.get(claim.task_id) and image is not None
+            and image["context_status"] == ContextStatus.EDITED)
 
 
 def _result_summary(artifact: Any) -> dict:
