@@ -1,0 +1,45 @@
+"""Stable error codes of the REST contract (SPEC §6): the code names what was wrong with the request."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.api.conftest import png_bytes, upload
+from tests.api.test_bad_input import unchanged  # noqa: F401 - fixture
+
+
+def test_an_unknown_field_is_validation_error_whatever_its_name(client, unchanged):  # noqa: F811
+    """An unknown field named like another endpoint's field (``url``, ``force_stages``, ``cursor``…)
+    is a plain 422 validation_error: the field-specific codes are for the endpoint's own fields.
+    It was answered with that other field's code (PATCH {"url": …} was invalid_webhook_url)."""
+    some = uuid.uuid4()
+    for method, path, body in [
+        ("patch", f"/api/v1/images/{some}", {"url": "https://example.com/"}),
+        ("patch", f"/api/v1/images/{some}", {"display_name": "x", "force_stages": ["visual"]}),
+        ("patch", f"/api/v1/images/{some}", {"reverse_image_policy": "auto"}),
+        ("patch", f"/api/v1/images/{some}", {"context": {"title": "t", "cursor": "x"}}),
+        ("post", "/api/v1/batches", {"all": True, "force_stages": ["visual"]}),
+        ("post", "/api/v1/batches", {"all": True, "event_types": []}),
+        ("post", f"/api/v1/images/{some}/process", {"url": "x"}),
+        ("post", "/api/v1/search/visual", {"image_id": str(some), "after": 1}),
+    ]:
+        r = getattr(client, method)(path, json=body)
+        assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (path, body, r.get_json())
+    r = upload(client, png_bytes(), reverse_image_policy="forbid", force_stages="visual")
+    assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), r.get_json()
+    # the endpoint's own field keeps its specific code
+    r = client.post(f"/api/v1/images/{some}/process", json={"force_stages": ["ocr"], "url": "x"})
+    assert (r.status_code, r.get_json()["error"]) == (422, "invalid_stage"), r.get_json()
+    r = client.post("/api/v1/batches", json={"all": True, "reverse_image_policy": "x"})
+    assert (r.status_code, r.get_json()["error"]) == (422, "invalid_reverse_image_policy"), r.get_json()
+
+
+def test_visual_search_with_a_body_that_is_not_json_is_400_invalid_json(client, unchanged):  # noqa: F811
+    """Like every other JSON endpoint: a body that does not parse is 400 invalid_json (it was a 422
+    validation_error "the body must be a JSON object", indistinguishable from a wrong object)."""
+    for body in [b"{not json", b'{"image_id": "x"}{}', b"\xff\xfe", b'{"image_id": "' + b"\xff" + b'"}']:
+        r = client.post("/api/v1/search/visual", data=body, content_type="application/json")
+        assert (r.status_code, r.get_json()["error"]) == (400, "invalid_json"), (body, r.get_json())
+    for body in [b"[]", b"null", b"1", b""]:
+        r = client.post("/api/v1/search/visual", data=body, content_type="application/json")
+        assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (body, r.get_json())
