@@ -42,13 +42,15 @@ class JobById(MethodView):
 @blp.route("/<uuid:job_id>/retry")
 class JobRetry(MethodView):
     @blp.response(201, S.JobEnvelopeSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable"}))
+    @blp.alt_response(200, schema=S.JobEnvelopeSchema,
+                      description="nothing created: the image's newer job (active, or already valid) covers it")
+    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable / generation_policy_conflict"}))
     def post(self, job_id: uuid.UUID):
         """A new revision that resumes at the first failed, blocked, unknown or stale stage."""
         limit_rate("processing")
         result = services().orchestrator.retry_job(scope_id(), job_id)
         publish(result.hints)
-        return {"job": result.job}
+        return {"job": result.job}, (201 if result.created else 200)
 
 
 @blp.route("/<uuid:job_id>/cancel")

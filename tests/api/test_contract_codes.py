@@ -43,3 +43,20 @@ def test_visual_search_with_a_body_that_is_not_json_is_400_invalid_json(client, 
     for body in [b"[]", b"null", b"1", b""]:
         r = client.post("/api/v1/search/visual", data=body, content_type="application/json")
         assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (body, r.get_json())
+
+
+def test_a_retry_that_creates_no_revision_is_200_not_201(client, engine):
+    """Retrying a job whose image already has a newer active job returns that job: nothing was
+    created, so it is 200 (as POST /images/{id}/process answers), not 201 Created — and no new
+    revision appears. A retry that does create one stays 201."""
+    from sqlalchemy import text
+
+    job_id = upload(client, png_bytes((5, 6, 7))).get_json()["job"]["id"]
+    assert client.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+    first = client.post(f"/api/v1/jobs/{job_id}/retry")
+    assert first.status_code == 201, first.get_json()
+    again = client.post(f"/api/v1/jobs/{job_id}/retry")
+    assert again.status_code == 200, again.get_json()
+    assert again.get_json()["job"]["id"] == first.get_json()["job"]["id"]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one() == 2
