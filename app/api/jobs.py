@@ -44,7 +44,8 @@ class JobRetry(MethodView):
     @blp.response(201, S.JobEnvelopeSchema)
     @blp.alt_response(200, schema=S.JobEnvelopeSchema,
                       description="nothing created: the image's newer job (active, or already valid) covers it")
-    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable / generation_policy_conflict"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable / generation_policy_conflict",
+                                   429: "rate_limited"}))
     def post(self, job_id: uuid.UUID):
         """A new revision that resumes at the first failed, blocked, unknown or stale stage."""
         limit_rate("processing")

@@ -37,7 +37,7 @@ class Webhooks(MethodView):
 @blp.route("/<uuid:webhook_id>")
 class WebhookById(MethodView):
     @blp.response(204)
-    @blp.doc(responses=error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "webhook_delivery_in_flight"}))
     def delete(self, webhook_id: uuid.UUID):
         """Delete a subscription: no delivery to it starts after this returns."""
         services().orchestrator.delete_webhook(scope_id(), webhook_id)

@@ -60,3 +60,27 @@ def test_a_retry_that_creates_no_revision_is_200_not_201(client, engine):
     assert again.get_json()["job"]["id"] == first.get_json()["job"]["id"]
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one() == 2
+
+
+def test_the_openapi_document_lists_the_errors_each_operation_answers(client):
+    """Every orchestrator error a view can answer is in its OpenAPI responses with its code: the
+    rate limit (429 rate_limited) of every view that calls limit_rate, the quota (403
+    quota_exceeded) of the two that store bytes, the 409 of a webhook delete that meets a delivery
+    in flight. They were left to the anonymous ``default`` response."""
+    doc = client.get("/api/openapi.json").get_json()
+    expected = {
+        ("post", "/api/v1/images"): {"403": "quota_exceeded", "429": "rate_limited"},
+        ("put", "/api/v1/images/{image_id}/content"): {"403": "quota_exceeded", "429": "rate_limited"},
+        ("patch", "/api/v1/images/{image_id}"): {"429": "rate_limited"},
+        ("post", "/api/v1/images/{image_id}/process"): {"429": "rate_limited"},
+        ("post", "/api/v1/jobs/{job_id}/retry"): {"429": "rate_limited"},
+        ("post", "/api/v1/batches"): {"429": "rate_limited"},
+        ("delete", "/api/v1/webhooks/{webhook_id}"): {"409": "webhook_delivery_in_flight"},
+    }
+    missing = []
+    for (method, path), codes in expected.items():
+        responses = doc["paths"][path][method]["responses"]
+        for status, code in codes.items():
+            if status not in responses or code not in responses[status].get("description", ""):
+                missing.append((method, path, status, code))
+    assert not missing, missing
