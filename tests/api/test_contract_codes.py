@@ -84,3 +84,13 @@ def test_the_openapi_document_lists_the_errors_each_operation_answers(client):
             if status not in responses or code not in responses[status].get("description", ""):
                 missing.append((method, path, status, code))
     assert not missing, missing
+
+
+def test_a_json_limit_that_is_not_an_integer_is_422(client):
+    """``limit`` in a JSON body is an integer (the OpenAPI type): 1.5 was truncated to 1 and "5"
+    accepted as 5; both are 422 validation_error now, like a query string's limit=1.5."""
+    image_id = upload(client, png_bytes((8, 8, 8)), process=False).get_json()["image"]["id"]
+    for limit in [1.5, 0.5, 100.5, "5", True, [5], {"n": 5}, None]:
+        r = client.post("/api/v1/search/visual", json={"image_id": image_id, "limit": limit})
+        assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (limit, r.get_json())
+    assert client.post("/api/v1/search/visual", json={"image_id": image_id, "limit": 5}).status_code == 200
