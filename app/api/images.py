@@ -7,11 +7,10 @@ from typing import Any
 
 from flask import Response, request
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app import thumbnails
 from app.api import schemas as S
-from app.api.context import limit_rate, protect, publish, scope_id, services
+from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart

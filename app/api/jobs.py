@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import limit_rate, protect, publish, scope_id, services
+from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import error_docs
 
 blp = protect(Blueprint("jobs", __name__, url_prefix="/api/v1/jobs", description="Processing jobs"))

@@ -9,12 +9,11 @@ from typing import Any
 
 from flask import request
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from werkzeug.exceptions import BadRequest
 
 from app.api import schemas as S
 from app.api import search_queries as Q
-from app.api.context import protect, scope_id, services
+from app.api.context import Blueprint, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes

@@ -94,3 +94,32 @@ def test_a_json_limit_that_is_not_an_integer_is_422(client):
         r = client.post("/api/v1/search/visual", json={"image_id": image_id, "limit": limit})
         assert (r.status_code, r.get_json()["error"]) == (422, "validation_error"), (limit, r.get_json())
     assert client.post("/api/v1/search/visual", json={"image_id": image_id, "limit": 5}).status_code == 200
+
+
+def test_a_json_endpoint_refuses_a_body_of_another_media_type_with_415(client, engine):
+    """A body sent as text/plain, a form or multipart to an endpoint that reads JSON was ignored
+    as if none had been sent: POST /process with {"force_stages": ["visual"]} as text/plain
+    answered 200 "already valid" without forcing anything. It is 415 unsupported_media_type now,
+    nothing written; an empty body (no options) is still accepted."""
+    from sqlalchemy import text
+
+    image_id = upload(client, png_bytes((3, 1, 4)), process=False).get_json()["image"]["id"]
+    with engine.connect() as conn:
+        before = conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one()
+    body = b'{"force_stages": ["visual"], "display_name": "n", "all": true, "url": "https://example.com/"}'
+    for method, path in [("post", f"/api/v1/images/{image_id}/process"), ("patch", f"/api/v1/images/{image_id}"),
+                         ("post", "/api/v1/batches"), ("post", "/api/v1/webhooks")]:
+        for ct in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                   "application/octet-stream"]:
+            r = getattr(client, method)(path, data=body, content_type=ct)
+            assert (r.status_code, r.get_json()["error"]) == (415, "unsupported_media_type"), (path, ct, r.get_json())
+        r = getattr(client, method)(path, data=body, headers={"Content-Type": ""})
+        assert (r.status_code, r.get_json()["error"]) == (415, "unsupported_media_type"), (path, r.get_json())
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM processing_jobs")).scalar_one() == before
+        assert conn.execute(text("SELECT count(*) FROM batches")).scalar_one() == 0
+    # no body at all: the defaults
+    r = client.post(f"/api/v1/images/{image_id}/process")
+    assert r.status_code == 201, r.get_json()
+    r = client.post(f"/api/v1/images/{image_id}/process", data=b"", content_type="text/plain")
+    assert r.status_code == 200, r.get_json()
