@@ -22,7 +22,8 @@ def _orch_call(name: str):
 class Batches(MethodView):
     @blp.arguments(S.BatchCreateSchema)
     @blp.response(202, S.BatchEnvelopeSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 422: "validation_error", 429: "rate_limited"}))
+    @blp.doc(responses=error_docs({404: "not_found", 415: "unsupported_media_type", 422: "validation_error",
+                                   429: "rate_limited"}))
     def post(self, args):
         """Snapshot the target set (all images or the given ids) and process it in explicit mode."""
         limit_rate("processing")

@@ -114,7 +114,8 @@ class ImageById(MethodView):
 
     @blp.arguments(S.ImagePatchSchema)
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress", 429: "rate_limited"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress", 415: "unsupported_media_type",
+                                   429: "rate_limited"}))
     def patch(self, args, image_id: uuid.UUID):
         """Edit display_name and/or context; a new metadata hash re-runs the text stage."""
         limit_rate("processing")  # an edit plans a job, as a process request does
@@ -251,8 +252,8 @@ class ImageProcess(MethodView):
     @blp.arguments(S.ProcessSchema)
     @blp.response(201, S.JobCreatedSchema)
     @blp.alt_response(200, schema=S.JobCreatedSchema, description="every stage already valid: the latest job")
-    @blp.doc(responses=error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage",
-                                   429: "rate_limited"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "generation_policy_conflict", 415: "unsupported_media_type",
+                                   422: "invalid_stage", 429: "rate_limited"}))
     def post(self, args, image_id: uuid.UUID):
         """Explicitly (re)process an image; ``force_stages`` re-runs the listed stages."""
         limit_rate("processing")

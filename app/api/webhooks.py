@@ -18,7 +18,7 @@ class Webhooks(MethodView):
     @blp.arguments(S.WebhookCreateSchema)
     @blp.response(201, S.WebhookCreatedSchema)
     @blp.doc(responses=error_docs({
-        409: "too_many_webhooks",
+        409: "too_many_webhooks", 415: "unsupported_media_type",
         422: "invalid_webhook_url / webhook_url_too_long / webhook_url_forbidden / webhook_url_unresolvable"
              " / invalid_event_type"}))
     def post(self, args):

@@ -71,10 +71,11 @@ def test_the_openapi_document_lists_the_errors_each_operation_answers(client):
     expected = {
         ("post", "/api/v1/images"): {"403": "quota_exceeded", "429": "rate_limited"},
         ("put", "/api/v1/images/{image_id}/content"): {"403": "quota_exceeded", "429": "rate_limited"},
-        ("patch", "/api/v1/images/{image_id}"): {"429": "rate_limited"},
-        ("post", "/api/v1/images/{image_id}/process"): {"429": "rate_limited"},
+        ("patch", "/api/v1/images/{image_id}"): {"415": "unsupported_media_type", "429": "rate_limited"},
+        ("post", "/api/v1/images/{image_id}/process"): {"415": "unsupported_media_type", "429": "rate_limited"},
         ("post", "/api/v1/jobs/{job_id}/retry"): {"429": "rate_limited"},
-        ("post", "/api/v1/batches"): {"429": "rate_limited"},
+        ("post", "/api/v1/batches"): {"415": "unsupported_media_type", "429": "rate_limited"},
+        ("post", "/api/v1/webhooks"): {"415": "unsupported_media_type"},
         ("delete", "/api/v1/webhooks/{webhook_id}"): {"409": "webhook_delivery_in_flight"},
     }
     missing = []
