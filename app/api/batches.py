@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import limit_rate, protect, publish, scope_id, services
+from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import error_docs
 from app.orchestrator.batches import REQUEST_PAGE
 
@@ -23,7 +22,8 @@ def _orch_call(name: str):
 class Batches(MethodView):
     @blp.arguments(S.BatchCreateSchema)
     @blp.response(202, S.BatchEnvelopeSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 422: "validation_error"}))
+    @blp.doc(responses=error_docs({404: "not_found", 415: "unsupported_media_type", 422: "validation_error",
+                                   429: "rate_limited"}))
     def post(self, args):
         """Snapshot the target set (all images or the given ids) and process it in explicit mode."""
         limit_rate("processing")

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import flask_smorest
 from flask import current_app, g, request
-from flask_smorest import Blueprint
+from webargs.flaskparser import FlaskParser, is_json_request
 
 from app.scopes import validate_scope_id
 
@@ -53,6 +54,26 @@ class Services:
     store: Any
     cursors: Any
     scope_resolver: Any
+
+
+class JsonBodyParser(FlaskParser):
+    """webargs' parser, except that a request body sent to a JSON endpoint as another media type
+    (text/plain, a form, none named) is 415 ``unsupported_media_type``: webargs reads such a body
+    as no body at all, so its options were silently dropped (``force_stages`` sent as text/plain
+    answered "already valid"). An empty body still means "no options"."""
+
+    def _raw_load_json(self, req: Any) -> Any:
+        if not is_json_request(req) and req.get_data(cache=True):
+            from app.api.errors import ApiError
+
+            raise ApiError(415, "unsupported_media_type", "send the request body as application/json")
+        return super()._raw_load_json(req)
+
+
+class Blueprint(flask_smorest.Blueprint):
+    """The API's blueprints: flask-smorest's, with :class:`JsonBodyParser` for ``@arguments``."""
+
+    ARGUMENTS_PARSER = JsonBodyParser()
 
 
 def services() -> Services:

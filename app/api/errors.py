@@ -45,6 +45,8 @@ FIELD_CODES = {
     "event_types": "invalid_event_type",
 }
 
+UNKNOWN_FIELD = "Unknown field."  # marshmallow's message for a field the schema does not have
+
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -116,7 +118,9 @@ def _validation_code(flat: dict[str, list[str]]) -> str:
     """``invalid_text`` if any value is unstorable text, else a field's specific code, else the generic one."""
     if any(INVALID_TEXT in m for ms in flat.values() for m in ms) or any(map(has_unstorable_text, flat)):
         return "invalid_text"  # also an unknown field whose very name is unstorable
-    for field in flat:
+    for field, messages in flat.items():
+        if all(m == UNKNOWN_FIELD for m in messages):
+            continue  # not one of this endpoint's fields, whatever its name: no field-specific code
         leaf = field.split(".")
         for name, specific in FIELD_CODES.items():
             if name in leaf:

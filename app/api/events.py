@@ -20,10 +20,9 @@ from typing import Any
 
 from flask import Response, request
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import Credential, credential, protect, scope_id, services
+from app.api.context import Blueprint, Credential, credential, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.auth import Unauthorized
 from app.orchestrator.errors import TooManyStreams

@@ -17,12 +17,11 @@ from typing import Any
 
 from flask import Response, request
 from flask.views import MethodView
-from flask_smorest import Blueprint
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app import metrics
 from app.api import schemas as S
-from app.api.context import services
+from app.api.context import Blueprint, services
 from app.api.errors import ApiError
 from app.orchestrator.liveness import Liveness, read_liveness_txn
 

@@ -7,11 +7,10 @@ from typing import Any
 
 from flask import Response, request
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app import thumbnails
 from app.api import schemas as S
-from app.api.context import limit_rate, protect, publish, scope_id, services
+from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
@@ -26,9 +25,9 @@ blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", descrip
 _FILE_READS = 3
 
 _UPLOAD_ERRORS = {
-    400: "missing_file", 409: "generation_policy_conflict", 413: "payload_too_large",
+    400: "missing_file", 403: "quota_exceeded", 409: "generation_policy_conflict", 413: "payload_too_large",
     415: "unsupported_media_type", 422: "invalid_image / invalid_reverse_image_policy / invalid_text / validation_error",
-    503: "storage_unavailable", 507: "storage_full",
+    429: "rate_limited", 503: "storage_unavailable", 507: "storage_full",
 }
 
 
@@ -115,7 +114,8 @@ class ImageById(MethodView):
 
     @blp.arguments(S.ImagePatchSchema)
     @blp.response(200, S.ImageJobSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "context_generation_in_progress", 415: "unsupported_media_type",
+                                   429: "rate_limited"}))
     def patch(self, args, image_id: uuid.UUID):
         """Edit display_name and/or context; a new metadata hash re-runs the text stage."""
         limit_rate("processing")  # an edit plans a job, as a process request does
@@ -252,7 +252,8 @@ class ImageProcess(MethodView):
     @blp.arguments(S.ProcessSchema)
     @blp.response(201, S.JobCreatedSchema)
     @blp.alt_response(200, schema=S.JobCreatedSchema, description="every stage already valid: the latest job")
-    @blp.doc(responses=error_docs({404: "not_found", 409: "generation_policy_conflict", 422: "invalid_stage"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "generation_policy_conflict", 415: "unsupported_media_type",
+                                   422: "invalid_stage", 429: "rate_limited"}))
     def post(self, args, image_id: uuid.UUID):
         """Explicitly (re)process an image; ``force_stages`` re-runs the listed stages."""
         limit_rate("processing")

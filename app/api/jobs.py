@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import limit_rate, protect, publish, scope_id, services
+from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import error_docs
 
 blp = protect(Blueprint("jobs", __name__, url_prefix="/api/v1/jobs", description="Processing jobs"))
@@ -42,13 +41,16 @@ class JobById(MethodView):
 @blp.route("/<uuid:job_id>/retry")
 class JobRetry(MethodView):
     @blp.response(201, S.JobEnvelopeSchema)
-    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable"}))
+    @blp.alt_response(200, schema=S.JobEnvelopeSchema,
+                      description="nothing created: the image's newer job (active, or already valid) covers it")
+    @blp.doc(responses=error_docs({404: "not_found", 409: "job_not_retryable / generation_policy_conflict",
+                                   429: "rate_limited"}))
     def post(self, job_id: uuid.UUID):
         """A new revision that resumes at the first failed, blocked, unknown or stale stage."""
         limit_rate("processing")
         result = services().orchestrator.retry_job(scope_id(), job_id)
         publish(result.hints)
-        return {"job": result.job}
+        return {"job": result.job}, (201 if result.created else 200)
 
 
 @blp.route("/<uuid:job_id>/cancel")

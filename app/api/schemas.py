@@ -364,7 +364,8 @@ class TextSearchArgsSchema(Schema):
 
 class VisualSearchJsonSchema(StrictSchema):
     image_id = fields.UUID(required=True)
-    limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100))
+    # strict: a JSON limit is a number of the JSON type integer (1.5 is not truncated, "5" not parsed)
+    limit = fields.Integer(load_default=20, strict=True, validate=validate.Range(min=1, max=100))
 
 
 class VisualSearchFormSchema(StrictSchema):

@@ -9,11 +9,11 @@ from typing import Any
 
 from flask import request
 from flask.views import MethodView
-from flask_smorest import Blueprint
+from werkzeug.exceptions import BadRequest
 
 from app.api import schemas as S
 from app.api import search_queries as Q
-from app.api.context import protect, scope_id, services
+from app.api.context import Blueprint, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import parse_multipart, validate_bytes
@@ -116,7 +116,7 @@ class VisualSearch(MethodView):
     @blp.response(200, S.VisualSearchResultSchema)
     @blp.doc(
         requestBody=_VISUAL_BODY,
-        responses=error_docs({400: "missing_file", 404: "not_found", 413: "payload_too_large",
+        responses=error_docs({400: "missing_file / invalid_json", 404: "not_found", 413: "payload_too_large",
                                415: "unsupported_media_type", 422: "validation_error / invalid_image",
                                429: "too_many_searches"}),
     )
@@ -206,7 +206,14 @@ def _candidate_thumbnails(scope: str, hits: list[dict]) -> dict[str, Any]:
 
 
 def _json_body() -> Any:
-    body = request.get_json(silent=True)
+    """The JSON object of the request: 400 invalid_json if the body does not parse (as webargs
+    answers on every other JSON endpoint), 422 if it is empty or not an object."""
+    if not request.get_data(cache=True):
+        raise ApiError(422, "validation_error", "the body must be a JSON object")
+    try:
+        body = request.get_json()
+    except BadRequest:
+        raise ApiError(400, "invalid_json", "request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise ApiError(422, "validation_error", "the body must be a JSON object")
     return body

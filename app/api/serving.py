@@ -5,10 +5,9 @@ token, like /ops."""
 from __future__ import annotations
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, publish, scope_id, services
+from app.api.context import Blueprint, protect, publish, scope_id, services
 from app.api.errors import error_docs
 
 blp = protect(Blueprint("search_serving", __name__, url_prefix="/api/v1/search/serving",

@@ -14,7 +14,7 @@ from typing import Any
 from flask import request
 from marshmallow import Schema
 
-from app.api.errors import ApiError, validation_error
+from app.api.errors import UNKNOWN_FIELD, ApiError, validation_error
 from app.stages.images import EXTENSIONS, check_image, decode_image, sniff_media_type
 
 
@@ -88,7 +88,7 @@ def parse_multipart(
     form = request.form  # parses the stream; 413 raised here when over the limit
     unknown_files = [k for k in request.files if k != "file"]
     if unknown_files:
-        raise validation_error({k: ["Unknown field."] for k in unknown_files})
+        raise validation_error({k: [UNKNOWN_FIELD] for k in unknown_files})
     raw: dict[str, Any] = {}
     for key in form:
         if key == "file":  # a text field named "file" is not a file part

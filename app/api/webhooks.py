@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 
 from flask.views import MethodView
-from flask_smorest import Blueprint
 
 from app.api import schemas as S
-from app.api.context import protect, scope_id, services
+from app.api.context import Blueprint, protect, scope_id, services
 from app.api.errors import error_docs
 
 blp = protect(Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks", description="Webhooks"))
@@ -19,7 +18,7 @@ class Webhooks(MethodView):
     @blp.arguments(S.WebhookCreateSchema)
     @blp.response(201, S.WebhookCreatedSchema)
     @blp.doc(responses=error_docs({
-        409: "too_many_webhooks",
+        409: "too_many_webhooks", 415: "unsupported_media_type",
         422: "invalid_webhook_url / webhook_url_too_long / webhook_url_forbidden / webhook_url_unresolvable"
              " / invalid_event_type"}))
     def post(self, args):
@@ -37,7 +36,7 @@ class Webhooks(MethodView):
 @blp.route("/<uuid:webhook_id>")
 class WebhookById(MethodView):
     @blp.response(204)
-    @blp.doc(responses=error_docs({404: "not_found"}))
+    @blp.doc(responses=error_docs({404: "not_found", 409: "webhook_delivery_in_flight"}))
     def delete(self, webhook_id: uuid.UUID):
         """Delete a subscription: no delivery to it starts after this returns."""
         services().orchestrator.delete_webhook(scope_id(), webhook_id)
