@@ -6,6 +6,7 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
   (refused, DNS, TCP connect, TLS handshake or a proxy's CONNECT failed, timed out or passed
   the deadline)
 * HTTP 429                         -> RetryableError(agent_rate_limited, not_executed=True)
+* HTTP 408, 425                    -> RetryableError(agent_request_not_taken, not_executed=True)
 * HTTP 5xx                         -> RetryableError(agent_server_error, not_executed=False)
 * other HTTP 4xx, any 3xx          -> PermanentError(agent_request_rejected) (redirects are never
   followed: a 307 would re-send the paid call, with the image, wherever the provider points)
@@ -357,6 +358,11 @@ class OpenAICompatibleAgent:
                 code="agent_rate_limited",
                 not_executed=True,
                 retry_after_s=_retry_after(answer.headers),
+            )
+        if status in (408, 425):  # Request Timeout / Too Early: the server did not take the request
+            raise RetryableError(
+                f"the agent provider did not take the request (HTTP {status})",
+                code="agent_request_not_taken", not_executed=True, retry_after_s=_retry_after(answer.headers),
             )
         if status >= 500:
             raise RetryableError(

@@ -127,6 +127,8 @@ class FakeServer:
                     self._send(429, {"error": "slow down"}, {"Retry-After": "7"})
                 elif mode == "servererror":
                     self._send(500, {"error": PROVIDER_SECRET})
+                elif mode in ("requesttimeout", "tooearly"):  # 408 / 425: the request was not taken
+                    self._send(408 if mode == "requesttimeout" else 425, {"error": "try again"})
                 elif mode == "badrequest":
                     self._send(400, {"error": {"message": PROVIDER_SECRET}})
                 elif mode == "notjson":
@@ -279,6 +281,17 @@ def test_500_is_retryable_but_not_provably_unexecuted(server, image):
         _describe(server.agent("servererror"), image)
     assert info.value.code == "agent_server_error"
     assert info.value.not_executed is False
+
+
+@pytest.mark.parametrize("mode", ["requesttimeout", "tooearly"])
+def test_408_and_425_are_retryable_and_not_executed(server, image, mode):
+    """408 Request Timeout (the server gave up waiting for the request) and 425 Too Early (it will
+    not process it yet) say the request was not taken: like a 429, a retry cannot repeat the call.
+    They were "other 4xx": permanent, the job failed for a transient refusal."""
+    with pytest.raises(RetryableError) as info:
+        _describe(server.agent(mode), image)
+    assert info.value.code == "agent_request_not_taken"
+    assert info.value.not_executed is True
 
 
 def test_other_4xx_is_permanent(server, image):
