@@ -17,7 +17,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
@@ -90,6 +90,30 @@ def remove_abandoned_temp(path: Path, *, dry_run: bool = False) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def remove_files(
+    paths: Iterable[Path], *, is_temp: Callable[[Path], bool], failed: list[tuple[Path, OSError]] | None,
+    dry_run: bool = False,
+) -> list[Path]:
+    """Remove ``paths`` — one ``is_temp`` names only if no live write holds it
+    (:func:`remove_abandoned_temp`); those the filesystem refuses go to ``failed`` (raised without
+    it). Returns those removed (``dry_run``: removable)."""
+    removed: list[Path] = []
+    for path in paths:
+        try:
+            if is_temp(path):
+                if not remove_abandoned_temp(path, dry_run=dry_run):
+                    continue
+            elif not dry_run:
+                path.unlink(missing_ok=True)
+        except OSError as exc:
+            if failed is None:
+                raise
+            failed.append((path, exc))
+            continue
+        removed.append(path)
+    return removed
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -31,7 +31,7 @@ from pathlib import Path
 from PIL import Image
 from sqlalchemy import Engine, text
 
-from app.atomic import remove_abandoned_temp, write_atomic
+from app.atomic import remove_files, write_atomic
 from app.ids import parse_uuid
 from app.stages.images import DEFAULT_MAX_PIXELS, decode_image
 
@@ -206,23 +206,8 @@ def live_versions_among(engine: Engine, pairs: list[tuple[str, str]]) -> set[tup
 
 
 def _unlink_all(paths: list[Path], failed: list[tuple[Path, OSError]] | None, *, dry_run: bool) -> list[Path]:
-    """Remove ``paths`` (a temp file only if no live write holds it, app/atomic.py); those the
-    filesystem refuses go to ``failed`` (raised without it). Returns those removed (dry: removable)."""
-    removed = []
-    for p in paths:
-        try:
-            if p.name.startswith(_TMP_PREFIX):
-                if not remove_abandoned_temp(p, dry_run=dry_run):
-                    continue
-            elif not dry_run:
-                p.unlink(missing_ok=True)
-        except OSError as exc:
-            if failed is None:
-                raise
-            failed.append((p, exc))
-            continue
-        removed.append(p)
-    return removed
+    """Remove ``paths`` (a temp file only if no live write holds it): :func:`app.atomic.remove_files`."""
+    return remove_files(paths, is_temp=lambda p: p.name.startswith(_TMP_PREFIX), failed=failed, dry_run=dry_run)
 
 
 def _age_s(path: Path, now: float) -> float:

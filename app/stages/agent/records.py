@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 
-from app.atomic import fsync_dir, held_temp, remove_abandoned_temp, write_atomic
+from app.atomic import fsync_dir, held_temp, remove_files, write_atomic
 from app.stages.base import AgentResult
 from app.stages.errors import PermanentError
 
@@ -304,18 +304,4 @@ def prune(
             candidates.setdefault(path.stem, []).append(path)
     keep = still_open(list(candidates)) if candidates else set()
     removed = [p for attempt_id, paths in candidates.items() if attempt_id not in keep for p in paths] + temps
-    done: list[Path] = []
-    for path in removed:
-        try:
-            if path.suffix == ".tmp":  # only one no live write holds (app/atomic.py)
-                if not remove_abandoned_temp(path, dry_run=dry_run):
-                    continue
-            elif not dry_run:
-                path.unlink(missing_ok=True)
-        except OSError as exc:
-            if failed is None:
-                raise
-            failed.append((path, exc))
-            continue
-        done.append(path)
-    return done
+    return remove_files(removed, is_temp=lambda path: path.suffix == ".tmp", failed=failed, dry_run=dry_run)
