@@ -239,3 +239,12 @@ def test_compose_defaults_are_the_products_so_a_worker_added_outside_compose_agr
         assert field in {f.name for f in dataclasses.fields(Settings)}, name
         got = getattr(Settings.from_env({name: value}), field)
         assert got == getattr(defaults, field), f"{name}: compose {value!r}, code {getattr(defaults, field)!r}"
+
+
+def test_only_the_agent_worker_holds_the_paid_agents_key(services):
+    """The key bills the operator: every other service (the API, Flower, beat, the other lanes)
+    runs without it, so a compromise of one of them does not leak it (docs/security.md)."""
+    holders = {name for name, svc in services.items()
+               if "MEMEFLOW_AGENT_API_KEY" in (svc.get("environment") or {})}
+    assert holders == {"worker-agent"}
+    assert services["worker-agent"]["environment"]["MEMEFLOW_DATABASE_URL"]  # the shared env kept
