@@ -1,4 +1,5 @@
-"""events_terminal_jobs: every terminal job status writes its event
+"""events_job_ends_batch_progress: every terminal job status writes its event; a cancelled batch's
+progress is told until final
 
 Revision ID: 0029
 Revises: 0027
@@ -13,8 +14,16 @@ never told: a client following it by the stream or a webhook waited for ever. Th
 transaction as the change), and ``events.type`` accepts ``job.cancelled``, ``job.superseded`` and
 ``job.target_changed``. A webhook subscription that asked for every type there was (the default,
 which stores the list) gets the three new ones too.
+
+``batches.progress_open``: a cancelled batch whose items may still follow an active job (one its
+cancel left running: an upload's job the batch adopted, or one another batch follows). Its counts
+change after the cancel's last ``batch.progress``; the sweep tells them again
+(``ix_batches_progress_open``, least recently touched first) and closes it once no item job is
+active, so a batch's last event always carries its final counts. Cancelled batches with an active
+item job at upgrade are opened.
 """
 
+import sqlalchemy as sa
 from alembic import op
 
 revision = '0029'
@@ -54,9 +63,22 @@ def upgrade() -> None:
 UPDATE webhook_subscriptions SET event_types = event_types || CAST(ARRAY[{_list(_NEW_TYPES)}] AS varchar(40)[])
 WHERE event_types @> CAST(ARRAY[{_list(_OLD_TYPES)}] AS varchar(40)[])
   AND NOT event_types && CAST(ARRAY[{_list(_NEW_TYPES)}] AS varchar(40)[])""")
+    op.add_column('batches', sa.Column('progress_open', sa.Boolean(), server_default=sa.text('false'),
+                                       nullable=False))
+    op.create_check_constraint(op.f('ck_batches_progress_open_cancelled'), 'batches',
+                               "NOT progress_open OR status = 'cancelled'")
+    op.create_index('ix_batches_progress_open', 'batches', ['updated_at'], unique=False,
+                    postgresql_where=sa.text('progress_open'))
+    op.execute("""
+UPDATE batches b SET progress_open = true WHERE b.status = 'cancelled' AND EXISTS (
+  SELECT 1 FROM batch_items bi JOIN processing_jobs j ON j.id = bi.job_id
+  WHERE bi.batch_id = b.id AND j.status IN ('queued', 'running'))""")
 
 
 def downgrade() -> None:
+    op.drop_index('ix_batches_progress_open', table_name='batches')
+    op.drop_constraint(op.f('ck_batches_progress_open_cancelled'), 'batches', type_='check')
+    op.drop_column('batches', 'progress_open')
     op.execute(f"""
 UPDATE webhook_subscriptions SET event_types = ARRAY(
   SELECT t FROM unnest(event_types) AS t WHERE t NOT IN ({_list(_NEW_TYPES)}))
