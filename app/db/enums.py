@@ -112,15 +112,20 @@ class EventType(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_BLOCKED = "job.blocked"
     JOB_UNKNOWN_EXECUTION = "job.unknown_execution"
+    JOB_CANCELLED = "job.cancelled"
+    JOB_SUPERSEDED = "job.superseded"
+    JOB_TARGET_CHANGED = "job.target_changed"
     IMAGE_DELETED = "image.deleted"
     BATCH_PROGRESS = "batch.progress"
     BATCH_COMPLETED = "batch.completed"
     BATCH_CANCELLED = "batch.cancelled"
 
 
-#: Job statuses whose entry writes a ``job.<status>`` event (the trigger's WHEN clause).
+#: Job statuses whose entry writes a ``job.<status>`` event (the trigger's WHEN clause, migration
+#: 0029): every terminal one, so a client following a job by events sees it end however it ended.
 EVENT_JOB_STATUSES: tuple[JobStatus, ...] = (
     JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION,
+    JobStatus.CANCELLED, JobStatus.SUPERSEDED, JobStatus.TARGET_CHANGED,
 )
 
 

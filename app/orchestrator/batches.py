@@ -313,6 +313,11 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
                 continue
             store.touch_batch_txn(conn, batch_id, now).expect("the batch is locked running")
         emit_batch_progress(orch, batch_id)
+    # cancelled batches whose items follow jobs their cancel left running: told until final
+    with orch.engine.connect() as conn:
+        still_open = store.open_cancelled_batches_txn(conn, SWEEP_BATCHES)
+    for batch_id in still_open:
+        emit_batch_progress(orch, batch_id, cancelled=True)
     return seeded, hints
 
 

@@ -121,14 +121,22 @@ def emit_batch_progress(orch: Orchestrator, batch_id: uuid.UUID, *, cancelled: b
     counts, if they changed since its last one (one per batch per sweep at most). True when an
     event was staged.
 
-    ``cancelled``: the end of a cancel instead — the batch.cancelled event counted the batch's jobs
-    as they were when it was marked, still active; one last event gives the counts its cancel left."""
+    ``cancelled``: a cancelled batch whose progress is still open instead — the batch.cancelled
+    event counted the batch's jobs as they were when it was marked, still active; its cancel, then
+    the sweep, tell the counts again while they change (an item may follow a job the cancel left
+    running: an upload's the batch adopted, or one another batch follows), and close its progress
+    once they are final (no active item job), so its last event carries its final counts — also
+    when a job ended between this read and this commit (the next sweep reads it)."""
     wanted = (BatchStatus.CANCELLED,) if cancelled else (BatchStatus.SEEDING, BatchStatus.RUNNING)
     with orch.engine.begin() as conn:
         batch = batches_q.batch_txn(conn, batch_id, lock=True)
-        if batch is None or batch["status"] not in wanted:
+        if batch is None or batch["status"] not in wanted or (cancelled and not batch["progress_open"]):
             return False
         counts = batches_q.item_counts_txn(conn, batch_id)
+        if cancelled:  # final once no item job is active: a terminal job status never changes
+            final = not any(status in ACTIVE_JOB_STATUSES for status in counts)
+            batches_q.settle_cancelled_progress_txn(conn, batch_id, not final, orch.now()).expect(
+                "the batch is locked with its progress open")
         last = q.last_batch_progress_txn(conn, batch_id)
         if last is not None and last.get("counts") == counts:
             return False

@@ -81,3 +81,14 @@ def test_a_delete_that_outwaits_a_delivery_in_flight_is_409_not_500(settings, en
     assert resp.status_code == 409, resp.get_data(as_text=True)
     assert resp.get_json()["error"] == "webhook_delivery_in_flight"
     assert client.delete(f"/api/v1/webhooks/{hook_id}", headers=alpha).status_code == 204
+
+
+def test_every_terminal_job_event_type_can_be_subscribed_to(hook_app, tokens):
+    client = hook_app.test_client()
+    types = ["job.cancelled", "job.superseded", "job.target_changed"]
+    resp = client.post("/api/v1/webhooks", json={"url": "http://127.0.0.1:9/hook", "event_types": types},
+                       headers={"Authorization": f"Bearer {tokens['alpha']}"})
+    assert resp.status_code == 201 and resp.get_json()["webhook"]["event_types"] == types, resp.get_json()
+    every = client.post("/api/v1/webhooks", json={"url": "http://127.0.0.1:9/all"},
+                        headers={"Authorization": f"Bearer {tokens['alpha']}"}).get_json()["webhook"]
+    assert set(types) <= set(every["event_types"])

@@ -42,3 +42,45 @@ def test_a_cancel_that_left_nothing_to_cancel_adds_no_event(engine, settings):
         orch.cancel_job("s1", job_id["id"])  # every job already ended before the batch's cancel
     orch.cancel_batch("s1", batch["id"])
     assert [t for t, _ in _batch_events(engine, batch["id"])] == ["batch.cancelled"]
+
+
+def _run_all(orch, pub, providers) -> None:
+    from app.worker.run import handle_hint
+
+    for _ in range(30):
+        hints = pub.drain()
+        if not hints:
+            return
+        for h in hints:
+            if h.task_id is not None:
+                handle_hint(orch, h.lane, h.task_id, "w", providers, pub)
+
+
+def test_a_cancelled_batch_tells_the_counts_of_jobs_it_adopted_and_left_running(engine, settings):
+    """A batch adopts an image's active job (an upload's); its cancel leaves that job alone (the batch
+    did not create it), so its counts change after the cancel's last event: the sweep tells them,
+    until every item job has ended — the batch's last event carries its final counts."""
+    from app.stages.providers import Providers
+
+    orch = Orchestrator(engine, settings)
+    pub, providers = RecordingPublisher(), Providers(settings)
+    uploads = [store_and_ingest(orch, "s1", png_bytes(20 + i)) for i in range(2)]
+    for res in uploads:
+        pub.publish(res.hints)
+    batch, hints = orch.create_batch("s1", image_ids=[res.image["id"] for res in uploads])
+    pub.publish(hints)
+    assert orch.cancel_batch("s1", batch["id"])["counts"] == {"queued": 2}  # the uploads' jobs go on
+    _run_all(orch, pub, providers)
+    final = orch.get_batch("s1", batch["id"])
+    assert final["status"] == "cancelled" and final["counts"] == {"succeeded": 2}, final
+    orch.sweep()
+    events = _batch_events(engine, batch["id"])
+    assert events[-1][0] == "batch.progress" and events[-1][1]["counts"] == final["counts"], events
+    assert events[-1][1]["status"] == "cancelled" and events[-1][1]["progress"] == 1.0
+    n = len(events)
+    orch.sweep()  # final: nothing more to tell, and the sweep no longer looks at it
+    assert len(_batch_events(engine, batch["id"])) == n
+    with engine.connect() as c:
+        from sqlalchemy import text
+
+        assert c.execute(text("SELECT progress_open FROM batches WHERE id = :b"), {"b": batch["id"]}).scalar() is False

@@ -208,3 +208,36 @@ def test_a_commit_of_many_events_reads_the_staged_rows_once(engine, settings):
     assert [e["payload"]["n"] for e in _events(engine)] == list(range(1, n + 1))
     scans = poll_until(lambda: (_pending_scans(engine) - before) or None, what="the commit's statistics")
     assert scans <= 5, scans  # the first firing's few, not a few per event
+
+
+def test_every_terminal_job_status_writes_its_event(engine, settings):
+    """A job that ends cancelled, superseded or target_changed is told too (docs/events.md): a client
+    following a job by events or webhooks must see it end, whatever the way it ended."""
+    import hashlib
+
+    from app.orchestrator import webhooks
+
+    orch = Orchestrator(engine, settings)
+    cancelled = store_and_ingest(orch, "local", png_bytes(40))
+    orch.cancel_job("local", cancelled.job["id"])
+    superseded = store_and_ingest(orch, "local", png_bytes(41))
+    edited = orch.edit_context("local", superseded.image["id"], display_name="renamed")
+    replaced = store_and_ingest(orch, "local", png_bytes(42))
+    new_bytes = png_bytes(43)
+    sha = hashlib.sha256(new_bytes).hexdigest()
+    ns = orch.ensure_scope("local")
+    (settings.storage_path / f"{ns}/{sha}.png").write_bytes(new_bytes)
+    orch.replace_content("local", replaced.image["id"], sha256=sha, media_type="image/png", extension=".png",
+                         size_bytes=len(new_bytes), width=48, height=40, storage_key=f"{ns}/{sha}.png")
+    evs = {str(e["job_id"]): e for e in _events(engine) if e["type"].startswith("job.")}
+    for res, status, code in ((cancelled, "cancelled", "cancelled"), (superseded, "superseded", "superseded"),
+                              (replaced, "target_changed", "target_changed")):
+        job = orch.get_job("local", res.job["id"])
+        assert job["status"] == status
+        e = evs[res.job["id"]]
+        assert e["type"] == f"job.{status}" and str(e["image_id"]) == res.image["id"]
+        assert e["payload"]["status"] == status and e["payload"]["error"]["code"] == code
+        assert e["payload"]["completed_at"] is not None
+    assert edited.job["id"] != superseded.job["id"] and edited.job["id"] not in evs  # the new one is active
+    # a webhook may ask for them
+    assert {"job.cancelled", "job.superseded", "job.target_changed"} <= set(webhooks.ALL_TYPES)

@@ -70,7 +70,8 @@ def test_every_status_enum_equals_its_check_constraint(engine):
             )
         ).all()
     for (table, column), enum in STATUS_CHECKS.items():
-        defs = [d for t, d in rows if t == table and re.search(rf"\({column}\)?::text = ", d) and "vector_dims" not in d]
+        defs = [d for t, d in rows if t == table and re.search(rf"\({column}\)?::text = ", d) and "vector_dims" not in d
+                and "progress_open" not in d]
         assert len(defs) == 1, (table, column, defs)
         values = set(re.findall(r"'([^']+)'::", defs[0]))
         assert values == {m.value for m in enum}, (table, column)
@@ -309,3 +310,30 @@ def test_0021_upgrades_a_library_with_jobs(fresh_db):
     eng.dispose()
     assert got == [job]
     assert "ix_processing_jobs_active" not in indexes and "ix_processing_jobs_needs_human" in indexes
+
+
+def test_0029_gives_subscriptions_to_every_type_the_terminal_job_events(fresh_db):
+    """A subscription created with the default (every type, stored as the list) keeps meaning every
+    type; one that chose some types keeps its choice."""
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0027")
+    eng = create_engine(url)
+    old = ["job.succeeded", "job.failed", "job.blocked", "job.unknown_execution", "image.deleted",
+           "batch.progress", "batch.completed", "batch.cancelled"]
+    ins = text("INSERT INTO webhook_subscriptions (id, scope_id, url, event_types, secret)"
+               " VALUES (:id, 's', 'http://x/', CAST(:t AS varchar(40)[]), 'k')")
+    every, some = uuid.uuid4(), uuid.uuid4()
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO scopes (id, storage_namespace) VALUES ('s', gen_random_uuid())"))
+        conn.execute(ins, {"id": every, "t": old})
+        conn.execute(ins, {"id": some, "t": ["job.failed"]})
+    command.upgrade(cfg, "head")
+    with eng.connect() as conn:
+        got = dict(conn.execute(text("SELECT id, event_types FROM webhook_subscriptions")).all())
+    assert set(got[every]) == {m.value for m in E.EventType} and got[some] == ["job.failed"]
+    command.downgrade(cfg, "0027")
+    with eng.connect() as conn:
+        got = dict(conn.execute(text("SELECT id, event_types FROM webhook_subscriptions")).all())
+    eng.dispose()
+    assert got[every] == old and got[some] == ["job.failed"]

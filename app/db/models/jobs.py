@@ -41,10 +41,14 @@ class Batch(Base):
     created_at: Mapped[datetime] = timestamp_now()
     updated_at: Mapped[datetime] = timestamp_now()
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # cancelled, and an item's job may still change: the sweep tells its counts until final (0029)
+    progress_open: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     __table_args__ = (
         ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),
         UniqueConstraint("scope_id", "id"),
         status_check("status", E.BatchStatus),
+        CheckConstraint("NOT progress_open OR status = 'cancelled'", name="progress_open_cancelled"),
+        Index("ix_batches_progress_open", "updated_at", postgresql_where=text("progress_open")),
         status_check("reverse_image_policy", E.ReverseImagePolicy),
         Index("ix_batches_active", "updated_at", postgresql_where=text("status IN ('seeding', 'running')")),
         # batch seeding round-robins over scopes: each scope's least recently touched seeding batch

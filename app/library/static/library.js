@@ -10,8 +10,10 @@
 
   const TERMINAL = new Set(['succeeded', 'failed', 'blocked', 'unknown_execution', 'target_changed',
     'superseded', 'cancelled']);
-  const EVENT_TYPES = ['job.succeeded', 'job.failed', 'job.blocked', 'job.unknown_execution', 'image.deleted',
-    'batch.progress', 'batch.completed'];
+  // a job that ended because the image changed: its image's work goes on in a newer job
+  const REPLACED = new Set(['superseded', 'target_changed']);
+  const EVENT_TYPES = ['job.succeeded', 'job.failed', 'job.blocked', 'job.unknown_execution', 'job.cancelled',
+    'job.superseded', 'job.target_changed', 'image.deleted', 'batch.progress', 'batch.completed', 'batch.cancelled'];
   const UPLOAD_CONCURRENCY = 3;
   const POLL_MS = 1000;
   const POLL_BATCH = 8;
@@ -205,8 +207,10 @@
     else if (!rows.includes(row)) rows.push(row);
   }
 
-  /** Show a job's state on its row; a terminal job finishes the row. */
+  /** Show a job's state on its row; a terminal job finishes the row, and one the image's change
+   * ended (superseded, target_changed) hands the row to the image's newer job. */
   function showJob(row, job) {
+    if (REPLACED.has(job.status) && job.image_id) return followSuccessor(row, job);
     if (TERMINAL.has(job.status)) {
       const err = job.error && job.error.code ? `${job.error.code}: ${job.error.message || ''}` : '';
       return finish(row, job.status, err);
@@ -217,14 +221,34 @@
       job.current_stage ? `${job.status} · ${job.current_stage}` : job.status, 50 + pct / 2);
   }
 
+  /** The row's job ended because its image changed (a context edit, new content): follow the
+   * image's latest job instead, or finish with the ended one when there is none newer. */
+  async function followSuccessor(row, job) {
+    const r = await api(`/api/v1/images/${encodeURIComponent(job.image_id)}`);
+    const next = r.ok && r.body ? r.body.latest_job : null;
+    if (!next || String(next.id) === String(job.id)) {
+      return finish(row, job.status, job.error && job.error.message ? job.error.message : '');
+    }
+    row.dataset.jobId = next.id;
+    if (TERMINAL.has(next.status)) {
+      const j = await api(`/api/v1/jobs/${encodeURIComponent(next.id)}`);
+      return j.ok ? showJob(row, j.body) : finish(row, next.status);
+    }
+    track(String(next.id), row);
+    setGridChip(row, next.status);
+    setRow(row, 'queued', `${job.status.replace('_', ' ')} — following the image's new job`, 50);
+  }
+
   function finish(row, status, detail = '') {
     for (const [id, rows] of tracked) {
       const left = rows.filter((r) => r !== row);
       if (!left.length) tracked.delete(id);
       else if (left.length < rows.length) tracked.set(id, left);
     }
+    // ended on purpose (a cancel, the image changed), not a failure
+    const state = status === 'succeeded' ? 'done' : (status === 'cancelled' || REPLACED.has(status) ? 'ended' : 'failed');
     if (status === 'succeeded') setRow(row, 'done', 'done', 100);
-    else setRow(row, 'failed', detail ? `${status} — ${detail}` : status, 100);
+    else setRow(row, state, detail ? `${status} — ${detail}` : status, 100);
     setGridChip(row, status);
   }
 

@@ -141,15 +141,39 @@ def finish_seeding_txn(conn: Connection, batch_id: uuid.UUID, cursor: dict[str, 
 
 
 CANCEL_BATCH = sql("""
-UPDATE batches SET status = 'cancelled', completed_at = :now, updated_at = :now
+UPDATE batches SET status = 'cancelled', completed_at = :now, updated_at = :now, progress_open = true
 WHERE id = :id AND status IN ('seeding', 'running')
 """)
 
 
 @transition
 def cancel_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Outcome[None]:
-    """seeding / running → cancelled: seeding stops (its active jobs are cancelled page by page after)."""
+    """seeding / running → cancelled, progress open: seeding stops (its active jobs are cancelled
+    page by page after; items may follow jobs it leaves running, so its counts are not final yet)."""
     return Outcome.count(conn.execute(CANCEL_BATCH, {"id": batch_id, "now": now}).rowcount)
+
+
+# A cancelled batch's progress stays open while an item's job may still change (migration 0029):
+# the sweep tells its counts again until they are final (no active item job).
+SETTLE_CANCELLED_PROGRESS = sql("""
+UPDATE batches SET progress_open = :open, updated_at = :now WHERE id = :id AND progress_open
+""")
+
+
+@transition
+def settle_cancelled_progress_txn(conn: Connection, batch_id: uuid.UUID, still_open: bool, now: datetime
+                                  ) -> Outcome[None]:
+    """cancelled, progress open → open and touched (to the back of the sweep's round), or closed: its
+    counts just told are final (terminal job statuses never change). Not matched: closed already."""
+    return Outcome.count(conn.execute(
+        SETTLE_CANCELLED_PROGRESS, {"id": batch_id, "open": still_open, "now": now}).rowcount)
+
+
+def open_cancelled_batches_txn(conn: Connection, limit: int) -> list[uuid.UUID]:
+    """Cancelled batches whose progress is still open, least recently touched first
+    (ix_batches_progress_open): the sweep tells each one's counts until they are final."""
+    return list(conn.execute(
+        sql("SELECT id FROM batches WHERE progress_open ORDER BY updated_at LIMIT :n"), {"n": limit}).scalars())
 
 
 # An image deleted after its page was seeded takes its item (and job) with it: the total is
