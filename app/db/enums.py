@@ -122,7 +122,7 @@ class EventType(StrEnum):
 
 
 #: Job statuses whose entry writes a ``job.<status>`` event (the trigger's WHEN clause, migration
-#: 0029): every terminal one, so a client following a job by events sees it end however it ended.
+#: 0028): every terminal one, so a client following a job by events sees it end however it ended.
 EVENT_JOB_STATUSES: tuple[JobStatus, ...] = (
     JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.BLOCKED, JobStatus.UNKNOWN_EXECUTION,
     JobStatus.CANCELLED, JobStatus.SUPERSEDED, JobStatus.TARGET_CHANGED,

@@ -312,7 +312,7 @@ def test_0021_upgrades_a_library_with_jobs(fresh_db):
     assert "ix_processing_jobs_active" not in indexes and "ix_processing_jobs_needs_human" in indexes
 
 
-def test_0029_gives_subscriptions_to_every_type_the_terminal_job_events(fresh_db):
+def test_0028_gives_subscriptions_to_every_type_the_terminal_job_events(fresh_db):
     """A subscription created with the default (every type, stored as the list) keeps meaning every
     type; one that chose some types keeps its choice."""
     url = fresh_db(None)

@@ -41,7 +41,7 @@ class Batch(Base):
     created_at: Mapped[datetime] = timestamp_now()
     updated_at: Mapped[datetime] = timestamp_now()
     completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    # cancelled, and an item's job may still change: the sweep tells its counts until final (0029)
+    # cancelled, and an item's job may still change: the sweep tells its counts until final (0028)
     progress_open: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     __table_args__ = (
         ForeignKeyConstraint(["scope_id"], ["scopes.id"], ondelete="CASCADE"),

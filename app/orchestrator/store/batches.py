@@ -153,7 +153,7 @@ def cancel_batch_txn(conn: Connection, batch_id: uuid.UUID, now: datetime) -> Ou
     return Outcome.count(conn.execute(CANCEL_BATCH, {"id": batch_id, "now": now}).rowcount)
 
 
-# A cancelled batch's progress stays open while an item's job may still change (migration 0029):
+# A cancelled batch's progress stays open while an item's job may still change (migration 0028):
 # the sweep tells its counts again until they are final (no active item job).
 SETTLE_CANCELLED_PROGRESS = sql("""
 UPDATE batches SET progress_open = :open, updated_at = :now WHERE id = :id AND progress_open

@@ -1,11 +1,9 @@
 """events_job_ends_batch_progress: every terminal job status writes its event; a cancelled batch's
 progress is told until final
 
-Revision ID: 0029
+Revision ID: 0028
 Revises: 0027
-Create Date: 2026-12-08
-
-(Numbered 0029 and chained to 0027 while another branch adds a 0028: re-chain at merge.)
+Create Date: 2026-12-07
 
 Until now only ``succeeded|failed|blocked|unknown_execution`` wrote a ``job.<status>`` event, so a
 job that ended ``cancelled``, ``superseded`` or ``target_changed`` (``advance.end_job_txn``) was
@@ -26,7 +24,7 @@ item job at upgrade are opened.
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0029'
+revision = '0028'
 down_revision = '0027'
 branch_labels = None
 depends_on = None
