@@ -228,9 +228,10 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
     """Stop seeding and cancel the batch's active jobs; a finished batch is returned unchanged.
     A job an item of another unfinished batch follows (that batch adopted it) is left to it.
 
-    The batch is marked first, its jobs are cancelled after, one transaction each: a cancel
-    interrupted in between (the request killed) is finished by cancelling again — a cancelled batch
-    still has its remaining active jobs cancelled (none: one query)."""
+    The batch is marked first (its progress open), its jobs are cancelled after, one transaction
+    each: a cancel interrupted in between (the request killed) is finished by cancelling again — a
+    cancelled batch still has its remaining active jobs cancelled (none: one query) — or by the
+    next sweep, which finishes the cancel of every batch whose progress is open."""
     bid = _batch_uuid(batch_id)
     with orch.engine.begin() as conn:
         batch = store.batch_txn(conn, bid, scope_id, lock=True)
@@ -240,6 +241,14 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
             return get_batch(orch, scope_id, bid)
         if batch["status"] != CANCELLED:  # locked and not finished: seeding or running, so the cancel lands
             store.cancel_batch_txn(conn, bid, orch.now()).expect("the batch is locked unfinished")
+    _cancel_active_jobs(orch, bid)
+    emit_batch_progress(orch, bid, cancelled=True)  # the counts the cancel left, if not batch.cancelled's
+    return get_batch(orch, scope_id, bid)
+
+
+def _cancel_active_jobs(orch: Orchestrator, bid: uuid.UUID) -> None:
+    """A cancelled batch's active jobs cancelled, page by page, one job per transaction; a job an
+    item of another unfinished batch follows is left to it."""
     while True:  # page by page, through the same path as POST /jobs/{id}/cancel
         with orch.engine.connect() as conn:
             job_ids = store.active_batch_jobs_txn(conn, bid, CANCEL_PAGE)
@@ -260,8 +269,6 @@ def cancel_batch(orch: Orchestrator, scope_id: str, batch_id: uuid.UUID | str) -
                     end_job_txn(orch, conn, job, JobStatus.CANCELLED, "cancelled", "the batch was cancelled")
         if len(job_ids) < CANCEL_PAGE:
             break
-    emit_batch_progress(orch, bid, cancelled=True)  # the counts the cancel left, if not batch.cancelled's
-    return get_batch(orch, scope_id, bid)
 
 
 def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
@@ -317,6 +324,7 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     with orch.engine.connect() as conn:
         still_open = store.open_cancelled_batches_txn(conn, SWEEP_BATCHES)
     for batch_id in still_open:
+        _cancel_active_jobs(orch, batch_id)  # a cancel whose request died after the mark: finished here
         emit_batch_progress(orch, batch_id, cancelled=True)
     return seeded, hints
 

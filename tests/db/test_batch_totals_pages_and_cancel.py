@@ -132,3 +132,22 @@ def test_a_cancel_interrupted_after_the_batch_was_marked_can_be_finished_by_canc
     again = orch.cancel_batch("s1", batch["id"])
     assert again["status"] == "cancelled" and again["counts"] == {"cancelled": 3}, again
     assert rows(engine, "SELECT count(*) FROM tasks WHERE status IN ('queued', 'running')")[0][0] == 0
+
+
+def test_a_cancel_interrupted_after_the_batch_was_marked_is_finished_by_the_sweep(engine, settings):
+    """The same interrupted cancel, and nobody cancels again (the client saw its request fail and
+    the batch already says ``cancelled``): the batch's jobs must not run on for good. The mark keeps
+    the batch's progress open, so the sweep finishes the cancel before it tells the counts."""
+    from app.orchestrator.store import batches as store
+
+    orch = Orchestrator(engine, settings)
+    for i in range(3):
+        store_and_ingest(orch, "s1", png_bytes(i), process=False)
+    batch, _ = orch.create_batch("s1", all=True)
+    with engine.begin() as conn:  # the request's first transaction committed, then the process died
+        store.cancel_batch_txn(conn, batch["id"], orch.now()).expect("running")
+    orch.sweep()
+    done = orch.get_batch("s1", batch["id"])
+    assert done["status"] == "cancelled" and done["counts"] == {"cancelled": 3}, done
+    assert rows(engine, "SELECT count(*) FROM tasks WHERE status IN ('queued', 'running')")[0][0] == 0
+    assert rows(engine, "SELECT progress_open FROM batches")[0][0] is False
