@@ -1,5 +1,6 @@
 """Per-request exposure guards of the API (see :mod:`app.netguard`).
 
+* A query string of raw bytes that are not UTF-8 is 400 ``invalid_query_string``.
 * The Host-header allow-list (DNS-rebinding defence): an unknown Host is 400 ``invalid_host``.
 * Without authentication (``MEMEFLOW_AUTH=none``: :class:`~app.auth.LocalScopeResolver`) and no
   opt-in, a request from a non-loopback peer is 403 ``unauthenticated_remote``. It is the second
@@ -59,6 +60,17 @@ def _cross_site_write() -> bool:
     return origin is not None and origin.rstrip("/").lower() != own_origin()
 
 
+def _utf8(raw: bytes) -> bool:
+    """Whether a raw query string is UTF-8: werkzeug decodes ``request.args`` strictly, so raw
+    non-UTF-8 bytes (which gunicorn refuses on the request line, but the development server and
+    other WSGI servers pass on) would be a UnicodeDecodeError — a 500 — wherever a view reads one."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> None:
     """Register the guards as the first ``before_request`` hook (before auth and every view).
 
@@ -71,6 +83,9 @@ def install_request_guards(app: Flask, settings: Any, scope_resolver: Any) -> No
 
     @app.before_request
     def _guard_exposure():
+        if not _utf8(request.query_string):
+            return error_response(400, "invalid_query_string",
+                                  "the query string holds raw bytes that are not UTF-8; percent-encode them")
         if allowed is not None and not host_allowed(request.host, allowed):
             return error_response(
                 400, "invalid_host",

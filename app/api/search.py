@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,9 @@ from app.search import service as text_search
 from app.search.serving import text_source, visual_source
 from app.stages.errors import PermanentError
 from app.stages.images import decode_image
+from app.stages.vectors import vector_problem
+
+log = logging.getLogger(__name__)
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
@@ -71,7 +75,7 @@ def _visual_provider() -> Any:
 class TextSearch(MethodView):
     @blp.arguments(S.TextSearchArgsSchema, location="query")
     @blp.response(200, S.TextSearchResultSchema)
-    @blp.doc(responses=error_docs({422: "validation_error / unknown_model", 429: "too_many_searches"}))
+    @blp.doc(responses=error_docs({422: "validation_error / unknown_model / query_not_embeddable", 429: "too_many_searches"}))
     def get(self, args):
         """Hybrid search (default): the query's meaning (text embeddings) and its words (lexical
         terms of any script; Chinese and Thai as bigrams) over the scope's current text; ``mode``
@@ -89,6 +93,8 @@ class TextSearch(MethodView):
                 )
             except text_search.UnknownModel as exc:
                 raise ApiError(422, "unknown_model", str(exc)) from None
+            except text_search.QueryNotEmbeddable as exc:
+                raise ApiError(422, "query_not_embeddable", str(exc)) from None
         return {**result, "serving": source.info}
 
 
@@ -117,7 +123,7 @@ class VisualSearch(MethodView):
     @blp.doc(
         requestBody=_VISUAL_BODY,
         responses=error_docs({400: "missing_file / invalid_json", 404: "not_found", 413: "payload_too_large",
-                               415: "unsupported_media_type", 422: "validation_error / invalid_image",
+                               415: "unsupported_media_type", 422: "validation_error / invalid_image / query_not_embeddable",
                                429: "too_many_searches"}),
     )
     def post(self):
@@ -142,7 +148,7 @@ class VisualSearch(MethodView):
         elif request.mimetype == "multipart/form-data":
             args, upload = parse_multipart(S.VisualSearchFormSchema(), svc.settings)
             assert upload is not None
-            vector = provider.embed([upload.decoded])[0]
+            vector = _query_vector(provider.embed([upload.decoded])[0], source)
         else:
             raise ApiError(415, "unsupported_media_type", "send JSON {image_id} or multipart with a 'file' part")
         hits = Q.search_visual(
@@ -179,8 +185,22 @@ def _query_image(svc: Any, scope: str, image_id: Any, source: Any) -> tuple[Any,
             data = svc.store.read(row.storage_key)
         except FileNotFoundError:  # replaced (or deleted) since the row was read: read the row again
             continue
-        return row, source.provider.embed([validate_bytes(data, svc.settings).decoded])[0]
+        return row, _query_vector(source.provider.embed([validate_bytes(data, svc.settings).decoded])[0], source)
     raise ApiError(404, "not_found", "the image file is gone")
+
+
+def _query_vector(vector: Any, source: Any) -> list[float]:
+    """A look-alike query's vector, through the check every stored vector passes
+    (app/stages/vectors.py): 422 ``query_not_embeddable`` instead of pgvector's refusal (NaN,
+    infinite, past float4) or a ranking by NaN (all zeros)."""
+    values, problem = vector_problem(vector, source.dims)
+    if problem is not None:
+        log.warning("the visual provider %s answered a query image with an unusable vector (%s)", source.model, problem)
+        raise ApiError(422, "query_not_embeddable",
+                       f"the visual model {source.model} cannot embed this image (its vector is "
+                       f"{problem.replace('_', ' ')})")
+    assert values is not None
+    return values
 
 
 def _load_stored(storage_key: str) -> Any:

@@ -13,12 +13,15 @@ from app.cli.safe_text import cell, json_text, printable
 
 def text_search(engine, settings, scope_id: str, query: str, limit: int, mode: str = "hybrid") -> dict:
     """Exactly ``GET /api/v1/search/text``: the configured text provider and the API's search code."""
-    from app.search.service import search_text
+    from app.search.service import QueryNotEmbeddable, search_text
     from app.search.serving import text_source
     from app.stages.providers import Providers
 
     source = text_source(engine, scope_id, Providers(settings).text, settings)
-    result = search_text(engine, source.provider, scope_id, query, limit=limit, mode=mode)
+    try:
+        result = search_text(engine, source.provider, scope_id, query, limit=limit, mode=mode)
+    except QueryNotEmbeddable as exc:  # the API's 422 query_not_embeddable
+        raise click.ClickException(str(exc)) from None
     return {**result, "serving": source.info}
 
 

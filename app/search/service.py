@@ -8,6 +8,7 @@ are weighted per query (``route_weights``) or, with ``model=``, one model alone.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,9 @@ from sqlalchemy import Engine
 from app.orchestrator.fingerprints import semantic_query
 from app.search import fusion, lexical, qbnorm
 from app.search import queries as Q
+from app.stages.vectors import vector_problem
+
+log = logging.getLogger(__name__)
 
 MODES = ("hybrid", "semantic", "lexical")
 _CANDIDATES = 100  # per signal; the fused list is cut to ``limit`` after ranking
@@ -25,6 +29,12 @@ _CANDIDATES = 100  # per signal; the fused list is cut to ``limit`` after rankin
 
 class UnknownModel(ValueError):
     """``model=`` names no part of the configured text provider."""
+
+
+class QueryNotEmbeddable(ValueError):
+    """The text provider answered the query with a vector no cosine can use (NaN, infinite, past
+    float4, all zeros, or not the model's dimensions): the same check a stored vector passes
+    (app/stages/vectors.py). The lexical signal, which never embeds the query, still answers it."""
 
 
 def provider_parts(provider: Any) -> list[str]:
@@ -107,7 +117,13 @@ def search_text(
     if mode in ("hybrid", "semantic"):
         # the documents' script folding (document_version "3": traditional → simplified)
         semantic = semantic_query(query, str(config.get("document_version", "1")))
-        vector, weights = embed_query(provider, semantic, model=model)
+        raw, weights = embed_query(provider, semantic, model=model)
+        vector, problem = vector_problem(raw, dims)
+        if problem is not None:
+            log.warning("the text provider %s answered a query with an unusable vector (%s)", stored_model, problem)
+            raise QueryNotEmbeddable(
+                f"the text model {stored_model} cannot embed this query (its vector is {problem.replace('_', ' ')}); "
+                "search it with mode=lexical, or rephrase it")
     rows = Q.candidates(engine, scope_id, model=stored_model if vector is not None else None, dims=dims,
                         vector=vector, terms=terms, k=max(_CANDIDATES, limit))
     df, n = Q.term_frequencies(engine, scope_id, terms) if terms and rows else ({}, 0)

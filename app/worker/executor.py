@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
@@ -25,6 +23,7 @@ from app.stages.agent.context_text import checked_agent_context
 from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
+from app.stages.vectors import NOT_COMPARABLE, NOT_STORABLE, vector_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,26 +65,6 @@ def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], la
     return [as_stage_error(v) if isinstance(v, BaseException) else v for v in vectors]
 
 
-#: The largest magnitude a pgvector element (a float4) holds; a larger finite float overflows it.
-_FLOAT4_MAX = 3.4028234663852886e38
-#: The smallest normal float4: a squared norm below it is no norm pgvector can divide by.
-_FLOAT4_TINY = float(np.finfo(np.float32).tiny)
-
-
-def _storable_element(x: float) -> bool:
-    return abs(x) <= _FLOAT4_MAX  # False for NaN and the infinities too
-
-
-def _comparable(values: list[float]) -> bool:
-    """pgvector's cosine distance sums the squares in float4: a vector whose squared norm is 0
-    there (all zeros, or elements so small their squares vanish) or overflows it (elements past
-    ~1.8e19) has distance NaN to anything, and an HNSW cosine index leaves it out."""
-    as_float4 = np.asarray(values, dtype=np.float32)
-    with np.errstate(over="ignore", under="ignore"):
-        norm2 = float(np.dot(as_float4, as_float4))
-    return _FLOAT4_TINY <= norm2 < float("inf")
-
-
 def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
     """A provider's vector for one item as floats, or the PermanentError that fails that item
     alone: a vector pgvector refuses (NaN, infinite, beyond float4, not ``dims`` long) would
@@ -93,18 +72,14 @@ def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
     but cannot compare (no float4 norm: all zeros) would rank and score every search with NaN."""
     if isinstance(vector, StageError):
         return vector
-    values = None
-    if not isinstance(vector, str | bytes):  # iterable, but never a vector
-        try:
-            values = [float(x) for x in vector]
-        except (TypeError, ValueError, OverflowError):
-            pass
-    if values is None or len(values) != dims or not all(map(_storable_element, values)):
+    values, problem = vector_problem(vector, dims)
+    if problem == NOT_STORABLE:
         return PermanentError(f"the provider returned an invalid vector (not {dims} finite numbers)",
                               code="provider_bad_output")
-    if not _comparable(values):
+    if problem == NOT_COMPARABLE:
         return PermanentError("the provider returned a vector without a usable length (all zeros, or "
                               "elements too small or too large for a cosine)", code="provider_bad_output")
+    assert values is not None
     return values
 
 

@@ -267,3 +267,22 @@ class ThreadedCrashVisual(DeterministicVisualProvider):
             finally:
                 process.in_flight -= 1
         return super().embed(images)
+
+
+class PoisonQueryText(DeterministicTextProvider):
+    """Embeds documents as ``deterministic`` does, but answers a search query holding
+    ``POISON_WORD`` with NaN, ``ZEROWORD`` with all zeros and ``HUGEWORD`` with an element past
+    float4 (a broken or hostile plugin model): the vectors a stored embedding could never be."""
+
+    def embed_query(self, queries: list[str]) -> list[list[float]]:
+        vectors = super().embed_query(queries)
+        out = []
+        for q, v in zip(queries, vectors, strict=True):
+            if POISON_WORD.lower() in q.lower():
+                v = [float("nan")] * len(v)
+            elif "zeroword" in q.lower():
+                v = [0.0] * len(v)
+            elif "hugeword" in q.lower():
+                v = [1e39, *v[1:]]
+            out.append(v)
+        return out
