@@ -11,6 +11,7 @@ never on time."""
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 from PIL import GifImagePlugin, Image, PngImagePlugin, WebPImagePlugin
@@ -144,3 +145,68 @@ def test_real_pngs_with_metadata_pass():
     with Image.open(io.BytesIO(data)) as im:
         im.load()
         assert im.info["Comment"] == "x" * 5000
+
+
+def test_a_gif_frame_larger_than_its_screen_is_held_to_the_pixel_limit():
+    """Pillow grows a GIF's size to its first frame's extent: the pixel limit sees the grown size."""
+    data = bytearray(gif_of_frames(1))
+    data[13 + 6 + 1 + 4:13 + 6 + 1 + 8] = (7000).to_bytes(2, "little") * 2  # the frame: 7000x7000
+    for check in (check_image, decode_image):
+        with pytest.raises(PermanentError) as info:
+            check(bytes(data))
+        assert info.value.code == "invalid_image" and "exceed" in info.value.message
+
+
+def _exif_block(entries: list[tuple[int, int, int, bytes]], tail: bytes = b"") -> bytes:
+    """A big-endian TIFF header and one IFD of (tag, type, count, 4-byte value or offset) entries."""
+    ifd = len(entries).to_bytes(2, "big") + b"".join(
+        tag.to_bytes(2, "big") + typ.to_bytes(2, "big") + count.to_bytes(4, "big") + value
+        for tag, typ, count, value in entries) + b"\0\0\0\0"
+    return b"MM\0*\0\0\0\x08" + ifd + tail
+
+
+ODD_ORIENTATIONS = {
+    "zero": [(0x0112, 3, 1, b"\0\0\0\0")],
+    "nine": [(0x0112, 3, 1, b"\0\x09\0\0")],
+    "65535": [(0x0112, 3, 1, b"\xff\xff\0\0")],
+    "two values": [(0x0112, 3, 2, b"\0\x06\0\x06")],
+    "a string": [(0x0112, 2, 4, b"six\0")],
+    "a rational": [(0x0112, 5, 1, (26).to_bytes(4, "big"))],  # 6/1 at offset 26
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_ORIENTATIONS))
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_odd_exif_orientations_decode_as_they_are_checked(name, fmt):
+    exif = _exif_block(ODD_ORIENTATIONS[name], tail=(6).to_bytes(4, "big") + (1).to_bytes(4, "big"))
+    data = encode(random_scene(23, size=40).resize((40, 24)), fmt, exif=b"Exif\0\0" + exif)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "tag 274 had too many entries": Pillow takes the first
+        img = decode_image(data)
+        assert check_image(data) == (img.width, img.height, f"image/{fmt.lower()}")
+    assert {img.width, img.height} == {40, 24}
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_exif_tags_claiming_more_than_their_block_cost_only_the_block(fmt, monkeypatch):
+    """2,000 tags each claiming 4 MB of the block: Pillow skips what the block cannot hold (it
+    bounds the tag data by the block's size), so the bytes it reads stay within a few blocks."""
+    from PIL import ImageFile
+
+    read = {"bytes": 0}
+    real = ImageFile._safe_read
+
+    def counted(fp, size):
+        data = real(fp, size)
+        read["bytes"] += len(data)
+        return data
+    monkeypatch.setattr(ImageFile, "_safe_read", counted)
+    exif = _exif_block([(0x010E + k % 50, 7, 4_000_000, (0).to_bytes(4, "big")) for k in range(2000)],
+                       tail=b"\0" * 4_100_000)
+    data = encode(Image.new("RGB", (8, 8)), fmt, exif=b"Exif\0\0" + exif)
+    read["bytes"] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pillow warns per skipped tag
+        assert check_image(data) == (8, 8, f"image/{fmt.lower()}")
+        assert decode_image(data).width == 8
+    assert read["bytes"] < 4 * len(data)
