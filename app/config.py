@@ -149,6 +149,7 @@ class Settings:
     retention_embeddings_s: float = 86400.0  # embeddings of an image version that is no longer current
     retention_old_models_s: float = 0.0  # embeddings of models no longer configured (0: kept; see docs)
     retention_ops_counters_s: float = 7 * 86400.0  # per-minute ops_counters buckets
+    retention_grants_s: float = 30 * 86400.0  # ended operation grants (at least a day: the quota's window)
     retention_batch_size: int = 1000
     retention_max_batches: int = 2
     retention_scan_rows: int = 5000
@@ -358,7 +359,7 @@ class Settings:
         if min(self.scope_max_bytes, self.scope_max_images, self.uploads_per_minute, self.processing_per_minute) < 0:
             raise SettingsError("tenant limits must be >= 0 (0 = unlimited)")
         if min(self.retention_tasks_s, self.retention_attempts_s, self.retention_jobs_s, self.retention_embeddings_s,
-               self.retention_old_models_s, self.retention_ops_counters_s) < 0:
+               self.retention_old_models_s, self.retention_ops_counters_s, self.retention_grants_s) < 0:
             raise SettingsError("MEMEFLOW_RETENTION_*_S must be >= 0 (0 = keep forever)")
         if min(self.retention_batch_size, self.retention_max_batches, self.retention_scan_rows) < 1:
             raise SettingsError("MEMEFLOW_RETENTION_BATCH_SIZE, _MAX_BATCHES and _SCAN_ROWS must be >= 1")

@@ -146,25 +146,72 @@ def vector_index_name(table: str, model: str, dims: int) -> str:
     return f"ix_{table}_hnsw_{slug}_{dims}"
 
 
+def hashed_vector_index_name(table: str, model: str, dims: int) -> str:
+    """The index name of a model whose :func:`vector_index_name` belongs to another model's index
+    (two names that differ only in case or in the characters the slug folds: ``Foo/Bar``,
+    ``foo_bar``). Its slug, ``h`` and 30 hex digits of a hash of the model name, is longer than
+    any :func:`vector_index_name` slug (at most 30), so the two kinds of name never meet; ≤ 63
+    bytes for dims of up to 5 digits."""
+    return f"ix_{table}_hnsw_h{hashlib.sha256(model.encode()).hexdigest()[:30]}_{int(dims)}"
+
+
+#: the index of that name, if any: (its table, its predicate); (None, None) for a relation that is not an index
+_INDEX_PREDICATE = text(
+    "SELECT c.relname, pg_get_expr(i.indpred, i.indrelid) FROM (SELECT to_regclass(:n) AS oid) r"
+    " LEFT JOIN pg_index i ON i.indexrelid = r.oid LEFT JOIN pg_class c ON c.oid = i.indrelid"
+    " WHERE r.oid IS NOT NULL"
+)
+#: the predicate the per-model index is built with, as PostgreSQL prints it back
+_MODEL_PREDICATE = re.compile(r"\(\(model = '((?:[^']|'')*)'::text\) AND \(dims = (\d+)\)\)")
+
+
+def vector_index_for(conn: Connection, table: str, model: str, dims: int) -> str:
+    """The name of the per-model index of (table, model, dims), built or to build: the readable
+    :func:`vector_index_name`, unless a relation of that name is not this model's index — another
+    model of the same slug took it first — then :func:`hashed_vector_index_name`. An index already
+    built keeps its name (renaming it would rebuild it). Ownership is read from the index's
+    predicate (``WHERE model = '…' AND dims = …``, as ``pg_get_expr`` prints it); one that does
+    not parse counts as another's, so the worst case is an extra index, never a model without one."""
+    name = vector_index_name(table, model, dims)
+    row = conn.execute(_INDEX_PREDICATE, {"n": name}).first()
+    if row is None:
+        return name
+    found = _MODEL_PREDICATE.fullmatch(row[1] or "")
+    mine = (row[0] == table and found is not None and found.group(1).replace("''", "'") == model
+            and int(found.group(2)) == int(dims))
+    return name if mine else hashed_vector_index_name(table, model, dims)
+
+
+def _create_vector_index_sql(name: str, table: str, model: str, dims: int, *, concurrently: bool) -> str:
+    literal = model.replace("'", "''")
+    return (
+        f'CREATE INDEX {"CONCURRENTLY " if concurrently else ""}IF NOT EXISTS "{name}" ON {table} '
+        f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
+        f"WHERE model = '{literal}' AND dims = {int(dims)}"
+    )
+
+
+_EXISTS = text("SELECT to_regclass(:n) IS NOT NULL")
+_BUILDER_LOCK = text("SELECT pg_advisory_xact_lock(hashtext(:n))")
+
+
 def ensure_vector_index(conn: Connection, table: str, model: str, dims: int) -> str:
-    """Create the per-model partial HNSW expression index if missing (SPEC §3: models coexist)."""
+    """Create the per-model partial HNSW expression index if missing (SPEC §3: models coexist);
+    return its name (:func:`vector_index_for`)."""
     if table not in ("visual_embeddings", "text_embeddings"):
         raise ValueError(f"no vector column on {table}")
-    name = vector_index_name(table, model, int(dims))
-    if conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name}).scalar():
+    name = vector_index_for(conn, table, model, int(dims))
+    if conn.execute(_EXISTS, {"n": name}).scalar():
         return name  # already there: don't take the table lock CREATE INDEX needs
     # concurrent IF NOT EXISTS can still collide in pg_class: one creator per index name at a time
-    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
-    if conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name}).scalar():
+    conn.execute(_BUILDER_LOCK, {"n": name})
+    again = vector_index_for(conn, table, model, int(dims))
+    if again != name:  # another model of the same slug took the readable name meanwhile
+        name = again
+        conn.execute(_BUILDER_LOCK, {"n": name})
+    if conn.execute(_EXISTS, {"n": name}).scalar():
         return name
-    literal = model.replace("'", "''")
-    conn.execute(
-        text(
-            f'CREATE INDEX IF NOT EXISTS "{name}" ON {table} '
-            f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
-            f"WHERE model = '{literal}' AND dims = {int(dims)}"
-        )
-    )
+    conn.execute(text(_create_vector_index_sql(name, table, model, int(dims), concurrently=False)))
     return name
 
 
@@ -182,35 +229,34 @@ def ensure_vector_index_concurrently(engine: Engine, table: str, model: str, dim
     lock timeout), and a build past the statement timeout failed and was tried again by the next
     completion. One builder per index name (a session advisory lock, the key
     :func:`ensure_vector_index` takes); an INVALID leftover of a builder that died is dropped and
-    built again."""
+    built again — only this model's (:func:`vector_index_for`, read again under the lock)."""
     if table not in ("visual_embeddings", "text_embeddings"):
         raise ValueError(f"no vector column on {table}")
-    name = vector_index_name(table, model, int(dims))
-    literal = model.replace("'", "''")
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if conn.execute(_INDEX_VALID, {"n": name}).scalar() is True:
-            return True
-        if not conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:n))"), {"n": name}).scalar():
-            return False
-        try:
-            valid = conn.execute(_INDEX_VALID, {"n": name}).scalar()
-            if valid is True:
+        for _ in range(2):  # a second look when another model took the readable name meanwhile
+            name = vector_index_for(conn, table, model, int(dims))
+            if conn.execute(_INDEX_VALID, {"n": name}).scalar() is True:
                 return True
-            conn.execute(text("SET statement_timeout = 0"))  # the build scans the whole table
-            if valid is False:  # we hold the builders' lock: an interrupted build's leftover
-                conn.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
-            conn.execute(text(
-                f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{name}" ON {table} '
-                f"USING hnsw ((embedding::vector({int(dims)})) vector_cosine_ops) "
-                f"WHERE model = '{literal}' AND dims = {int(dims)}"
-            ))
-            return True
-        finally:
+            if not conn.execute(text("SELECT pg_try_advisory_lock(hashtext(:n))"), {"n": name}).scalar():
+                return False
             try:
-                conn.execute(text("RESET statement_timeout"))
-                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name})
-            except Exception:  # noqa: BLE001 - a broken connection released the lock with its session
-                conn.invalidate()
+                if vector_index_for(conn, table, model, int(dims)) != name:
+                    continue  # (the lock is released below)
+                valid = conn.execute(_INDEX_VALID, {"n": name}).scalar()
+                if valid is True:
+                    return True
+                conn.execute(text("SET statement_timeout = 0"))  # the build scans the whole table
+                if valid is False:  # we hold the builders' lock: an interrupted build's leftover
+                    conn.execute(text(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"'))
+                conn.execute(text(_create_vector_index_sql(name, table, model, int(dims), concurrently=True)))
+                return True
+            finally:
+                try:
+                    conn.execute(text("RESET statement_timeout"))
+                    conn.execute(text("SELECT pg_advisory_unlock(hashtext(:n))"), {"n": name})
+                except Exception:  # noqa: BLE001 - a broken connection released the lock with its session
+                    conn.invalidate()
+        return False
 
 
 def scope_vector_index_name(table: str, model: str, dims: int, scope_id: str) -> str:

@@ -6,6 +6,9 @@ that hold that many, in physical order) and deletes at most
 steps per kind per sweep — so a sweep's cost is bounded whatever the history, and a large backlog
 drains over successive sweeps.
 
+Operation grants go after ``MEMEFLOW_RETENTION_GRANTS_S`` (at least a day, the quota's window);
+ended batches, their items first, after ``MEMEFLOW_RETENTION_JOBS_S``, as their jobs do.
+
 What is never deleted, and each statement, is in app/orchestrator/store/retention.py. Embeddings
 of models no longer configured are kept unless ``MEMEFLOW_RETENTION_OLD_MODELS_S`` is set: only
 the configured text model and visual model/preprocess version count as current, and so does every
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPS_COUNTERS = "ops_counters"
+GRANTS_MIN_AGE_S = 86400.0  # an operation grant counts toward its UTC day's quota (QuotaPolicy)
 
 
 def prune(orch: Orchestrator) -> dict[str, int]:
@@ -52,6 +56,11 @@ def prune(orch: Orchestrator) -> dict[str, int]:
         "jobs": {"cutoff": cutoff(s.retention_jobs_s)},
         "tasks": {"cutoff": cutoff(s.retention_tasks_s)},
         "attempts": {"cutoff": cutoff(s.retention_attempts_s)},
+        # at least a day: QuotaPolicy counts the grants of the current UTC day
+        "grants": {"cutoff": cutoff(max(s.retention_grants_s, GRANTS_MIN_AGE_S) if s.retention_grants_s > 0 else 0)},
+        # a batch ends with the age of its jobs (the jobs walk keeps a batch's jobs as long)
+        "batch_items": {"cutoff": cutoff(s.retention_jobs_s)},
+        "batches": {"cutoff": cutoff(s.retention_jobs_s)},
         "text_embeddings": {"stale_cutoff": stale, "model_cutoff": models, "keep": [str(cfg.text["model"])],
                             "keep_after": keep_after},
         "visual_embeddings": {"stale_cutoff": stale, "model_cutoff": models,

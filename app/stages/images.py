@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,6 +11,24 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps
 
 from app.stages.errors import PermanentError
+from app.stages.image_structure import (
+    MAX_GIF_BLOCKS,
+    MAX_GIF_FRAMES,
+    MAX_JPEG_HEADER_JUNK,
+    MAX_JPEG_MARKERS,
+    MAX_JPEG_SCANS,
+    MAX_PNG_CHUNKS,
+    MAX_PNG_COMPRESSED_CHUNKS,
+    check_gif_structure,
+    check_jpeg_structure,
+    check_png_structure,
+)
+
+__all__ = [  # the limits are re-exported: callers and tests know the decoder, not its walks
+    "MAX_GIF_BLOCKS", "MAX_GIF_FRAMES", "MAX_JPEG_HEADER_JUNK", "MAX_JPEG_MARKERS", "MAX_JPEG_SCANS",
+    "MAX_PNG_CHUNKS", "MAX_PNG_COMPRESSED_CHUNKS", "DEFAULT_MAX_PIXELS", "DecodedImage", "EXTENSIONS", "check_image",
+    "decode_image", "sniff_media_type",
+]
 
 EXTENSIONS: dict[str, str] = {
     "image/png": ".png",
@@ -24,21 +41,6 @@ EXTENSIONS: dict[str, str] = {
 _PIL_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/gif": "GIF", "image/webp": "WEBP"}
 
 DEFAULT_MAX_PIXELS = 40_000_000
-
-# A progressive JPEG is decoded in scans, each one pass over every block of the image, and a scan
-# can be a few bytes (end-of-band runs): a 700 KB file of 10,000 scans of a 6000x6000 image held a
-# thread for 40 s — the pixel limit does not see it, and 20 MiB holds ~30x more. Encoders write
-# about 10 (libjpeg's progressive script: 6 grey, 10 colour); libjpeg-turbo refuses untrusted files
-# by the same count (djpeg -maxscans, TJPARAM_SCANLIMIT).
-MAX_JPEG_SCANS = 100
-# Markers the scan count walks through before giving up: a real file holds tens (a split ICC
-# profile a few hundred), and the walk costs one Python step each.
-MAX_JPEG_MARKERS = 10_000
-# The next marker as libjpeg's reader finds it: a 0xFF (after any fill 0xFFs) and a byte that is
-# neither a stuffed zero nor a marker without a length (RSTn, TEM); whatever lies between — a
-# scan's entropy-coded data, garbage — is skipped, as libjpeg skips it (with a warning).
-_JPEG_MARKER = re.compile(rb"\xff([^\x00\xff\x01\xd0-\xd7])")
-_SOI, _EOI, _SOS = 0xD8, 0xD9, 0xDA
 
 
 @dataclass(frozen=True)
@@ -66,25 +68,15 @@ def sniff_media_type(data: bytes) -> str | None:
     return None
 
 
-def _check_jpeg_scans(data: bytes) -> None:
-    """Refuse a JPEG with more than ``MAX_JPEG_SCANS`` scans before its image ends (the first
-    EOI; data after it, such as a motion photo's video, is never decoded), counted as libjpeg's
-    marker reader meets them: segments skipped by their length, anything else up to the next marker."""
-    scans, pos, end = 0, 2, len(data)  # after the SOI
-    for _ in range(MAX_JPEG_MARKERS):
-        found = _JPEG_MARKER.search(data, pos)
-        if found is None or found.group(1)[0] in (_EOI, _SOI):  # the image ends (a second SOI: an error)
-            return
-        if found.group(1)[0] == _SOS:
-            scans += 1
-            if scans > MAX_JPEG_SCANS:
-                raise PermanentError(f"a JPEG of more than {MAX_JPEG_SCANS} scans (progressive passes) "
-                                     "is not accepted", code="invalid_image")
-        pos = found.end()
-        if pos + 2 > end:
-            return
-        pos += max(int.from_bytes(data[pos:pos + 2], "big"), 2)  # the length counts its own two bytes
-    raise PermanentError(f"a JPEG of more than {MAX_JPEG_MARKERS} markers is not accepted", code="invalid_image")
+def _no_check(data: bytes) -> None:
+    """WebP: libwebp's demuxer walks the chunks in C, and only the first frame is decoded."""
+
+
+_STRUCTURE_CHECKS = {
+    "image/jpeg": check_jpeg_structure,
+    "image/gif": check_gif_structure,
+    "image/png": check_png_structure,
+}
 
 
 @contextmanager
@@ -98,8 +90,8 @@ def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
     media_type = sniff_media_type(data)
     if media_type is None:
         raise PermanentError("not a supported image (png, jpeg, gif, webp)", code="invalid_image")
-    if media_type == "image/jpeg":
-        _check_jpeg_scans(data)  # before any decoding: the scans, not the pixels, are the cost
+    # before Pillow sees the bytes: the structure it walks, not the pixels, is the cost
+    _STRUCTURE_CHECKS.get(media_type, _no_check)(data)
     try:
         with warnings.catch_warnings():
             # Pillow warns (rather than raises) between 1x and 2x its own limit; make it fatal.
@@ -123,7 +115,8 @@ def _opened(data: bytes, max_pixels: int) -> Iterator[tuple[Image.Image, str]]:
 
 def _frames(im: Image.Image) -> tuple[bool, int]:
     """(animated, frame count) of an open image. Counting a GIF's frames walks every frame's
-    header, so a file cut short after its first frame fails here (inside ``_opened``: invalid_image)."""
+    header, so a file cut short after its first frame fails here (inside ``_opened``: invalid_image);
+    ``check_gif_structure`` bounded that walk before the file was opened."""
     return bool(getattr(im, "is_animated", False)), int(getattr(im, "n_frames", 1))
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from app.api import create_app
 from app.auth import LocalScopeResolver
 from tests.api.conftest import png_bytes, upload
-from tests.unit.stages.helpers import jpeg_with_repeated_scans
+from tests.unit.stages.helpers import gif_of_frames, jpeg_with_repeated_scans, png_chunk, png_with_chunks, zlib_bomb
 from tests.unit.stages.test_images import truncated_animated_gif
 
 
@@ -53,6 +53,11 @@ UPLOAD_CASES = [
     ("png bomb", png_bomb(), {}, 422, "invalid_image"),
     # small, but each of its 1000 extra scans is a pass over the whole image (tests/unit/stages/test_jpeg_scans.py)
     ("jpeg of endless scans", jpeg_with_repeated_scans(1000, size=1024), {}, 422, "invalid_image"),
+    # small, but Pillow walked each frame / chunk / inflated each bomb (tests/unit/stages/test_decode_limits.py)
+    ("gif of endless frames", gif_of_frames(20_001), {}, 422, "invalid_image"),
+    ("png of endless chunks", png_with_chunks(png_chunk(b"prVt", b"") * 30_000), {}, 422, "invalid_image"),
+    ("png of metadata bombs", png_with_chunks(png_chunk(b"iCCP", b"icc\0\0" + zlib_bomb()) * 40), {}, 422,
+     "invalid_image"),
     ("bad policy", png_bytes(), {"reverse_image_policy": "always"}, 422, "invalid_reverse_image_policy"),
     ("unknown form field", png_bytes(), {"scope_id": "beta"}, 422, "validation_error"),
     ("bad process flag", png_bytes(), {"process": "perhaps"}, 422, "validation_error"),

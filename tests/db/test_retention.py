@@ -16,7 +16,8 @@ DAY = 86400.0
 # no time budget: these tests count what one sweep deletes (the budget has its own test)
 AGES = dict(retention_jobs_s=30 * DAY, retention_tasks_s=7 * DAY, retention_attempts_s=7 * DAY,
             retention_embeddings_s=DAY, retention_ops_counters_s=7 * DAY, retention_budget_ms=0.0)
-KINDS = ("jobs", "tasks", "attempts", "text_embeddings", "visual_embeddings", "ops_counters")
+KINDS = ("jobs", "tasks", "attempts", "grants", "batch_items", "batches", "text_embeddings", "visual_embeddings",
+         "ops_counters")
 
 
 def _image(conn, sha: str, mh: str = "m2") -> uuid.UUID:
@@ -321,6 +322,19 @@ def test_retention_statements_are_index_driven(engine, settings):
             " SELECT job_id, 'visual', scope_id, 0, 'succeeded', id FROM tasks WHERE completed_at IS NOT NULL"))
         conn.execute(text("INSERT INTO ops_counters (bucket, name, count) SELECT date_trunc('minute', now())"
                           " - make_interval(mins => g), 'rehint', 1 FROM generate_series(1, 40000) g"))
+        conn.execute(text(  # each task's grant
+            "INSERT INTO operation_grants (id, scope_id, operation, idempotency_key, task_id, state, created_at,"
+            " updated_at) SELECT gen_random_uuid(), scope_id, 'analysis.agent', id::text, id, 'committed',"
+            " completed_at, completed_at FROM tasks WHERE completed_at IS NOT NULL"))
+        conn.execute(text(  # 2,000 ended batches of two items each, an item's job the image's latest
+            "INSERT INTO batches (id, scope_id, status, select_all, reverse_image_policy, updated_at)"
+            " SELECT md5('b' || g)::uuid, 'local', 'completed', true, 'forbid', now() - interval '40 days'"
+            " FROM generate_series(0, 1999) g"))
+        conn.execute(text(
+            "INSERT INTO batch_items (batch_id, image_id, scope_id, job_id)"
+            " SELECT md5('b' || (n % 2000))::uuid, i.id, 'local', j.id"
+            " FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM images WHERE storage_key = 'k') i"
+            " JOIN processing_jobs j ON j.image_id = i.id AND j.revision = 10"))
         conn.execute(text(
             "INSERT INTO text_embeddings (scope_id, image_id, image_sha256, metadata_hash, model, dims,"
             " document_version, document, embedding, created_at) SELECT 'local', i.id, i.sha256, 'old' || r, 'tm', 3,"
@@ -341,10 +355,10 @@ def test_retention_statements_are_index_driven(engine, settings):
     heads = {(m.group(1) if (m := re.search(r"WITH scan AS MATERIALIZED \(SELECT \S+ AS k FROM (\w+)", st))
               else " ".join(st.split()[:3])) for st, _ in captured}
     assert heads >= {"tasks", "task_attempts", "processing_jobs", "text_embeddings", "visual_embeddings",
-                     "DELETE FROM ops_counters"}, heads
+                     "operation_grants", "batch_items", "batches", "DELETE FROM ops_counters"}, heads
     with engine.connect() as conn:
         for statement, parameters in captured:
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
             assert not re.search(r"Seq Scan on (tasks|processing_jobs|task_attempts|job_stages|ops_counters|"
-                                 r"text_embeddings|images)",
+                                 r"text_embeddings|images|operation_grants|batches|batch_items)",
                                  plan), (statement, plan)

@@ -4,8 +4,11 @@ Kept, whatever their age: an active job (queued/running) and every task, attempt
 has; a job that waits for a human (``blocked``, ``unknown_execution``) with its tasks and attempts;
 every image's latest job; a task a job stage points at; an attempt whose outcome is open
 (``prepared``, ``external_started``, ``unknown_execution``); jobs of a batch that is active or
-ended within the retention age (created by it, or adopted as one of its items' jobs); and every
-image's current embeddings (current sha256, and metadata_hash for text, of a configured model).
+ended within the retention age (created by it, or adopted as one of its items' jobs); an
+operation grant that is ``acquired``, within the quota's day, or whose task is live; a batch
+that is active, ended within the retention age, named by a search serving state, or that still has
+an item or a job; and every image's current embeddings (current sha256, and metadata_hash for
+text, of a configured model).
 
 Most old rows are of that kind (each image's latest job, its tasks, its current embeddings), so
 "oldest first" would re-read all of them on every sweep. Instead each kind with kept rows is a
@@ -191,6 +194,86 @@ gone AS (DELETE FROM visual_embeddings WHERE ctid = ANY(ARRAY(SELECT c FROM doom
 SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
 """)
 
+# Ended operation grants (committed, released, unknown) older than the cutoff — which the caller
+# keeps past any quota window (QuotaPolicy counts a UTC day's grants) — whose task is gone or ended
+# under a job that is neither active nor waiting for a human, with no open attempt (an ``unknown``
+# grant stays with its unknown_execution attempt). ``acquired`` grants are never pruned: a task holds
+# or may still use them. The idempotency key is per job, so an ended job never asks for it again.
+# Probes: the task by primary key (grants are bound both ways: ``task_id`` here, ``tasks.grant_id``),
+# its job by primary key, uq_task_attempts_task_id_attempt_no.
+PRUNE_GRANTS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM operation_grants
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+doomed AS (
+  SELECT g.ctid AS k FROM operation_grants g
+  WHERE g.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND g.state IN ('committed', 'released', 'unknown') AND g.updated_at < :cutoff AND g.created_at < :cutoff
+    AND coalesce((SELECT t.status IN ('succeeded', 'failed', 'cancelled')
+                         AND coalesce((SELECT j.status FROM processing_jobs j WHERE j.id = t.job_id), 'gone')
+                             NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
+                  FROM tasks t WHERE t.id = g.task_id), true)
+    AND (SELECT true FROM task_attempts a WHERE a.task_id = g.task_id
+         AND a.state IN ('prepared', 'external_started', 'unknown_execution') LIMIT 1) IS NULL
+  LIMIT :n FOR UPDATE OF g SKIP LOCKED),
+gone AS (DELETE FROM operation_grants WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
+
+# The items of batches that ended (completed, cancelled) before the cutoff and that no search
+# serving state still names (a model backfill's batch), except an item whose job is active or waits
+# for a human (the batch keeps it). A batch deletes its items by FK cascade, all at once: a library's
+# batch holds one per image, so they go here first, at most :n a step. The job a batch created keeps
+# the batch's id (``batch_id``, an FK without cascade); it is cleared with the item (the job locked
+# SKIP LOCKED: an item whose job is held waits for the next lap), so that the batch can go too.
+# Probes: the batch and the jobs by primary key, pk_search_serving.
+PRUNE_BATCH_ITEMS = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM batch_items
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+picked AS (
+  SELECT bi.ctid AS k, bi.batch_id, bi.job_id FROM batch_items bi
+  WHERE bi.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND (SELECT b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
+                AND (SELECT true FROM search_serving ss WHERE ss.scope_id = b.scope_id AND ss.batch_id = b.id
+                     LIMIT 1) IS NULL
+         FROM batches b WHERE b.id = bi.batch_id)
+    AND coalesce((SELECT j.status FROM processing_jobs j WHERE j.id = bi.job_id), 'gone')
+        NOT IN ('queued', 'running', 'blocked', 'unknown_execution')
+  LIMIT :n FOR UPDATE OF bi SKIP LOCKED),
+held AS (
+  SELECT j.ctid AS k, j.id FROM processing_jobs j
+  WHERE j.id = ANY(ARRAY(SELECT job_id FROM picked)) AND j.batch_id = ANY(ARRAY(SELECT batch_id FROM picked))
+  FOR UPDATE OF j SKIP LOCKED),
+detached AS (UPDATE processing_jobs SET batch_id = NULL WHERE ctid = ANY(ARRAY(SELECT k FROM held)) RETURNING id),
+gone AS (
+  DELETE FROM batch_items WHERE ctid = ANY(ARRAY(
+    SELECT p.k FROM picked p
+    WHERE p.job_id = ANY(ARRAY(SELECT id FROM held))  -- its job is detached by this statement
+       OR (SELECT j.batch_id IS NOT DISTINCT FROM p.batch_id FROM processing_jobs j WHERE j.id = p.job_id)
+          IS NOT TRUE))  -- no job, or one of another batch (an adopted job)
+  RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM detached) AS detached
+""")
+
+# Batches that ended before the cutoff once nothing refers to them: no item left (the items walk
+# takes them), no job of theirs (a job they created is detached with its item; one replaced
+# meanwhile goes with the jobs walk), no search serving state naming them. Probes: pk_batch_items,
+# ix_processing_jobs_batch, pk_search_serving.
+PRUNE_BATCHES = sql("""
+WITH scan AS MATERIALIZED (SELECT ctid AS k FROM batches
+                           WHERE ctid >= CAST(:lo AS tid) AND ctid < CAST(:hi AS tid)),
+doomed AS (
+  SELECT b.ctid AS k FROM batches b
+  WHERE b.ctid = ANY(ARRAY(SELECT k FROM scan))
+    AND b.status IN ('completed', 'cancelled') AND b.updated_at < :cutoff
+    AND (SELECT true FROM batch_items bi WHERE bi.batch_id = b.id LIMIT 1) IS NULL
+    AND (SELECT true FROM processing_jobs j WHERE j.batch_id = b.id LIMIT 1) IS NULL
+    AND (SELECT true FROM search_serving ss WHERE ss.scope_id = b.scope_id AND ss.batch_id = b.id LIMIT 1) IS NULL
+  LIMIT :n FOR UPDATE OF b SKIP LOCKED),
+gone AS (DELETE FROM batches WHERE ctid = ANY(ARRAY(SELECT k FROM doomed)) RETURNING 1)
+SELECT (SELECT count(*) FROM scan) AS scanned, (SELECT count(*) FROM gone) AS deleted
+""")
+
 # Per-minute counter buckets, oldest first (primary key (bucket, name)); deleted by TID.
 PRUNE_OPS_COUNTERS = sql("""
 DELETE FROM ops_counters WHERE ctid = ANY(ARRAY(
@@ -265,6 +348,33 @@ def prune_visual_embeddings_txn(
     }).one())
 
 
+@transition
+def prune_grants_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """committed / released / unknown before ``cutoff``, its task gone or ended under a job neither
+    active nor waiting, no open attempt → deleted.
+
+    One step of the operation grants walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_GRANTS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_batch_items_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None
+                          ) -> Outcome[Row]:
+    """an item of a batch ended before ``cutoff`` that no serving state names, its job neither active
+    nor waiting → deleted, and the job its batch created no longer names the batch (``batch_id`` NULL).
+
+    One step of the batch items walk, as ``prune_tasks_txn``; ``row`` also has ``detached``."""
+    return _step(conn.execute(PRUNE_BATCH_ITEMS, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
+@transition
+def prune_batches_txn(conn: Connection, page: int, pages: int, n: int, *, cutoff: datetime | None) -> Outcome[Row]:
+    """ended before ``cutoff``, no item, no job and no serving state refers to it → deleted.
+
+    One step of the batches walk, as ``prune_tasks_txn``."""
+    return _step(conn.execute(PRUNE_BATCHES, {**_window(page, pages, n), "cutoff": cutoff}).one())
+
+
 # each walk's statement, step and table
 WALKS = {
     "jobs": (PRUNE_JOBS, prune_jobs_txn, "processing_jobs"),
@@ -272,12 +382,15 @@ WALKS = {
     "attempts": (PRUNE_ATTEMPTS, prune_attempts_txn, "task_attempts"),
     "text_embeddings": (PRUNE_TEXT_EMBEDDINGS, prune_text_embeddings_txn, "text_embeddings"),
     "visual_embeddings": (PRUNE_VISUAL_EMBEDDINGS, prune_visual_embeddings_txn, "visual_embeddings"),
+    "grants": (PRUNE_GRANTS, prune_grants_txn, "operation_grants"),
+    "batch_items": (PRUNE_BATCH_ITEMS, prune_batch_items_txn, "batch_items"),
+    "batches": (PRUNE_BATCHES, prune_batches_txn, "batches"),
 }
 
 
 def walk_step_txn(conn: Connection, kind: str, page: int, pages: int, n: int, **params: object) -> Outcome[Row]:
     """One step of ``kind``'s walk over heap pages ``[page, page + pages)`` (its ``prune_*_txn``).
-    ``params``: ``cutoff`` for jobs, tasks and attempts; ``stale_cutoff``, ``model_cutoff``, ``keep``
+    ``params``: ``cutoff`` for jobs, tasks, attempts, grants, batch items and batches; ``stale_cutoff``, ``model_cutoff``, ``keep``
     and ``keep_after`` (the rollback window's start) for the embeddings."""
     _statement, step, _table = WALKS[kind]
     return step(conn, page, pages, n, **params)
