@@ -180,3 +180,47 @@ def test_a_death_in_an_agent_batch_charges_none_of_its_batch_mates(engine, setti
     assert good_attempts[-1] == ("completed", None, True)
     assert good_attempts[:-1] in ([], [("failed", "worker_died", True)])
     assert rows(engine, "SELECT status FROM processing_jobs ORDER BY status") == [("failed",), ("succeeded",)]
+
+
+def test_recovery_through_run_task_runs_the_call_again(engine, settings):
+    """The single-claim path (``run_task`` → ``execute_claim``) recovers the same way."""
+    from app.worker.run import run_task
+
+    s, clock, _, orch, agent, providers, pub = _setup(engine, settings)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(7))
+    assert orch.claim_task(hint.task_id, "doomed-worker", recall_safe=True) is not None
+    clock.advance(seconds=s.lease_s + s.rehint_grace_s + 1)
+    orch.sweep()
+    assert run_task(orch, hint.task_id, "rescuer", providers, pub) == "succeeded"
+    assert agent.calls == {"lookup": 1, "describe": 1}
+    assert _attempts(engine, hint.task_id) == [("failed", "worker_died", True), ("completed", None, True)]
+
+
+class FlakyLocalAgent(LocalAgent):
+    """A recall-safe agent whose first call fails with an unexpected error (a library bug, an
+    out-of-memory raised as an exception): not "provably not executed", yet harmless to repeat."""
+
+    recall_safe = True  # declared by each class itself, never inherited
+
+    def describe(self, image, *, attempt_id: str, reverse_image_policy: str):
+        with self._lock:
+            self.calls["attempted"] += 1
+            first = self.calls["attempted"] == 1
+        if first:
+            raise MemoryError("the OCR model ran out of memory")
+        return super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+
+
+def test_a_recall_safe_agents_transient_error_is_retried_not_unknown(engine, settings):
+    s = settings.replace()
+    clock = Clock(T0)
+    orch = Orchestrator(engine, s, clock=clock)
+    agent = FlakyLocalAgent(results_dir=str(s.agent_results_path))
+    providers, pub = providers_with(s, agent), RecordingPublisher()
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(8))
+    pub.publish([hint])
+    for _ in range(4):  # the retry's backoff passes; the sweep re-hints it
+        step(orch, providers, pub)
+        _lapse(clock, orch, pub, s)
+    assert rows(engine, "SELECT status FROM processing_jobs") == [("succeeded",)]
+    assert _attempts(engine, hint.task_id) == [("failed", "internal_error", True), ("completed", None, True)]
