@@ -224,3 +224,17 @@ def test_a_recall_safe_agents_transient_error_is_retried_not_unknown(engine, set
         _lapse(clock, orch, pub, s)
     assert rows(engine, "SELECT status FROM processing_jobs") == [("succeeded",)]
     assert _attempts(engine, hint.task_id) == [("failed", "internal_error", True), ("completed", None, True)]
+
+
+def test_the_task_read_shows_each_attempt_with_its_id_and_recall_safety(engine, settings):
+    """``GET /api/v1/tasks/{id}`` (docs/operations.md: an operator finds an attempt's idempotency key
+    there) lists every attempt with its ``attempt_id`` and whether it could be run again."""
+    s, clock, _, orch, _, providers, pub = _setup(engine, settings)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(9))
+    doomed = orch.claim_task(hint.task_id, "doomed-worker", recall_safe=True)
+    _lapse(clock, orch, pub, s)
+    step(orch, providers, pub)
+    attempts = orch.get_task("local", hint.task_id)["attempts"]
+    assert [(a["attempt_no"], a["state"], (a["error"] or {}).get("code"), a["recall_safe"]) for a in attempts] == [
+        (1, "failed", "worker_died", True), (2, "completed", None, True)]
+    assert attempts[0]["attempt_id"] == doomed.attempt_id and attempts[1]["attempt_id"] != doomed.attempt_id
