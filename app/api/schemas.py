@@ -284,6 +284,8 @@ class AttemptSchema(Schema):
     state = fields.String()
     claim_generation = fields.Integer()
     error = fields.Dict(allow_none=True)
+    # its agent could run it again after a worker's death (docs/providers.md, "Recall-safe agents")
+    recall_safe = fields.Boolean()
     created_at = DateTime()
     updated_at = DateTime()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -22,6 +23,7 @@ from app.orchestrator.hints import Hint
 from app.orchestrator.lanes import lane_batch_budget
 from app.orchestrator.retry import decide_retry
 from app.orchestrator.store import attempts, counters, images, jobs, tasks
+from app.orchestrator.store._sql import InvariantBroken
 from app.orchestrator.types import AgentArtifact, BatchClaim, Claim, TextArtifact, VisualArtifact
 from app.stages.errors import OutcomeUnknownError, StageError
 
@@ -95,13 +97,14 @@ def refused_values_are_unstorable(fn):
     return wrapper
 
 
-def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, recovering: bool = False) -> Claim:
+def _claim_from_row(row: RowMapping, owner: str, attempt_id: str | None = None, recovering: bool = False,
+                    recall_safe: bool = False) -> Claim:
     return Claim(
         task_id=row["id"], scope_id=row["scope_id"], job_id=row["job_id"], image_id=row["image_id"],
         image_sha256=row["image_sha256"], stage=row["stage"], lane=row["lane"], owner=owner,
         generation=row["claim_generation"], attempt_count=row["attempt_count"], max_attempts=row["max_attempts"],
         payload=row["payload"], storage_key=row["storage_key"], attempt_id=attempt_id, recovering=recovering,
-        grant_id=row.get("grant_id"),
+        grant_id=row.get("grant_id"), recall_safe=recall_safe,
     )
 
 
@@ -156,29 +159,34 @@ def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[li
         return claim(attempts.new_attempt_ids(n))
     log.info("claim committed before the connection broke; running it", extra={"code": "claim"})
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(found))
-    return [_claim_from_row(found[a], owner, a) for a in ids if a in found]
+    return [_claim_from_row(found[a], owner, a, recall_safe=found[a]["recall_safe"]) for a in ids if a in found]
 
 
-def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None) -> Claim | None:
+def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None, *,
+               recall_safe: bool = False, shared: bool = False) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
     to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop).
-    Retried once on a broken connection (``_resumable_claim``)."""
-    claims = _resumable_claim(orch, owner, 1, lambda ids: _claim_task(orch, task_id, owner, lane, ids))
+    Retried once on a broken connection (``_resumable_claim``). ``recall_safe``: the claiming
+    worker's agent may run an interrupted attempt again (recorded on the attempt it starts);
+    ``shared``: as ``tasks.claim_txn``."""
+    claims = _resumable_claim(orch, owner, 1, lambda ids: _claim_task(orch, task_id, owner, lane, ids, recall_safe,
+                                                                      shared))
     return claims[0] if claims else None
 
 
-def _claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None, attempt_ids: list[str]) -> list[Claim]:
+def _claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None, attempt_ids: list[str],
+                recall_safe: bool = False, shared: bool = False) -> list[Claim]:
     """``claim_task``'s transaction; an agent task's attempt starts under ``attempt_ids[0]``."""
     try:
         with orch.engine.begin() as conn:
-            claimed = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane)
+            claimed = tasks.claim_txn(conn, task_id, owner, orch.now(), orch.settings.lease_s, lane, shared)
             if not claimed.matched:  # stale, duplicate or wrong-lane hint: nothing to do
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
                 return []
             row = claimed.row
             _admit_txn(orch, conn, row)
-            claim = (_agent_attempts_txn(orch, conn, [row], owner, attempt_ids)[0] if row["lane"] == Lane.AGENT
-                     else _claim_from_row(row, owner))
+            claim = (_agent_attempts_txn(orch, conn, [row], owner, attempt_ids, recall_safe)[0]
+                     if row["lane"] == Lane.AGENT else _claim_from_row(row, owner))
     except _Refused as refused:
         _refused(orch, task_id, refused.lane)
         return []
@@ -281,39 +289,48 @@ def run_alone(orch: Orchestrator, claim: Claim) -> bool:
     return False
 
 
-def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str) -> list[Claim]:
+def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, *,
+                      recall_safe: bool = False, shared: bool = False) -> list[Claim]:
     """The agent lane's claim for a hint: the hinted task — or, when it is no longer claimable, one
     due member of its wake-up group — through the full admission (fairness, slots; refused →
     nothing, as ``claim_task``), then up to ``n - 1`` more of the group while free slots last.
-    Each claim commits its external_started attempt in this transaction. Retried once on a broken
-    connection, recognising its own committed claims (``_resumable_claim``)."""
-    return _resumable_claim(orch, owner, n, lambda ids: _claim_agent_batch(orch, task_id, n, owner, ids))
+    A hinted task whose previous run died (an attempt still external_started) is claimed alone.
+    Each claim commits its external_started attempt in this transaction, recording ``recall_safe``
+    (the claiming worker's agent: ``app.stages.base.is_recall_safe``). ``shared``: the calls run
+    beside others in one process (``tasks.claim_txn``). Retried once on a broken connection,
+    recognising its own committed claims (``_resumable_claim``)."""
+    return _resumable_claim(orch, owner, n, lambda ids: _claim_agent_batch(orch, task_id, n, owner, ids, recall_safe,
+                                                                            shared))
 
 
-def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, attempt_ids: list[str]) -> list[Claim]:
+def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, attempt_ids: list[str],
+                       recall_safe: bool = False, shared: bool = False) -> list[Claim]:
     """``claim_agent_batch``'s transaction; the attempts start under ``attempt_ids``."""
     now, lease_s = orch.now(), orch.settings.lease_s
     try:
         with orch.engine.begin() as conn:
             # the group claims' generic plans (tasks.generic_plans_txn) only where one runs: a hint
             # whose task is claimable (a local agent's batch of 1) pays no SET for them
-            claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT)
+            claimed = tasks.claim_txn(conn, task_id, owner, now, lease_s, Lane.AGENT, shared)
             # not matched: the hinted task was taken — one due member of its group instead, if any
             generic = not claimed.matched
             if generic:
                 tasks.generic_plans_txn(conn)
             row = claimed.row if claimed.matched else (
-                tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s).row
+                tasks.claim_group_members_txn(conn, task_id, Lane.AGENT, 1, owner, now, lease_s, shared).row
             )
             if row is None:  # neither matched — stale or duplicate hint, group drained: nothing to do
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
                 return []
             _admit_txn(orch, conn, row)
             group = task_id if row["id"] == task_id else row["hint_group"]
-            if n > 1 and not generic:
+            # a run that died (its attempt still open) is recovered alone: if it runs again, a death
+            # then is its own (SPEC §10) — its group's members wait for a hint of their own
+            alone = n == 1 or _open_attempt_txn(conn, row) is not None
+            if not alone and not generic:
                 tasks.generic_plans_txn(conn)
-            rows = [row] + (lanes.claim_group_txn(orch, conn, group, row, n - 1, owner) if n > 1 else [])
-            claims = _agent_attempts_txn(orch, conn, rows, owner, attempt_ids)
+            rows = [row] + ([] if alone else lanes.claim_group_txn(orch, conn, group, row, n - 1, owner, shared))
+            claims = _agent_attempts_txn(orch, conn, rows, owner, attempt_ids, recall_safe)
     except _Refused as refused:
         _refused(orch, task_id, refused.lane)
         return []
@@ -321,24 +338,70 @@ def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: st
     return claims
 
 
+def _open_attempt_txn(conn: Connection, row: RowMapping) -> RowMapping | None:
+    """The claimed task's attempt still external_started, if an earlier run died in it. A first
+    execution (generation 1) cannot have one: the happy path skips the lookup. (Not the attempt
+    count: a run that died beside others is re-claimed without charge, ``tasks.CLAIM``.)"""
+    return attempts.open_attempt_txn(conn, row["id"]) if row["claim_generation"] > 1 else None
+
+
 def _agent_attempts_txn(
-    orch: Orchestrator, conn: Connection, rows: list[RowMapping], owner: str, attempt_ids: list[str]
+    orch: Orchestrator, conn: Connection, rows: list[RowMapping], owner: str, attempt_ids: list[str],
+    recall_safe: bool = False,
 ) -> list[Claim]:
     """Commit an external_started attempt with each claim (one statement for all), under the next
-    of ``attempt_ids`` — or surface an interrupted one to recover."""
+    of ``attempt_ids`` — or surface an interrupted one to recover (with its own ``recall_safe``:
+    the provider that started it decides, whatever this worker's is)."""
     recovering: dict[uuid.UUID, Claim] = {}
     for row in rows:
-        # a first execution cannot find an interrupted attempt: skip the lookup on the happy path
-        open_attempt = attempts.open_attempt_txn(conn, row["id"]) if row["attempt_count"] > 1 else None
+        open_attempt = _open_attempt_txn(conn, row)
         if open_attempt is not None:
-            recovering[row["id"]] = _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True)
+            recovering[row["id"]] = _claim_from_row(row, owner, open_attempt["attempt_id"], recovering=True,
+                                                    recall_safe=open_attempt["recall_safe"])
     fresh = [r for r in rows if r["id"] not in recovering]
     started = attempts.start_attempts_txn(conn, [
         {"scope_id": r["scope_id"], "task_id": r["id"], "generation": r["claim_generation"],
-         "input_digest": r["input_fingerprint"], "target_sha256": r["image_sha256"]} for r in fresh
+         "input_digest": r["input_fingerprint"], "target_sha256": r["image_sha256"], "recall_safe": recall_safe}
+        for r in fresh
     ], attempt_ids, orch.now())
-    new = {r["id"]: _claim_from_row(r, owner, a) for r, a in zip(fresh, started, strict=True)}
+    new = {r["id"]: _claim_from_row(r, owner, a, recall_safe=recall_safe) for r, a in zip(fresh, started, strict=True)}
     return [recovering.get(r["id"]) or new[r["id"]] for r in rows]
+
+
+def restart_attempt(orch: Orchestrator, claim: Claim, recall_safe: bool) -> Claim | None:
+    """A recovering claim whose interrupted attempt is recall-safe and whose lookup found no result:
+    in one fenced transaction, mark the execution as running alone (``tasks.run_alone_txn``: a death
+    from now on is charged to this task), end the interrupted attempt ``failed`` with
+    ``worker_died`` (its provider repeats no external effect, so nothing is left unprovable) and
+    start a fresh external_started attempt (``recall_safe``: this worker's agent) — the claim to
+    run now, under the same task, generation and grant (SPEC §4.6: a retry reuses the grant).
+    None: fenced out (counted) — the task is no longer this claim's; nothing was written.
+
+    Not retried on a broken connection: a lost COMMIT reply would start a second attempt; instead
+    the error ends the hint and the lease recovery finds the attempt this one committed, if any."""
+    assert claim.recovering and claim.attempt_id and claim.recall_safe
+    now = orch.now()
+    err = {"code": "worker_died",
+           "message": "the worker died during this local call; it had no external effect and runs again"}
+    with orch.engine.begin() as conn:
+        if not tasks.run_alone_txn(conn, claim.task_id, claim.owner, claim.generation, now).matched:
+            rejected_txn(orch, conn, claim, "restart_attempt")  # lease lost and re-claimed, or finished
+            return None
+        interrupted = attempts.open_attempt_txn(conn, claim.task_id)
+        if interrupted is None or interrupted["attempt_id"] != claim.attempt_id:
+            # the claim read it open, and only this task's execution (fenced above) closes it
+            raise InvariantBroken(f"attempt {claim.attempt_id} of a recovering claim is no longer open")
+        attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, now,
+                                    error=err).expect("the attempt was read external_started, row locked")
+        [attempt_id] = attempts.start_attempts_txn(conn, [
+            {"scope_id": claim.scope_id, "task_id": claim.task_id, "generation": claim.generation,
+             "input_digest": interrupted["input_digest"], "target_sha256": interrupted["target_sha256"],
+             "recall_safe": recall_safe},
+        ], attempts.new_attempt_ids(1), now)
+    log.info("interrupted recall-safe attempt runs again", extra={
+        "task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id, "stage": claim.stage,
+        "generation": claim.generation, "code": claim.attempt_id})
+    return dataclasses.replace(claim, attempt_id=attempt_id, recovering=False, recall_safe=recall_safe)
 
 
 @retry_on_disconnect
@@ -534,7 +597,8 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
     decision = decide_retry(
         error, attempt=claim.attempt_count, max_attempts=claim.max_attempts, now=now,
         base_s=orch.settings.backoff_base_s, max_s=orch.settings.backoff_max_s, rand=orch.rand,
-        paid_call=claim.attempt_id is not None,
+        # a recall-safe agent's call repeats no external effect: its errors retry like any stage's
+        paid_call=claim.attempt_id is not None and not claim.recall_safe,
     )
     err = stored_error(decision.code or error.code, error.message)
     with orch.engine.begin() as conn:
@@ -593,7 +657,8 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
 
 
 def mark_unknown_execution(orch: Orchestrator, claim: Claim) -> list[Hint]:
-    """Recovery could not prove what an interrupted paid call did: end honestly, never re-call."""
+    """Recovery could not prove what an interrupted paid call did: end honestly, never re-call.
+    (A recall-safe attempt is not ended so: it runs again, ``restart_attempt``.)"""
     return fail_task(
         orch, claim,
         OutcomeUnknownError(f"attempt {claim.attempt_id} was interrupted and its outcome cannot be proven",
@@ -611,7 +676,8 @@ def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> lis
     Recorded as ``abandon_task`` records a worker's stop, but honestly for a death: an agent
     attempt still open had its paid call in flight with an outcome no one can prove, so it ends
     ``unknown_execution`` and its grant stays counted (``unknown``), never released nor called
-    again (SPEC §4.5); a task that never attempted gives its grant back. The freed slot goes to
+    again (SPEC §4.5); a recall-safe attempt (no external effect) ends ``failed`` exactly as
+    ``abandon_task`` ends one; a task that never attempted gives its grant back. The freed slot goes to
     the fairest waiting task. ``claim`` carries the execution the sweep saw (owner, generation)
     and its open attempt, if any. Returns the hints to publish after commit."""
     now = orch.now()
@@ -620,7 +686,13 @@ def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> lis
         # withdrawn) — nothing of it to end
         log.info("abandoned task not ended", extra={"task_id": claim.task_id, "generation": claim.generation})
         return []
-    if claim.attempt_id:
+    if claim.attempt_id and claim.recall_safe:  # nothing external happened: recorded as abandon_task records a stop
+        err = {"code": "worker_died", "message": "the worker died during a local call of a cancelled task"}
+        if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED,
+                                           now, error=err).matched:
+            log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
+        grants.release_if_unattempted_txn(orch, conn, claim.task_id)
+    elif claim.attempt_id:
         err = {"code": "unknown_execution", "message": "the worker died during a paid call of a cancelled task"}
         if not attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.UNKNOWN_EXECUTION,
                                            now, error=err).matched:

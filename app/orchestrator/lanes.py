@@ -124,12 +124,12 @@ def wake_group_size(settings, lane: str) -> int:
 
 
 def claim_group_txn(
-    orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str
+    orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str, shared: bool = False,
 ) -> list[RowMapping]:
     """After ``row`` (the hinted agent task, or a member of its group) was admitted in this
     transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — one scope and
     resource key by construction, so the admission's fairness decision and the slot pools cover
-    them — as far as free slots allow, each taking its slot(s).
+    them — as far as free slots allow, each taking its slot(s). ``shared``: as ``tasks.claim_txn``.
 
     Free slots are locked first (SKIP LOCKED), so every task claimed here is sure of its slot.
     Group members left unclaimed lost their hint with this one: they wait unhinted, and the next
@@ -140,7 +140,8 @@ def claim_group_txn(
     expires = now + timedelta(seconds=orch.settings.lease_s)
     free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, row["resource_key"])}
     k = min([n, *(len(v) for v in free.values())])
-    claimed = tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s) if k > 0 else None
+    claimed = (tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s, shared)
+               if k > 0 else None)
     # not matched (or no slot free): no member is due — all taken already, or the group is drained
     rows = list(claimed.rows) if claimed is not None and claimed.matched else []
     if rows:

@@ -135,9 +135,11 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
     metrics.REHINTS.labels("lease_expired").inc(len(live))
     report.counts["exhausted"] = 0
     for claim in exhausted:
+        # a paid call in flight may have happened; a recall-safe one (local compute) repeated
+        # nothing external, so like any stage it has spent its attempts (a poison input)
         err = (
             OutcomeUnknownError("the worker died during a paid call", code="unknown_execution")
-            if claim.attempt_id
+            if claim.attempt_id and not claim.recall_safe
             else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
         )
         report.hints += fail_task(orch, claim, err, lease_expired=True)
@@ -152,6 +154,7 @@ def _claim_of(r: RowMapping, open_attempt: RowMapping | None) -> Claim:
         image_sha256=r["image_sha256"], stage=r["stage"], lane=r["lane"], owner=r["lease_owner"],
         generation=r["claim_generation"], attempt_count=r["attempt_count"], max_attempts=r["max_attempts"],
         payload=r["payload"], storage_key="", attempt_id=open_attempt["attempt_id"] if open_attempt else None,
+        recall_safe=bool(open_attempt and open_attempt["recall_safe"]),
     )
 
 

@@ -116,6 +116,7 @@ class Claim:
     attempt_id: str | None = None  # agent: the idempotency key of this execution's attempt
     recovering: bool = False  # agent: attempt_id belongs to an earlier, interrupted execution
     grant_id: uuid.UUID | None = None  # agent: the operation grant as of the claim (None: look it up)
+    recall_safe: bool = False  # agent: attempt_id's provider may run it again (task_attempts.recall_safe)
 
 
 @dataclass

@@ -61,7 +61,14 @@ class VisualProvider(Protocol):
 
 @runtime_checkable
 class AgentProvider(Protocol):
-    """Describes an image as a context dict; may call a paid service."""
+    """Describes an image as a context dict; may call a paid service.
+
+    A provider may declare ``recall_safe = True`` on its class: running ``describe`` again for an
+    attempt whose worker died repeats no external effect and costs nothing (local compute). The
+    lease recovery then runs such an attempt again instead of ending it ``unknown_execution``
+    (docs/architecture.md, "Recall-safe agents"). Read with :func:`is_recall_safe`: undeclared —
+    a plugin's class, or a subclass that did not declare it itself — means False.
+    """
 
     name: str
 
@@ -102,6 +109,16 @@ class TextEmbeddingProvider(Protocol):
         from documents; for symmetric models (MiniLM, deterministic) this equals ``embed``.
         """
         ...
+
+
+def is_recall_safe(provider: Any) -> bool:
+    """Whether ``provider`` declared itself recall-safe (see :class:`AgentProvider`): only a class's
+    *own* ``recall_safe = True`` (or its instance's) counts, never an inherited one — a plugin that
+    subclasses a local agent to call a paid service must not inherit the right to be re-run."""
+    own = vars(provider).get("recall_safe") if hasattr(provider, "__dict__") else None
+    if own is None:
+        own = vars(type(provider)).get("recall_safe")
+    return own is True
 
 
 def canonical_json(value: Any) -> bytes:

@@ -26,6 +26,7 @@ from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.types import Claim
 from app.stages import cpu
 from app.stages.agent import records
+from app.stages.base import is_recall_safe
 from app.stages.errors import PermanentError, StageError
 from app.stages.providers import Providers
 from app.worker import executor
@@ -303,11 +304,24 @@ def _compute_batch(orch: Orchestrator, lane: str, claims: list[Claim], providers
 
 
 def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher) -> str:
-    """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'."""
-    with Heartbeat(orch, [claim]) as hb:
-        result = _outcome(orch, claim, providers)
-    # The terminal write happens after the heartbeat stopped: a beat landing just after the
-    # completion committed would match no running row and be counted as a fencing rejection.
+    """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'
+    ('dropped': a recovering claim fenced out before it ran again)."""
+    with contextlib.ExitStack() as alone:
+        with Heartbeat(orch, [claim]) as hb:
+            if _runs_again(claim):
+                alone.enter_context(_exclusive())  # kept until the terminal write below
+                claim, result = _recover(orch, claim, providers)
+                if claim is None:
+                    return "dropped"
+            else:
+                result = _outcome(orch, claim, providers)
+        # The terminal write happens after the heartbeat stopped: a beat landing just after the
+        # completion committed would match no running row and be counted as a fencing rejection.
+        return _terminal(orch, claim, result, hb, publisher)
+
+
+def _terminal(orch: Orchestrator, claim: Claim, result: object, hb: Heartbeat, publisher: HintPublisher) -> str:
+    """``execute_claim``'s terminal write of ``result``; returns the outcome."""
     if isinstance(result, StageError):
         hints, outcome = orch.fail_task(claim, result), "failed"
     elif result is None:
@@ -343,7 +357,9 @@ def run_task(
     lane: str | None = None,
 ) -> str:
     """Handle one hint. 'dropped' = stale, duplicate or wrong-lane hint (nothing claimed)."""
-    claim = orch.claim_task(task_id, owner, lane)
+    # the agent's recall-safety is recorded on the attempt an agent claim starts
+    recall_safe = lane in (None, Lane.AGENT) and recall_safe_agent(providers)
+    claim = orch.claim_task(task_id, owner, lane, recall_safe=recall_safe)
     if claim is None:
         return "dropped"
     return execute_claim(orch, claim, providers, publisher)
@@ -449,10 +465,15 @@ def run_agent_batch(
     unprovable interrupted calls end one by one. With ``Settings.agent_completes_async`` those
     terminal writes are handed to the process's completion thread (``_Completer``) and this
     thread returns at once."""
-    claims = orch.claim_agent_batch(task_id, n, owner)
+    # an agent batch's calls, and a threads pool's, run beside others: a death charges none of them
+    # (tasks.claim_txn), until a died run is recovered alone (_recover_alone)
+    shared = n > 1 or COMPUTE_THREADS > 1
+    claims = orch.claim_agent_batch(task_id, n, owner, recall_safe=recall_safe_agent(providers), shared=shared)
     if not claims:
         return 0
     hb = Heartbeat(orch, claims).__enter__()
+    if _runs_again(claims[0]):  # a died run is claimed alone (execution.claim_agent_batch)
+        return _recover_alone(orch, claims[0], providers, publisher, hb)
     try:
         with _computing():
             if len(claims) == 1:
@@ -490,6 +511,57 @@ def _finish_agent_batch(orch: Orchestrator, claims: list[Claim], results: list, 
             hints += orch.mark_unknown_execution(claim)
     publish(hints)  # the next stage's hints first: the records' cleanup can wait
     _discard_records(orch, landed)
+
+
+def recall_safe_agent(providers: Providers) -> bool:
+    """Whether this worker's agent may run an interrupted attempt again (``is_recall_safe``):
+    recorded on each attempt its claims start, which the recovery reads (never a message)."""
+    return is_recall_safe(providers.agent)
+
+
+def _runs_again(claim: Claim) -> bool:
+    """A recovering agent claim whose interrupted attempt is recall-safe: it is not ended
+    ``unknown_execution`` but run again (unless its lookup finds the result)."""
+    return claim.lane == Lane.AGENT and claim.recovering and claim.recall_safe
+
+
+def _exclusive() -> contextlib.AbstractContextManager:
+    """The gate held exclusively (no other thread of this process computes), in a process of
+    several task threads: a died run's death, if it dies again, is then its own (``_ComputeGate``)."""
+    return _gate.exclusive() if COMPUTE_THREADS > 1 else contextlib.nullcontext()
+
+
+def _recover(orch: Orchestrator, claim: Claim, providers: Providers) -> tuple[Claim | None, object]:
+    """A recall-safe attempt whose worker died, with the gate held exclusively: its result recorded
+    before the death is adopted (the lookup); otherwise the interrupted attempt ends ``failed``
+    (``worker_died``) and the call runs again under a fresh attempt of the same claim, marked as
+    running alone — so a poison input that kills the worker every time spends its own attempts
+    and ends ``max_attempts_exceeded`` (the sweep), never a crash loop, never a neighbour's charge.
+    Returns (the claim to finish, its outcome); (None, None): fenced out, nothing to write."""
+    result = _outcome(orch, claim, providers)
+    if result is not None:
+        return claim, result
+    fresh = orch.restart_attempt(claim, recall_safe_agent(providers))
+    if fresh is None:
+        return None, None
+    return fresh, _outcome(orch, fresh, providers)
+
+
+def _recover_alone(orch: Orchestrator, claim: Claim, providers: Providers, publisher: HintPublisher,
+                   hb: Heartbeat) -> int:
+    """``run_agent_batch`` for a recovering recall-safe claim (``_recover``): its terminal writes
+    are made synchronously, before the gate is let go (a death until then is still its own)."""
+    with _exclusive():
+        try:
+            ran, result = _recover(orch, claim, providers)
+        except BaseException:
+            hb.__exit__(None, None, None)
+            raise
+        if ran is None:  # fenced out (counted): the task is another execution's now
+            hb.__exit__(None, None, None)
+            return 1
+        _finish_agent_batch(orch, [ran], [result], publisher.publish, hb)
+    return 1
 
 
 def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,

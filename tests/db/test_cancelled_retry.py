@@ -135,6 +135,7 @@ def test_0026_repairs_tasks_the_old_retry_left_queued_with_a_cancel_request(engi
 
     assert _task(engine, waited_task) == ("queued", False)
     assert _task(engine, alone_task) == ("cancelled", True)
+    command.upgrade(cfg, "head")  # the code below is today's: it needs the later migrations too
     pub.publish(again.hints)
     clock.advance(settings.rehint_grace_s + 1)
     pub.publish(orch.sweep().hints)  # the request is gone: the re-hint wakes a worker for it

@@ -208,3 +208,22 @@ def recording_celery_publisher(celery_app) -> RecordingPublisher:
     from app.publisher import CeleryHintPublisher
 
     return RecordingPublisher(CeleryHintPublisher(celery_app))
+
+
+class ParkingLocalAgent(DeterministicAgent):
+    """A recall-safe local agent (as ``local-ocr``): its first call parks inside (writing
+    ``<gate>/entered``) *before* any result exists, until ``<gate>/release``; later calls run
+    straight through. Killing the worker there leaves an attempt no lookup can adopt."""
+
+    name = "parking-local-agent"
+    recall_safe = True
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        record_call("agent", pixel_key(image))
+        gate = Path(os.environ[GATE_DIR_ENV])
+        if not (gate / "entered").exists():
+            (gate / "entered").write_text(str(os.getpid()))
+            deadline = time.monotonic() + 120
+            while not (gate / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)

@@ -218,6 +218,19 @@ class ExitVisual(CrashVisual):
         os._exit(70)
 
 
+class ExitAgent(DeterministicAgent):
+    """A recall-safe local agent (as ``local-ocr``) whose process exits at once (``os._exit``, as
+    a segfault or an OOM kill) when it is given a poisoned image."""
+
+    recall_safe = True
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        _record("agent", [image.width * image.height], not is_poisoned(image))
+        if is_poisoned(image):
+            os._exit(70)
+        return super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+
+
 class SimulatedProcess:
     """One worker process of several task threads, simulated in the test process: when one of its
     calls kills it, every call of it still in flight dies with it (``ThreadedCrashVisual``)."""

@@ -132,6 +132,8 @@ class TaskAttempt(Base):
     provider_request_id: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict | None] = mapped_column(JSONB)
     error: Mapped[dict | None] = mapped_column(JSONB)
+    # the provider that started it re-runs at no cost and with no external effect (migration 0028)
+    recall_safe: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     created_at: Mapped[datetime] = timestamp_now()
     updated_at: Mapped[datetime] = timestamp_now()
     __table_args__ = (

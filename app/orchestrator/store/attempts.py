@@ -30,10 +30,10 @@ def open_attempt_txn(conn: Connection, task_id: uuid.UUID) -> RowMapping | None:
 
 START_ATTEMPTS = sql("""
 INSERT INTO task_attempts (attempt_id, scope_id, task_id, attempt_no, claim_generation, state, input_digest,
-                           target_sha256, created_at, updated_at)
+                           target_sha256, recall_safe, created_at, updated_at)
 SELECT r.a, r.s, r.t, coalesce((SELECT max(x.attempt_no) FROM task_attempts x WHERE x.task_id = r.t), 0) + 1, r.g,
-       'external_started', r.d, r.sha, :now, :now
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g bigint, d text, sha text)
+       'external_started', r.d, r.sha, r.rs, :now, :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(a text, s text, t uuid, g bigint, d text, sha text, rs boolean)
 """)
 
 
@@ -47,23 +47,24 @@ def new_attempt_ids(n: int) -> list[str]:
 def start_attempts_txn(conn: Connection, rows: list[dict], ids: list[str], now: datetime) -> list[str]:
     """— → external_started, one attempt per claimed agent task, committed before any paid call.
 
-    ``rows``: scope_id, task_id, generation, input_digest, target_sha256; each takes the next of
-    ``ids`` (``new_attempt_ids``, at least one per row). Returns the ids used, in order (an insert
-    cannot be "not matched").
+    ``rows``: scope_id, task_id, generation, input_digest, target_sha256, recall_safe (the claiming
+    worker's provider: ``app.stages.base.is_recall_safe``); each takes the next of ``ids``
+    (``new_attempt_ids``, at least one per row). Returns the ids used, in order (an insert cannot
+    be "not matched").
     """
     assert len(ids) >= len(rows), "an attempt id per started attempt"
     ids = ids[: len(rows)]
     if rows:
         conn.execute(START_ATTEMPTS, {"rows": dumps([
             {"a": a, "s": r["scope_id"], "t": str(r["task_id"]), "g": r["generation"], "d": r["input_digest"],
-             "sha": r["target_sha256"]} for a, r in zip(ids, rows, strict=True)
+             "sha": r["target_sha256"], "rs": bool(r.get("recall_safe", False))} for a, r in zip(ids, rows, strict=True)
         ]), "now": now})
     return ids
 
 
 RESUME_STARTED = sql("""
 WITH mine AS (
-  SELECT t.id, a.attempt_id
+  SELECT t.id, a.attempt_id, a.recall_safe
   FROM task_attempts a
   JOIN tasks t ON t.id = a.task_id AND t.claim_generation = a.claim_generation
   WHERE a.attempt_id = ANY(:ids) AND a.state = 'external_started'
@@ -74,7 +75,7 @@ UPDATE tasks t SET lease_expires_at = :until, updated_at = :now
 FROM mine, images i
 WHERE t.id = mine.id AND i.id = t.image_id
 RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.claim_generation,
-          t.attempt_count, t.max_attempts, t.payload, t.grant_id, i.storage_key, mine.attempt_id
+          t.attempt_count, t.max_attempts, t.payload, t.grant_id, i.storage_key, mine.attempt_id, mine.recall_safe
 """)
 
 

@@ -137,7 +137,7 @@ def get_task_txn(conn: Connection, scope_id: str, task_id: uuid.UUID) -> dict[st
         return None
     attempts = conn.execute(
         sql(
-            "SELECT attempt_id, attempt_no, state, claim_generation, error, created_at, updated_at"
+            "SELECT attempt_id, attempt_no, state, claim_generation, error, recall_safe, created_at, updated_at"
             " FROM task_attempts WHERE task_id = :t ORDER BY attempt_no"
         ),
         {"t": task_id},
@@ -151,8 +151,9 @@ def get_task_txn(conn: Connection, scope_id: str, task_id: uuid.UUID) -> dict[st
         "updated_at": _iso(row["updated_at"]), "started_at": _iso(row["started_at"]),
         "completed_at": _iso(row["completed_at"]),
         "attempts": [
-            {"attempt_no": a["attempt_no"], "state": a["state"], "claim_generation": a["claim_generation"],
-             "error": a["error"], "created_at": _iso(a["created_at"]), "updated_at": _iso(a["updated_at"])}
+            {"attempt_no": a["attempt_no"], "attempt_id": a["attempt_id"], "state": a["state"],
+             "claim_generation": a["claim_generation"], "error": a["error"], "recall_safe": a["recall_safe"],
+             "created_at": _iso(a["created_at"]), "updated_at": _iso(a["updated_at"])}
             for a in attempts
         ],
     }

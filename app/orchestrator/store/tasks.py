@@ -78,7 +78,7 @@ WITH c AS (
   UPDATE tasks SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1,
          attempt_count = attempt_count + CASE WHEN status = 'running' AND NOT claimed_alone THEN 0 ELSE 1 END,
-         claimed_alone = true, started_at = coalesce(started_at, :now), updated_at = :now
+         claimed_alone = NOT CAST(:shared AS boolean), started_at = coalesce(started_at, :now), updated_at = :now
   WHERE id = :id AND NOT cancel_requested
     AND (attempt_count < max_attempts OR (status = 'running' AND NOT claimed_alone))
     AND (CAST(:lane AS text) IS NULL OR lane = :lane)
@@ -99,16 +99,20 @@ SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id
 
 @transition
 def claim_txn(
-    conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, lease_s: float, lane: str | None = None
+    conn: Connection, task_id: uuid.UUID, owner: str, now: datetime, lease_s: float, lane: str | None = None,
+    shared: bool = False,
 ) -> Outcome[RowMapping]:
     """queued (due) or running (lease expired) → running, generation + 1: the one road into running.
 
     The same statement moves the task's waiting stage(s) and a queued job to running. A claim of
-    one task is a run alone (``claimed_alone``); a lapsed run that was not alone is not charged (see
-    above). Not matched: the hint was stale, a duplicate, or (with ``lane``) for another lane.
+    one task is a run alone (``claimed_alone``) unless ``shared``: its process runs other claims
+    beside it (a threads pool, an agent batch), so a death there is charged to none until
+    ``run_alone_txn``; a lapsed run that was not alone is not charged (see above). Not matched: the
+    hint was stale, a duplicate, or (with ``lane``) for another lane.
     """
     return Outcome.of(conn.execute(
-        CLAIM, {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s), "lane": lane}
+        CLAIM, {"id": task_id, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s), "lane": lane,
+                "shared": shared}
     ).mappings().all())
 
 
@@ -348,7 +352,7 @@ WITH pick AS (
 ), c AS (
   UPDATE tasks t SET status = 'running', lease_owner = :owner, lease_expires_at = :exp,
          claim_generation = claim_generation + 1, attempt_count = attempt_count + 1,
-         claimed_alone = true, started_at = coalesce(started_at, :now), updated_at = :now
+         claimed_alone = NOT CAST(:shared AS boolean), started_at = coalesce(started_at, :now), updated_at = :now
   FROM pick WHERE t.id = pick.id
   RETURNING t.id, t.scope_id, t.job_id, t.image_id, t.image_sha256, t.stage, t.lane, t.resource_key,
             t.claim_generation, t.attempt_count, t.max_attempts, t.payload, t.input_fingerprint, t.grant_id,
@@ -367,17 +371,21 @@ SELECT c.*, i.storage_key FROM c JOIN images i ON i.id = c.image_id
 
 @transition
 def claim_group_members_txn(
-    conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float
+    conn: Connection, task_id: uuid.UUID, lane: str, n: int, owner: str, now: datetime, lease_s: float,
+    shared: bool = False,
 ) -> Outcome[RowMapping]:
     """queued → running: up to ``n`` due members of ``task_id``'s wake-up group. Not matched: none due.
 
     One scope and resource key by construction (see advance._wake_groups); ``rows``: the claimed
     tasks, which the agent lane's slot assignment (``lanes.claim_group_txn``) zips with slots.
-    Each is ``claimed_alone``: an agent task's call is its own (an interrupted one ends by the
-    attempt protocol, SPEC §4.5, not by attempts spent).
+    Each is ``claimed_alone`` unless ``shared`` (its calls run beside others in one process, as
+    ``claim_txn``): a death there charges none of them. A paid attempt interrupted by a death ends
+    by the attempt protocol (SPEC §4.5); a recall-safe one runs again, and only a death of a run
+    alone spends its attempts.
     """
     return Outcome.of(conn.execute(CLAIM_GROUP_MEMBERS, {
         "id": task_id, "lane": lane, "n": n, "owner": owner, "now": now, "exp": now + timedelta(seconds=lease_s),
+        "shared": shared,
     }).mappings().all())
 
 

@@ -14,6 +14,7 @@ class DeterministicAgent:
     """Model-free and instant; reads no text. Records results like a real local agent."""
 
     name = "deterministic"
+    recall_safe = True  # model-free local compute: safe to run again after a worker's death
 
     def __init__(self, *, results_dir: str, legacy_results_dir: str | None = None, **_: Any) -> None:
         if not results_dir:

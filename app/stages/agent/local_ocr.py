@@ -39,6 +39,7 @@ class LocalOcrAgent:
     """
 
     name = "local-ocr"
+    recall_safe = True  # local compute: a re-run after a worker's death repeats no external effect and costs nothing
 
     def __init__(
         self, *, results_dir: str, legacy_results_dir: str | None = None, min_score: float = 0.5,

@@ -173,6 +173,7 @@ class OpenAICompatibleAgent:
     """Calls ``{base_url}/chat/completions`` (image as data URL), parses the JSON."""
 
     name = "openai-compatible"
+    recall_safe = False  # a remote call may be billed: an interrupted one is never re-run blindly (SPEC §4.5)
 
     def __init__(
         self,
