@@ -1,7 +1,7 @@
 """recall_attempt_recall_safe: each agent attempt records whether its provider is recall-safe
 
-Revision ID: 0028
-Revises: 0027
+Revision ID: 0029
+Revises: 0028
 Create Date: 2026-12-07
 
 A local agent (``local-ocr``, ``deterministic``) has no external effect and no cost, so an attempt
@@ -15,8 +15,8 @@ Existing attempts stay ``false``: their recovery is the one they were started un
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0028'
-down_revision = '0027'
+revision = '0029'
+down_revision = '0028'
 branch_labels = None
 depends_on = None
 
