@@ -28,7 +28,7 @@ from app.auth import Unauthorized
 from app.ops import queries
 from app.ops.login import browser_bp, load_browser_session
 from app.web.csrf import CsrfRejected, csrf_token, protect_post, set_csrf_cookie
-from app.web.headers import install_security_headers
+from app.web.headers import install_security_headers, mark_user_file
 
 log = logging.getLogger("memeflow.ops")
 
@@ -212,6 +212,7 @@ def image(image_id: uuid.UUID) -> Any:
 def image_content(image_id: uuid.UUID) -> Any:
     """The image's bytes for the page's scope: a signed-in browser has a cookie, not a bearer token,
     and the API takes only the latter."""
+    from app.api.images import original_file_name
     from app.api.queries import image_file
 
     store = getattr(current_app.extensions.get("memeflow"), "store", None)
@@ -225,6 +226,7 @@ def image_content(image_id: uuid.UUID) -> Any:
     response = current_app.response_class(data, mimetype=row.media_type)
     response.set_etag(row.sha256)
     response.headers["Cache-Control"] = "private, no-cache"
+    mark_user_file(response, original_file_name(image_id, row.media_type))
     return response.make_conditional(request)
 
 
