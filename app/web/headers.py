@@ -34,6 +34,9 @@ COMMON_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
+    # No other origin may embed anything of ours (an <img> of a stored file, a <script> of a JSON
+    # answer): in none mode the files need no credential, so another site could show or probe them.
+    "Cross-Origin-Resource-Policy": "same-origin",
 }
 
 

@@ -103,3 +103,27 @@ def test_polyglot_stays_an_image_in_chromium_and_no_page_can_be_framed(make_app,
                 return len(frames) == len(pages) and all(url.startswith("chrome-error://") for _, url in frames)
 
             poll_until(all_refused, timeout=30, what="every framed memeflow page to be refused")
+
+
+def test_another_origin_cannot_embed_stored_images_in_chromium(make_app, tmp_path):
+    """``Cross-Origin-Resource-Policy: same-origin``: in ``none`` mode the files need no credential,
+    so without it any site the user visits could show (or, by load/error, probe for) the library's
+    images; memeflow's own pages still show them."""
+    app = make_app("none")
+    image_id = upload(app.test_client(), _polyglot_gif(), name="a.gif").get_json()["image"]["id"]
+    with serving(app) as base, Browser(tmp_path / "profile") as browser:
+        evil = Flask("embedder")
+
+        @evil.get("/")
+        def embedder():
+            return "".join(f'<img src="{base}{p}">' for p in _file_routes(image_id))
+
+        with serving(evil) as evil_base:
+            page = browser.new_page()
+            page.goto(evil_base + "/")
+            loaded = page.wait_until("[...document.images].every(i => i.complete) && "
+                                     "[...document.images].map(i => i.naturalWidth)")
+            assert loaded == [0, 0, 0], loaded
+        page.goto(f"{base}/library/images/{image_id}")
+        assert page.wait_until("document.querySelector('img.big').complete && "
+                               "document.querySelector('img.big').naturalWidth") == 20
