@@ -15,7 +15,9 @@ from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
 from app.api.uploads import ValidatedUpload, parse_multipart
 from app.metrics import THUMBNAILS_GENERATED
+from app.stages.images import EXTENSIONS
 from app.storage import storage_key
+from app.web.headers import mark_user_file
 
 blp = protect(Blueprint("images", __name__, url_prefix="/api/v1/images", description="Images"))
 
@@ -53,6 +55,11 @@ def _multipart_body(with_form: bool) -> dict[str, Any]:
             }
         },
     }
+
+
+def original_file_name(image_id: uuid.UUID, media_type: str) -> str:
+    """The name a browser is given for an image's original: its id and the sniffed type's extension."""
+    return f"{image_id}{EXTENSIONS.get(media_type, '')}"
 
 
 def file_key(upload: ValidatedUpload, scope: str) -> str:
@@ -165,7 +172,7 @@ class ImageContent(MethodView):
             raise ApiError(404, "not_found", "the image file is gone")
         resp.set_etag(row.sha256)
         resp.headers["Cache-Control"] = "private, no-cache"
-        return resp
+        return mark_user_file(resp, original_file_name(image_id, row.media_type))
 
     @blp.response(200, S.ImageJobSchema)
     @blp.doc(requestBody=_multipart_body(False), responses=error_docs(
@@ -218,7 +225,7 @@ class ImageThumbnail(MethodView):
             raise ApiError(404, "not_found", "the image file is gone")
         resp.set_etag(tag)
         resp.headers["Cache-Control"] = "private, max-age=31536000, immutable" if "v" in args else "private, no-cache"
-        return resp
+        return mark_user_file(resp, f"{image_id}-{size}{EXTENSIONS[thumbnails.MEDIA_TYPE]}")
 
 
 class _OriginalGone(Exception):

@@ -5,6 +5,8 @@ every POST passes the same-origin and CSRF checks of :mod:`app.web.csrf` first."
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import uuid
@@ -15,9 +17,11 @@ from typing import Any
 from flask import (
     Blueprint,
     Flask,
+    Response,
     abort,
     current_app,
     g,
+    make_response,
     redirect,
     render_template,
     request,
@@ -28,12 +32,15 @@ from app.auth import Unauthorized
 from app.ops import queries
 from app.ops.login import browser_bp, load_browser_session
 from app.web.csrf import CsrfRejected, csrf_token, protect_post, set_csrf_cookie
-from app.web.headers import install_security_headers
+from app.web.headers import install_security_headers, mark_user_file
 
 log = logging.getLogger("memeflow.ops")
 
 ops_bp = Blueprint("ops", __name__, url_prefix="/ops", template_folder="templates", static_folder="static")
 ops_bp.after_request(set_csrf_cookie)
+
+FLASH_COOKIE = "mf_flash"
+FLASH_MAX_CHARS = 500
 
 ScopeGetter = Callable[[], str]
 RetryFn = Callable[[str, uuid.UUID], Any]
@@ -188,15 +195,43 @@ def _resolve_scope() -> Any:
     return None
 
 
+def _with_flash(response: Response, kind: str, message: str) -> Response:
+    """Hand the next /ops page a notice (a retry's outcome) in a short-lived cookie, not in the URL:
+    a link from anywhere could put any words it liked in a ``?msg=`` notice. Shown once."""
+    value = base64.urlsafe_b64encode(json.dumps({"kind": kind, "text": message[:FLASH_MAX_CHARS]}).encode())
+    response.set_cookie(FLASH_COOKIE, value.decode("ascii"), max_age=60, httponly=True, samesite="Strict",
+                        secure=request.is_secure, path=ops_bp.url_prefix)
+    return response
+
+
+def _take_flash() -> tuple[str | None, str | None]:
+    """(notice, error notice) from this request's flash cookie; (None, None) without a usable one."""
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None, None
+    try:
+        flash = json.loads(base64.urlsafe_b64decode(raw.encode("ascii")))
+    except (ValueError, UnicodeError, binascii.Error):
+        return None, None
+    if not isinstance(flash, dict) or not isinstance(flash.get("text"), str):
+        return None, None
+    text_ = flash["text"][:FLASH_MAX_CHARS]
+    return (text_, None) if flash.get("kind") == "msg" else (None, text_)
+
+
 @ops_bp.get("")
 @ops_bp.get("/")
 def index() -> Any:
     cfg = _cfg()
     data = queries.overview(cfg.engine(), g.ops_scope, cfg.slot_limits(), cfg.settings())
-    return render_template(
-        "ops/index.html", o=data, stages=list(data.funnel), flash=request.args.get("msg"),
-        flash_error=request.args.get("err"),
-    )
+    flash, flash_error = _take_flash()
+    response = make_response(render_template(
+        "ops/index.html", o=data, stages=list(data.funnel), flash=flash, flash_error=flash_error,
+    ))
+    if FLASH_COOKIE in request.cookies:
+        response.delete_cookie(FLASH_COOKIE, path=ops_bp.url_prefix, httponly=True, samesite="Strict",
+                               secure=request.is_secure)
+    return response
 
 
 @ops_bp.get("/images/<uuid:image_id>")
@@ -212,6 +247,7 @@ def image(image_id: uuid.UUID) -> Any:
 def image_content(image_id: uuid.UUID) -> Any:
     """The image's bytes for the page's scope: a signed-in browser has a cookie, not a bearer token,
     and the API takes only the latter."""
+    from app.api.images import original_file_name
     from app.api.queries import image_file
 
     store = getattr(current_app.extensions.get("memeflow"), "store", None)
@@ -225,6 +261,7 @@ def image_content(image_id: uuid.UUID) -> Any:
     response = current_app.response_class(data, mimetype=row.media_type)
     response.set_etag(row.sha256)
     response.headers["Cache-Control"] = "private, no-cache"
+    mark_user_file(response, original_file_name(image_id, row.media_type))
     return response.make_conditional(request)
 
 
@@ -237,8 +274,8 @@ def retry(job_id: uuid.UUID) -> Any:
         code = getattr(exc, "code", None)
         if not isinstance(code, str):
             raise
-        return redirect(url_for("ops.index", err=f"{code}: {exc}"), code=303)
+        return _with_flash(redirect(url_for("ops.index"), code=303), "err", f"{code}: {exc}")
     job = getattr(result, "job", None) or {}
     new_id = job.get("id") if isinstance(job, dict) else None
     msg = f"retry requested for job {job_id}" + (f" → new job {new_id}" if new_id else "")
-    return redirect(url_for("ops.index", msg=msg), code=303)
+    return _with_flash(redirect(url_for("ops.index"), code=303), "msg", msg)

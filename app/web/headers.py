@@ -23,6 +23,9 @@ HTML_CSP = (
     "connect-src 'self'; font-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 NON_HTML_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+# Stored bytes (originals, thumbnails): also sandboxed, so that even a browser that took them for a
+# document would run nothing and give it an opaque origin, never memeflow's.
+USER_FILE_CSP = NON_HTML_CSP + "; sandbox"
 HSTS = "max-age=31536000"
 DEFAULT_CACHE_CONTROL = "no-store"
 
@@ -31,6 +34,9 @@ COMMON_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
+    # No other origin may embed anything of ours (an <img> of a stored file, a <script> of a JSON
+    # answer): in none mode the files need no credential, so another site could show or probe them.
+    "Cross-Origin-Resource-Policy": "same-origin",
 }
 
 
@@ -45,6 +51,18 @@ def apply_security_headers(response: Response) -> Response:
         response.headers["Cache-Control"] = DEFAULT_CACHE_CONTROL
     if request.is_secure:
         response.headers["Strict-Transport-Security"] = HSTS
+    return response
+
+
+def mark_user_file(response: Response, filename: str) -> Response:
+    """Headers for a response that carries an uploaded image's bytes (or a thumbnail made from them).
+
+    Its Content-Type is the media type sniffed from the bytes at upload (never the client's) and
+    ``nosniff`` stands for every response; on top of that, a ``sandbox`` CSP and an ``inline``
+    disposition with a file name of our making (``filename``: an id and an extension, never the
+    user's display name, which could break out of the header's quotes)."""
+    response.headers["Content-Security-Policy"] = USER_FILE_CSP
+    response.headers["Content-Disposition"] = f'inline; filename="{filename}"'
     return response
 
 

@@ -107,10 +107,11 @@ def test_image_page_shows_thumbnail_context_and_timeline(ops_app, seeded):
 
 def test_retry_button_posts_to_the_orchestrator_with_the_request_scope(ops_app, seeded, retry_recorder):
     job_id = seeded.jobs["unknown_execution"][0]
-    resp = same_site_post(ops_app.test_client(), f"/ops/jobs/{job_id}/retry")
+    browser = ops_app.test_client()
+    resp = same_site_post(browser, f"/ops/jobs/{job_id}/retry")
     assert resp.status_code == 303
     assert retry_recorder.calls == [(SCOPE, job_id)]
-    follow = ops_app.test_client().get(resp.headers["Location"]).get_data(as_text=True)
+    follow = browser.get(resp.headers["Location"]).get_data(as_text=True)  # the notice: this browser's
     assert "new job new-job-id" in follow
     # GET never retries
     assert ops_app.test_client().get(f"/ops/jobs/{job_id}/retry").status_code == 405

@@ -5,6 +5,8 @@ changed" is read from the database (its revisions), not from a recorder."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from sqlalchemy import text
 
@@ -63,7 +65,7 @@ def test_same_site_retry_with_its_token_is_carried_out(make_app, engine):
     token = _token_from(client, image=image_id)
     resp = client.post(f"/ops/jobs/{job_id}/retry", data={"csrf_token": token},
                        headers={"Origin": SAME_ORIGIN, "Sec-Fetch-Site": "same-origin"})
-    assert resp.status_code == 303 and "retry+requested" in resp.headers["Location"]
+    assert resp.status_code == 303 and "retry requested" in client.get(resp.headers["Location"]).get_data(as_text=True)
     assert _revisions(engine, image_id) == 2
     # a Referer from this origin stands in for a missing Origin
     second = client.post(f"/ops/jobs/{job_id}/retry", data={"csrf_token": token},
@@ -92,3 +94,33 @@ def test_the_csrf_cookie_is_http_only_and_strict(make_app, engine):
     assert "Secure" not in cookie
     fresh = client.application.test_client()
     assert "Secure" in fresh.get(f"/ops/images/{image_id}", base_url="https://localhost").headers["Set-Cookie"]
+
+
+def test_ops_messages_never_come_from_the_query_string(make_app, engine):
+    """``/ops?msg=…&err=…`` shows nothing: a link from anywhere could otherwise put words of its
+    choosing in the page's own notice boxes ("token revoked, sign in at https://evil.example").
+    The retry's outcome reaches the next page in a short-lived HttpOnly, SameSite=Strict cookie,
+    shown once."""
+    client = make_app("none").test_client()
+    spoof = "your token was revoked: sign in again at https://evil.example/login"
+    page = client.get("/ops", query_string={"msg": spoof, "err": spoof}).get_data(as_text=True)
+    assert "evil.example" not in page and 'id="flash' not in page
+
+    image_id, job_id = _cancelled_job(client)
+    token = _token_from(client, image=image_id)
+    resp = client.post(f"/ops/jobs/{job_id}/retry", data={"csrf_token": token}, headers={"Origin": SAME_ORIGIN})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/ops/"
+    flash_cookie = next(c for c in resp.headers.getlist("Set-Cookie") if c.startswith("mf_flash="))
+    assert "HttpOnly" in flash_cookie and "SameSite=Strict" in flash_cookie and "Path=/ops" in flash_cookie
+    shown = client.get(resp.headers["Location"])
+    assert f"retry requested for job {job_id}" in shown.get_data(as_text=True)
+    assert any(c.startswith("mf_flash=;") for c in shown.headers.getlist("Set-Cookie"))  # shown once
+    assert "retry requested" not in client.get("/ops").get_data(as_text=True)
+    # a refusal: its code and message, from the same cookie
+    refused = client.post(f"/ops/jobs/{uuid.uuid4()}/retry", data={"csrf_token": token}, headers={"Origin": SAME_ORIGIN})
+    assert refused.status_code == 303 and refused.headers["Location"] == "/ops/"
+    assert 'id="flash-error">not_found' in client.get("/ops").get_data(as_text=True)
+    # a forged or garbled cookie shows nothing and breaks nothing
+    for value in ("garbage", "eyJ0ZXh0IjogMX0", "%%%"):
+        client.set_cookie("mf_flash", value, path="/ops")
+        assert client.get("/ops").status_code == 200

@@ -54,6 +54,7 @@ def _check_headers(resp, status: int, mimetype: str) -> None:
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
     assert resp.headers["X-Frame-Options"] == "DENY"
     assert resp.headers["Referrer-Policy"] == "same-origin"
+    assert resp.headers["Cross-Origin-Resource-Policy"] == "same-origin"
     csp = resp.headers["Content-Security-Policy"]
     assert "frame-ancestors 'none'" in csp
     assert csp == (HTML_CSP if mimetype == "text/html" else NON_HTML_CSP)
