@@ -2,7 +2,7 @@
 ``/logout`` deletes the session. The cookie opens the browser pages (/ops, the library at /), and
 the API only for those pages' own same-origin requests (:mod:`app.web.page_auth`).
 
-Cookie: ``mf_session``, HttpOnly, ``SameSite=Strict``, ``Secure`` when the request came over TLS,
+Cookie: ``mf_session`` (``__Host-mf_session`` over TLS), HttpOnly, ``SameSite=Strict``, ``Secure`` when the request came over TLS,
 ``Path=/``, lifetime ``MEMEFLOW_SESSION_TTL_S``. Both forms are CSRF-protected (same-origin check and
 token), so a foreign page can neither sign a browser in to its own token nor sign it out.
 """
@@ -14,7 +14,14 @@ from typing import Any
 from flask import Blueprint, current_app, g, redirect, render_template, request, url_for
 
 from app.web.csrf import CSRF_FIELD, CsrfRejected, protect_post, set_csrf_cookie
-from app.web.sessions import SESSION_COOKIE, BrowserSession, close_session, open_session, session_for_cookie
+from app.web.sessions import (
+    BrowserSession,
+    close_session,
+    open_session,
+    request_session_cookie,
+    session_cookie_name,
+    session_for_cookie,
+)
 
 browser_bp = Blueprint("browser", __name__, template_folder="templates")
 browser_bp.after_request(set_csrf_cookie)
@@ -25,7 +32,7 @@ DEFAULT_SESSION_TTL_S = 12 * 3600.0
 def load_browser_session(engine: Any) -> BrowserSession | None:
     """The live session named by this request's cookie (cached on ``g``), or None."""
     if not g.get("browser_session_loaded"):
-        g.browser_session = session_for_cookie(engine, request.cookies.get(SESSION_COOKIE))
+        g.browser_session = session_for_cookie(engine, request_session_cookie(request))
         g.browser_session_loaded = True
     return g.browser_session
 
@@ -82,8 +89,11 @@ def login() -> Any:
     if opened is None:
         return _form("unknown or revoked token", 401)
     cookie_value, _session = opened
+    # a sign-in replaces this browser's session: the previous one (signed in already, or a
+    # planted cookie) is deleted, never left open beside the new one
+    close_session(_ops().engine(), request_session_cookie(request))
     response = redirect(safe_next(request.form.get("next")), code=303)
-    response.set_cookie(SESSION_COOKIE, cookie_value, max_age=int(_session_ttl_s()), httponly=True,
+    response.set_cookie(session_cookie_name(request.is_secure), cookie_value, max_age=int(_session_ttl_s()), httponly=True,
                         samesite="Strict", secure=request.is_secure, path="/")
     return response
 
@@ -96,8 +106,9 @@ def logout() -> Any:
         protect_post()
     except CsrfRejected as exc:
         return _form(str(exc), 403)
-    close_session(_ops().engine(), request.cookies.get(SESSION_COOKIE))
+    close_session(_ops().engine(), request_session_cookie(request))
     g.browser_session = None
     response = redirect(url_for("browser.login_form"), code=303)
-    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Strict", secure=request.is_secure)
+    response.delete_cookie(session_cookie_name(request.is_secure), path="/", httponly=True, samesite="Strict",
+                           secure=request.is_secure)
     return response

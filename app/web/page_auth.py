@@ -20,7 +20,7 @@ from typing import Any
 from flask import g, request
 
 from app.web.csrf import CsrfRejected, check_same_origin
-from app.web.sessions import SESSION_COOKIE, BrowserSession, session_for_cookie
+from app.web.sessions import BrowserSession, request_session_cookie, session_for_cookie
 
 CSRF_HEADER = "X-CSRF-Token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -31,13 +31,13 @@ def page_session(engine: Any) -> BrowserSession | None:
     not qualify (no cookie, an Authorization header, another origin, unknown/expired session).
 
     Raises :class:`CsrfRejected` for a qualifying session whose write lacks the CSRF header."""
-    if "Authorization" in request.headers or not request.cookies.get(SESSION_COOKIE):
+    if "Authorization" in request.headers or not request_session_cookie(request):
         return None
     try:
         check_same_origin()
     except CsrfRejected:
         return None
-    session = session_for_cookie(engine, request.cookies.get(SESSION_COOKIE))
+    session = session_for_cookie(engine, request_session_cookie(request))
     if session is None:
         return None
     if request.method not in SAFE_METHODS:

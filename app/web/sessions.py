@@ -21,6 +21,20 @@ from sqlalchemy import Engine, text
 from app.auth import hash_token
 
 SESSION_COOKIE = "mf_session"
+# Over TLS the cookie is ``__Host-`` prefixed: a browser accepts it only Secure, for ``Path=/`` and this
+# exact host, so a sibling subdomain or a plain-HTTP man in the middle cannot plant one (a session of
+# their own token) that the pages would honour; a plain ``mf_session`` is ignored over TLS.
+SECURE_SESSION_COOKIE = "__Host-mf_session"
+
+
+def session_cookie_name(secure: bool) -> str:
+    """The session cookie's name for a request that came over TLS (``secure``) or not."""
+    return SECURE_SESSION_COOKIE if secure else SESSION_COOKIE
+
+
+def request_session_cookie(request) -> str | None:
+    """The value of the session cookie this request may carry (by its scheme), if any."""
+    return request.cookies.get(session_cookie_name(request.is_secure))
 MAX_TOKEN_CHARS = 256
 
 # -- open_session: the token's row, if live, becomes a session; expired sessions are dropped --

@@ -53,9 +53,26 @@ def test_sign_in_sets_a_strict_http_only_cookie_bound_to_the_token(make_app, eng
 
 def test_sign_in_over_tls_sets_a_secure_cookie(make_app, token_for):
     _, token = token_for("alpha")
-    resp = _sign_in(make_app("token").test_client(), token, base_url="https://localhost")
+    client = make_app("token").test_client()
+    resp = _sign_in(client, token, base_url="https://localhost")
     assert resp.status_code == 303
-    assert "Secure" in _session_cookie(resp)
+    cookie = next(c for c in resp.headers.getlist("Set-Cookie") if c.startswith("__Host-mf_session="))
+    assert "Secure" in cookie and "Path=/" in cookie and "Domain" not in cookie
+    assert client.get("/ops", base_url="https://localhost").status_code == 200
+
+
+def test_over_tls_a_planted_unprefixed_session_cookie_is_ignored(make_app, token_for):
+    """Over TLS the session cookie is ``__Host-`` prefixed, which a sibling subdomain or a plain-HTTP
+    man in the middle cannot set; a plain ``mf_session`` — which they can — opens nothing there,
+    even when it names a live session (the attacker's own)."""
+    _, token = token_for("alpha")
+    attacker = make_app("token").test_client()
+    planted = re.match(r"mf_session=([^;]+)", _session_cookie(_sign_in(attacker, token))).group(1)
+    victim = make_app("token").test_client()
+    victim.set_cookie("mf_session", planted, domain="localhost")
+    assert victim.get("/ops", base_url="http://localhost").status_code == 200  # plain HTTP: it is the cookie
+    resp = victim.get("/ops", base_url="https://localhost")
+    assert resp.status_code == 303 and resp.headers["Location"].startswith("/login")
 
 
 def test_unknown_or_revoked_token_is_refused_with_the_form_again(make_app, engine, token_for):
@@ -180,3 +197,23 @@ def test_none_mode_needs_no_sign_in(make_app):
     assert client.get("/ops").status_code == 200
     resp = client.get("/login")
     assert resp.status_code == 303 and resp.headers["Location"] == "/ops/"
+
+
+def test_a_second_sign_in_ends_the_browsers_previous_session(make_app, engine, token_for):
+    """Signing in again in the same browser (a POST /login while signed in) replaces the session:
+    the first one's row is deleted, so its cookie — copied, or planted before — opens nothing more."""
+    _, alpha = token_for("alpha")
+    _, beta = token_for("beta")
+    client = make_app("token").test_client()
+    form = client.get("/login?next=/ops").get_data(as_text=True)
+    csrf = page_csrf_token(form)
+    first = client.post("/login", headers={"Origin": SAME_ORIGIN},
+                        data={"csrf_token": csrf, "token": alpha, "next": "/ops"})
+    assert first.status_code == 303
+    old_cookie = re.match(r"mf_session=([^;]+)", _session_cookie(first)).group(1)
+    second = client.post("/login", headers={"Origin": SAME_ORIGIN},
+                         data={"csrf_token": csrf, "token": beta, "next": "/ops"})
+    assert second.status_code == 303
+    [row] = _sessions(engine)
+    assert row.id_sha256 != hashlib.sha256(old_cookie.encode()).hexdigest()
+    assert "scope <b>beta</b>" in client.get("/ops").get_data(as_text=True)
