@@ -126,8 +126,9 @@ class Orchestrator:
     # ------------------------------------------------------------------ workers
     # The worker path's reads use read_connection (autocommit): a ROLLBACK would drop the
     # connection's prepared statements (app/db/engine.py).
-    def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None) -> Claim | None:
-        return execution.claim_task(self, _uuid(task_id), owner, lane)
+    def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None,
+                   hints_out: list[Hint] | None = None) -> Claim | None:
+        return execution.claim_task(self, _uuid(task_id), owner, lane, hints_out)
 
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
@@ -139,8 +140,9 @@ class Orchestrator:
     def run_alone(self, claim: Claim) -> bool:
         return execution.run_alone(self, claim)
 
-    def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str) -> list[Claim]:
-        return execution.claim_agent_batch(self, _uuid(task_id), n, owner)
+    def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str,
+                          hints_out: list[Hint] | None = None) -> list[Claim]:
+        return execution.claim_agent_batch(self, _uuid(task_id), n, owner, hints_out)
 
     def earlier_lanes_active(self, lane: str) -> bool:
         """Whether a task of a lane before ``lane`` in the stage order is queued or running, i.e.

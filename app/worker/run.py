@@ -343,9 +343,12 @@ def run_task(
     lane: str | None = None,
 ) -> str:
     """Handle one hint. 'dropped' = stale, duplicate or wrong-lane hint (nothing claimed)."""
-    claim = orch.claim_task(task_id, owner, lane)
+    hints: list[Hint] = []
+    claim = orch.claim_task(task_id, owner, lane, hints_out=hints)
     if claim is None:
+        publisher.publish(hints)  # a refusal's: this worker is free to take one itself
         return "dropped"
+    handoff(publisher, hints)  # free slots for waiting tasks: another worker takes them now
     return execute_claim(orch, claim, providers, publisher)
 
 
@@ -449,9 +452,12 @@ def run_agent_batch(
     unprovable interrupted calls end one by one. With ``Settings.agent_completes_async`` those
     terminal writes are handed to the process's completion thread (``_Completer``) and this
     thread returns at once."""
-    claims = orch.claim_agent_batch(task_id, n, owner)
+    hints: list[Hint] = []
+    claims = orch.claim_agent_batch(task_id, n, owner, hints_out=hints)
     if not claims:
+        publisher.publish(hints)  # a refusal's: this worker is free to take one itself
         return 0
+    handoff(publisher, hints)  # free slots for waiting tasks: another worker takes them now
     hb = Heartbeat(orch, claims).__enter__()
     try:
         with _computing():
