@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlalchemy import text
+
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.errors import RetryableError
 from app.stages.providers import Providers
+from tests.conftest import poll_until
 from tests.support.agents import rows, step
 from tests.support.pipeline import png_bytes, store_and_ingest
 
@@ -170,3 +173,48 @@ def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, setting
     assert [h.task_id for h in hints] == [hint_a.task_id]
     assert rows(engine, "SELECT last_hint_at IS NOT NULL FROM tasks WHERE id = :t", t=hint_a.task_id) == [(True,)]
     assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w4")) == 1
+
+
+def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings):
+    """Lane limit 1. A's first agent task holds the slot; a release of it is in flight (its
+    transaction updated the slot row and — having read every waiting task as hinted — hints no
+    one). A's second task's claim comes now: no free slot, refused, its hint cleared. Deciding on
+    its own snapshot the refusal would see the slot still held and hint no one either: a free slot
+    and an unhinted task, for the sweep. It must wait the release out, then hint the task."""
+    import threading
+
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    hints = []
+    for i in range(2):
+        pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8600 + i)).hints)
+        hints.append(step(orch, providers, pub, stop_lane="agent"))
+    [claim] = orch.claim_agent_batch(hints[0].task_id, 1, "w1")
+
+    release = engine.connect()
+    tx = release.begin()
+    release.execute(text("UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL"
+                         " WHERE task_id = :t"), {"t": claim.task_id})
+    out: dict = {}
+
+    def refused_claim():
+        got: list = []
+        out["claims"] = orch.claim_agent_batch(hints[1].task_id, 1, "w2", hints_out=got)
+        out["hints"] = got
+
+    worker = threading.Thread(target=refused_claim)
+    worker.start()
+    try:
+        poll_until(lambda: rows(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                        " AND wait_event_type = 'Lock'")[0][0] >= 1,
+                   timeout=30, what="the refusal waiting for the release in flight")
+        assert rows(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=hints[1].task_id) == [(None,)]
+    finally:
+        tx.commit()
+        release.close()
+        worker.join(timeout=30)
+
+    assert out["claims"] == []  # refused: the slot was being released, not free yet
+    assert [h.task_id for h in out["hints"]] == [hints[1].task_id]
+    assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w3")) == 1
