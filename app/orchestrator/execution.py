@@ -132,7 +132,18 @@ def _refused(orch: Orchestrator, hinted: uuid.UUID, refused: _Refused) -> list[H
     with orch.engine.begin() as conn:
         lanes.refused_txn(orch, conn, hinted)
     metrics.EMPTY_CLAIMS.labels(refused.lane).inc()
-    return lanes.hints_after_refusal(orch, refused.lane, refused.resource_key)
+    return _hints_after_refusal(orch, refused.lane, refused.resource_key)
+
+
+def _hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> list[Hint]:
+    """``lanes.hints_after_refusal``, best effort: it runs after a commit (a refusal's cleared hint,
+    or a claim whose group ran out of slots, whose attempts must now run), so a database error
+    here is logged and the hints are left to the sweep (SPEC §2.7) — never raised into the claim."""
+    try:
+        return lanes.hints_after_refusal(orch, lane, resource_key)
+    except DBAPIError:
+        log.warning("hints after a refusal not given; the sweep re-hints", exc_info=True, extra={"code": lane})
+        return []
 
 
 def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[list[str]], list[Claim]]) -> list[Claim]:
@@ -345,7 +356,7 @@ def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: st
         hints_out[:] = _refused(orch, task_id, refused)
         return []
     if left:  # members left unhinted for want of a slot: as after a refusal, settle a release in flight
-        hints += lanes.hints_after_refusal(orch, Lane.AGENT, row["resource_key"])
+        hints += _hints_after_refusal(orch, Lane.AGENT, row["resource_key"])
     hints_out[:] = hints  # committed: a retry after a lost connection replaces an earlier try's
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(claims))
     return claims
