@@ -112,24 +112,41 @@ class _Refused(Exception):
     """Raised inside a claim transaction when admission (lane fairness, slots) refuses the claimed
     row: leaving the ``with`` block rolls the claim back; ``_refused`` then records it."""
 
-    def __init__(self, lane: str):
+    def __init__(self, lane: str, resource_key: str):
         super().__init__(lane)
-        self.lane = lane
+        self.lane, self.resource_key = lane, resource_key
 
 
-def _admit_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> None:
+def _admit_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> bool:
     """Admit a just-claimed row (lane fairness and slots), or raise ``_Refused`` (the caller's
-    transaction must then roll back: it never commits a refused claim)."""
-    if not lanes.acquire_slot_txn(orch, conn, row):
-        raise _Refused(row["lane"])
+    transaction must then roll back: it never commits a refused claim). True: a due task of the
+    lane waited unhinted as it was admitted — the caller tops up (``lanes.top_up_txn``) once its
+    own claims took their slots."""
+    admission = lanes.acquire_slot_txn(orch, conn, row)
+    if not admission.admitted:
+        raise _Refused(row["lane"], row["resource_key"])
+    return admission.unhinted
 
 
-def _refused(orch: Orchestrator, hinted: uuid.UUID, lane: str) -> None:
+def _refused(orch: Orchestrator, hinted: uuid.UUID, refused: _Refused) -> list[Hint]:
     """After a refused claim rolled back: mark the hint spent, in a transaction of its own (the
-    task and its group wait unhinted for the next freed slot)."""
+    task and its group wait unhinted), then hint what a free slot would admit now
+    (``lanes.hints_after_refusal``). Returns the hints to publish (all committed)."""
     with orch.engine.begin() as conn:
         lanes.refused_txn(orch, conn, hinted)
-    metrics.EMPTY_CLAIMS.labels(lane).inc()
+    metrics.EMPTY_CLAIMS.labels(refused.lane).inc()
+    return _hints_after_refusal(orch, refused.lane, refused.resource_key)
+
+
+def _hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> list[Hint]:
+    """``lanes.hints_after_refusal``, best effort: it runs after a commit (a refusal's cleared hint,
+    or a claim whose group ran out of slots, whose attempts must now run), so a database error
+    here is logged and the hints are left to the sweep (SPEC §2.7) — never raised into the claim."""
+    try:
+        return lanes.hints_after_refusal(orch, lane, resource_key)
+    except DBAPIError:
+        log.warning("hints after a refusal not given; the sweep re-hints", exc_info=True, extra={"code": lane})
+        return []
 
 
 def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[list[str]], list[Claim]]) -> list[Claim]:
@@ -162,20 +179,26 @@ def _resumable_claim(orch: Orchestrator, owner: str, n: int, claim: Callable[[li
     return [_claim_from_row(found[a], owner, a, recall_safe=found[a]["recall_safe"]) for a in ids if a in found]
 
 
-def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None, *,
-               recall_safe: bool = False, shared: bool = False) -> Claim | None:
+def claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None = None,
+               hints_out: list[Hint] | None = None, *, recall_safe: bool = False, shared: bool = False
+               ) -> Claim | None:
     """One conditional UPDATE; None means the hint was stale, a duplicate, or (with ``lane``) sent
     to the wrong lane's queue — a worker only ever runs its own lane's stage (ack and drop).
-    Retried once on a broken connection (``_resumable_claim``). ``recall_safe``: the claiming
-    worker's agent may run an interrupted attempt again (recorded on the attempt it starts);
-    ``shared``: as ``tasks.claim_txn``."""
-    claims = _resumable_claim(orch, owner, 1, lambda ids: _claim_task(orch, task_id, owner, lane, ids, recall_safe,
-                                                                      shared))
+    Retried once on a broken connection (``_resumable_claim``). ``hints_out`` receives the hints
+    to publish now that the claim (or its refusal) committed: the agent lane's free slots for
+    tasks waiting unhinted (``lanes.top_up_txn``, ``lanes.hints_after_refusal``). ``recall_safe``:
+    the claiming worker's agent may run an interrupted attempt again (recorded on the attempt it
+    starts); ``shared``: as ``tasks.claim_txn``."""
+    hints: list[Hint] = []
+    claims = _resumable_claim(orch, owner, 1, lambda ids: _claim_task(orch, task_id, owner, lane, ids, hints,
+                                                                      recall_safe, shared))
+    if hints_out is not None:
+        hints_out.extend(hints)
     return claims[0] if claims else None
 
 
 def _claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | None, attempt_ids: list[str],
-                recall_safe: bool = False, shared: bool = False) -> list[Claim]:
+                hints_out: list[Hint], recall_safe: bool = False, shared: bool = False) -> list[Claim]:
     """``claim_task``'s transaction; an agent task's attempt starts under ``attempt_ids[0]``."""
     try:
         with orch.engine.begin() as conn:
@@ -184,12 +207,14 @@ def _claim_task(orch: Orchestrator, task_id: uuid.UUID, owner: str, lane: str | 
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
                 return []
             row = claimed.row
-            _admit_txn(orch, conn, row)
+            unhinted = _admit_txn(orch, conn, row)
             claim = (_agent_attempts_txn(orch, conn, [row], owner, attempt_ids, recall_safe)[0]
                      if row["lane"] == Lane.AGENT else _claim_from_row(row, owner))
+            hints = lanes.top_up_txn(orch, conn, row["lane"], row["resource_key"]) if unhinted else []
     except _Refused as refused:
-        _refused(orch, task_id, refused.lane)
+        hints_out[:] = _refused(orch, task_id, refused)
         return []
+    hints_out[:] = hints  # committed: a retry after a lost connection replaces an earlier try's
     metrics.CLAIMS.labels(claim.lane).inc()
     return [claim]
 
@@ -289,8 +314,9 @@ def run_alone(orch: Orchestrator, claim: Claim) -> bool:
     return False
 
 
-def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, *,
-                      recall_safe: bool = False, shared: bool = False) -> list[Claim]:
+def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str,
+                      hints_out: list[Hint] | None = None, *, recall_safe: bool = False, shared: bool = False
+                      ) -> list[Claim]:
     """The agent lane's claim for a hint: the hinted task — or, when it is no longer claimable, one
     due member of its wake-up group — through the full admission (fairness, slots; refused →
     nothing, as ``claim_task``), then up to ``n - 1`` more of the group while free slots last.
@@ -298,15 +324,22 @@ def claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str
     Each claim commits its external_started attempt in this transaction, recording ``recall_safe``
     (the claiming worker's agent: ``app.stages.base.is_recall_safe``). ``shared``: the calls run
     beside others in one process (``tasks.claim_txn``). Retried once on a broken connection,
-    recognising its own committed claims (``_resumable_claim``)."""
-    return _resumable_claim(orch, owner, n, lambda ids: _claim_agent_batch(orch, task_id, n, owner, ids, recall_safe,
-                                                                            shared))
+    recognising its own committed claims (``_resumable_claim``). ``hints_out`` receives the hints
+    to publish now that the claim (or its refusal) committed: free slots for tasks waiting
+    unhinted (``lanes.top_up_txn``, ``lanes.hints_after_refusal``)."""
+    hints: list[Hint] = []
+    claims = _resumable_claim(orch, owner, n, lambda ids: _claim_agent_batch(orch, task_id, n, owner, ids, hints,
+                                                                            recall_safe, shared))
+    if hints_out is not None:
+        hints_out.extend(hints)
+    return claims
 
 
 def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: str, attempt_ids: list[str],
-                       recall_safe: bool = False, shared: bool = False) -> list[Claim]:
+                       hints_out: list[Hint], recall_safe: bool = False, shared: bool = False) -> list[Claim]:
     """``claim_agent_batch``'s transaction; the attempts start under ``attempt_ids``."""
     now, lease_s = orch.now(), orch.settings.lease_s
+    left = False
     try:
         with orch.engine.begin() as conn:
             # the group claims' generic plans (tasks.generic_plans_txn) only where one runs: a hint
@@ -322,18 +355,25 @@ def _claim_agent_batch(orch: Orchestrator, task_id: uuid.UUID, n: int, owner: st
             if row is None:  # neither matched — stale or duplicate hint, group drained: nothing to do
                 metrics.EMPTY_CLAIMS.labels("unknown").inc()
                 return []
-            _admit_txn(orch, conn, row)
+            unhinted = _admit_txn(orch, conn, row)
             group = task_id if row["id"] == task_id else row["hint_group"]
             # a run that died (its attempt still open) is recovered alone: if it runs again, a death
             # then is its own (SPEC §10) — its group's members wait for a hint of their own
             alone = n == 1 or _open_attempt_txn(conn, row) is not None
             if not alone and not generic:
                 tasks.generic_plans_txn(conn)
-            rows = [row] + ([] if alone else lanes.claim_group_txn(orch, conn, group, row, n - 1, owner, shared))
+            members, left = (([], False) if alone
+                             else lanes.claim_group_txn(orch, conn, group, row, n - 1, owner, shared))
+            rows = [row] + members
             claims = _agent_attempts_txn(orch, conn, rows, owner, attempt_ids, recall_safe)
+            # after this claim's slots were taken: the free ones left go to tasks waiting unhinted
+            hints = lanes.top_up_txn(orch, conn, Lane.AGENT, row["resource_key"]) if unhinted and not left else []
     except _Refused as refused:
-        _refused(orch, task_id, refused.lane)
+        hints_out[:] = _refused(orch, task_id, refused)
         return []
+    if left:  # members left unhinted for want of a slot: as after a refusal, settle a release in flight
+        hints += _hints_after_refusal(orch, Lane.AGENT, row["resource_key"])
+    hints_out[:] = hints  # committed: a retry after a lost connection replaces an earlier try's
     metrics.CLAIMS.labels(Lane.AGENT.value).inc(len(claims))
     return claims
 

@@ -6,18 +6,34 @@ pool (resource key ``*``) of ``agent_lane_limit`` slots and, per resource key (p
 transaction; completion, failure and abandon release them in theirs (fenced by generation).
 
 Fairness is round-robin over scopes by ``lane_fairness.last_dispatch_seq``: a claim is refused
-while another scope with a due task was served less recently (its hint is dropped; the slot-free
-path and the sweep hint the fairest task), and every admitted claim moves its scope to the back.
+while another scope with a due task was served less recently (its hint is dropped), and every
+admitted claim moves its scope to the back.
+
+Every free slot ends with a hint for a claimable task, without waiting for the sweep (SPEC §2.7,
+§4.10). Three paths hand out hints, each only to tasks without a live hint (a hint in the broker
+claims its task; hinting it again would only cost an empty claim):
+- a slot's release (completion, failure, abandon, delete): the fairest task per freed slot
+  (``next_fair_hints_txn``), if some due task waits unhinted;
+- an admitted claim that saw a due task waiting unhinted: the fairest task per slot still free
+  (``top_up_txn``) — the refused task of a reordered pair of hints is hinted again here, once the
+  fairer task it waited for is claimed;
+- a refusal, after its hint was cleared (``hints_after_refusal``): the tasks that would be
+  admitted now, one per free slot — first waiting out the transactions in flight that read the
+  cleared hint as live (a slot release, a claim of the fairer task), so none of them and the
+  refusal both leave the slot to the other. The refused task itself is among them only when
+  nothing fairer waits any more, so two refused tasks never hint each other in turn.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import OperationalError
 
 from app.orchestrator.hints import Hint
 from app.orchestrator.stages import SLOT_LANES, by_lane
@@ -44,23 +60,36 @@ def _pools(orch: Orchestrator, resource_key: str) -> list[tuple[str, int]]:
     return pools
 
 
-def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> bool:
-    """In the claim transaction: admit the claim fairly and take its slots; False = refuse it."""
+class Admission(NamedTuple):
+    """A claim's admission: ``admitted`` (else refuse it), and ``unhinted``: a due task of the lane
+    waited without a live hint as it was admitted (then ``top_up_txn`` looks for free slots)."""
+
+    admitted: bool
+    unhinted: bool = False
+
+
+ADMITTED, REFUSED = Admission(True), Admission(False)
+
+
+def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> Admission:
+    """In the claim transaction: admit the claim fairly and take its slots, or refuse it."""
     lane = row["lane"]
     if lane not in LIMITED_LANES:
-        return True
+        return ADMITTED
     pools = _pools(orch, row["resource_key"])
     if not pools:
-        return True  # unlimited: nothing to share, so nothing to be fair about
+        return ADMITTED  # unlimited: nothing to share, so nothing to be fair about
     now = orch.now()
     expires = now + timedelta(seconds=orch.settings.lease_s)
     if row["attempt_count"] == 1:  # a first claim holds no slot to take over: one statement admits it
         for key, limit in pools:
             _ensure_slots_txn(orch, conn, lane, key, limit, now)
-        return slots.admit_first_txn(conn, lane, row["resource_key"], row["scope_id"], pools, row["id"],
-                                     row["claim_generation"], expires, now).matched
+        admitted = slots.admit_first_txn(conn, lane, row["resource_key"], row["scope_id"], pools, row["id"],
+                                         row["claim_generation"], expires, now)
+        # not matched: refused (a fairer scope waits, or no free slot); nothing was written
+        return Admission(True, bool(admitted.row["unhinted"])) if admitted.matched else REFUSED
     if slots.fairer_scope_waiting_txn(conn, lane, row["resource_key"], row["scope_id"], now):
-        return False
+        return REFUSED
     for key, limit in pools:
         # only a re-claim (an earlier execution's lease expired) can still hold a slot; not matched:
         # it holds none (or this is a first claim) — take a free one
@@ -70,9 +99,9 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> b
             continue
         _ensure_slots_txn(orch, conn, lane, key, limit, now)
         if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now).matched:
-            return False  # no free slot: refuse the claim
+            return REFUSED  # no free slot: refuse the claim
     slots.record_dispatch_txn(conn, lane, row["resource_key"], row["scope_id"])
-    return True
+    return Admission(True, slots.unhinted_waiting_txn(conn, lane, now))  # a re-claim or retry: the rare path
 
 
 def _ensure_slots_txn(orch: Orchestrator, conn: Connection, lane: str, key: str, limit: int, now) -> None:
@@ -125,7 +154,7 @@ def wake_group_size(settings, lane: str) -> int:
 
 def claim_group_txn(
     orch: Orchestrator, conn: Connection, group: uuid.UUID, row: RowMapping, n: int, owner: str, shared: bool = False,
-) -> list[RowMapping]:
+) -> tuple[list[RowMapping], bool]:
     """After ``row`` (the hinted agent task, or a member of its group) was admitted in this
     transaction: claim up to ``n`` more due tasks of wake-up group ``group`` — one scope and
     resource key by construction, so the admission's fairness decision and the slot pools cover
@@ -133,7 +162,8 @@ def claim_group_txn(
 
     Free slots are locked first (SKIP LOCKED), so every task claimed here is sure of its slot.
     Group members left unclaimed lost their hint with this one: they wait unhinted, and the next
-    freed slot (or the sweep) hints them.
+    freed slot hints them. Returns the rows claimed, and whether members were left so (after the
+    commit, ``hints_after_refusal`` settles a slot whose release was in flight meanwhile).
     """
     lane = row["lane"]
     now = orch.now()
@@ -148,9 +178,10 @@ def claim_group_txn(
         for key, slot_nos in free.items():
             slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now).expect(
                 "its slots were locked free by lock_free_txn in this transaction")
-    if len(rows) == k < n:  # slots ran out before the group did
+    left = len(rows) == k < n  # slots ran out before the group did
+    if left:
         tasks.clear_hint_txn(conn, group)  # the members left over (the claimed ones are running)
-    return rows
+    return rows, left
 
 
 def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
@@ -200,17 +231,85 @@ def next_fair_hints_of_lane_txn(orch: Orchestrator, conn: Connection, lane: str,
     now = orch.now()
     if not slots.unhinted_waiting_txn(conn, lane, now):
         return []
-    rows = slots.fairest_queued_txn(conn, lane, now, freed)
-    if not rows:
+    return _hint_txn(conn, slots.fairest_queued_txn(conn, lane, now, freed), now)
+
+
+def _hint_txn(conn: Connection, rows: list[RowMapping], now) -> list[Hint]:
+    """Hint those of ``rows`` (fairest first) that have no live hint; in their order."""
+    hinted = tasks.hint_unhinted_txn(conn, [r["id"] for r in rows], now)
+    # not matched: each already has a live hint (it claims its task), or is being claimed right now
+    ids = set(hinted.rows) if hinted.matched else set()
+    return [Hint(r["lane"], r["id"]) for r in rows if r["id"] in ids]
+
+
+def top_up_txn(orch: Orchestrator, conn: Connection, lane: str, resource_key: str) -> list[Hint]:
+    """In an admitted claim's transaction, when a due task waited unhinted as it was admitted
+    (``Admission.unhinted``): one slot per free slot left goes to the fairest waiting task — those
+    without a live hint are hinted (published after the claim commits). This hints a task refused
+    while a fairer one waited (two hints taken in the other order), once that fairer one is claimed."""
+    pools = _pools(orch, resource_key)
+    if lane not in LIMITED_LANES or not pools:
         return []
-    tasks.mark_hinted_txn(conn, [r["id"] for r in rows], now)
-    return [Hint(r["lane"], r["id"]) for r in rows]
+    now = orch.now()
+    free = slots.free_count_txn(conn, lane, pools, now)
+    return _hint_txn(conn, slots.fairest_queued_txn(conn, lane, now, free), now) if free > 0 else []
 
 
 def refused_txn(orch: Orchestrator, conn: Connection, task_id) -> None:
     """A claim was refused (no free slot, or a fairer scope waits): its hint is spent, so the task
-    now waits unhinted — the next released slot (or the sweep) hints the fairest such task."""
+    now waits unhinted — ``hints_after_refusal`` (after this commits) hints whatever a free slot
+    should take."""
     tasks.clear_hint_txn(conn, task_id)
+
+
+#: At most this many transactions in flight are waited out after a refusal (each for one row).
+SETTLE_WAITS = 8
+
+
+def hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> list[Hint]:
+    """After a refusal's cleared hint committed (``refused_txn``): hint the tasks a free slot would
+    admit now, one per free slot — the tasks of the fairest waiting scope(s) (a task of a scope
+    that a fairer one still waits ahead of would be refused again), without a live hint. Returns
+    the hints to publish (each transaction here commits before it returns).
+
+    A slot release or a claim in flight may have read the cleared hint as live (a write skew: each
+    leaves the slot to the other). So first the transactions that hold a held slot row or a
+    candidate task row locked are waited out, one row at a time in a transaction of its own that
+    holds nothing else (no lock cycle); a transaction that starts after the clear committed sees
+    it, and hints the task itself (its release path, or its ``top_up_txn``)."""
+    pools = _pools(orch, resource_key)
+    if lane not in LIMITED_LANES or not pools:
+        return []
+    keys = [k for k, _ in pools]
+    with orch.engine.begin() as conn:
+        busy = slots.locked_held_txn(conn, lane, keys)
+        now = orch.now()
+        free = slots.free_count_txn(conn, lane, pools, now)
+        candidates = _admissible(slots.fairest_queued_txn(conn, lane, now, free)) if free > 0 else []
+        busy_tasks = tasks.locked_tasks_txn(conn, [r["id"] for r in candidates])
+    if not busy and free < 1:
+        return []  # every slot is held by a finished transaction: the next release hints
+    waits = [functools.partial(slots.wait_slot_txn, lane=lane, resource_key=k, slot_no=n) for k, n in busy]
+    waits += [functools.partial(tasks.wait_task_txn, task_id=t) for t in busy_tasks]
+    for wait in waits[:SETTLE_WAITS]:
+        try:
+            with orch.engine.begin() as conn:
+                wait(conn)
+        except OperationalError as exc:  # lock_timeout: a long transaction; decide without it (the sweep repairs)
+            log.warning("refusal: a transaction in flight outlasted lock_timeout", extra={"lane": lane, "code": str(exc.orig)[:80]})
+    with orch.engine.begin() as conn:
+        now = orch.now()
+        free = slots.free_count_txn(conn, lane, pools, now)
+        return _hint_txn(conn, _admissible(slots.fairest_queued_txn(conn, lane, now, free)), now) if free > 0 else []
+
+
+def _admissible(rows: list[RowMapping]) -> list[RowMapping]:
+    """Of the fairest rows, those a claim would admit now: of each resource key, the scope(s) served
+    least recently (``fairer_scope_waiting_txn``: no other waiting scope has a smaller seq)."""
+    least: dict[str, int] = {}
+    for r in rows:
+        least[r["resource_key"]] = min(least.get(r["resource_key"], r["seq"]), r["seq"])
+    return [r for r in rows if r["seq"] == least[r["resource_key"]]]
 
 
 def release_orphan_slots_txn(orch: Orchestrator, conn: Connection) -> int:

@@ -126,9 +126,11 @@ class Orchestrator:
     # ------------------------------------------------------------------ workers
     # The worker path's reads use read_connection (autocommit): a ROLLBACK would drop the
     # connection's prepared statements (app/db/engine.py).
-    def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None, *,
-                   recall_safe: bool = False, shared: bool = False) -> Claim | None:
-        return execution.claim_task(self, _uuid(task_id), owner, lane, recall_safe=recall_safe, shared=shared)
+    def claim_task(self, task_id: uuid.UUID | str, owner: str, lane: str | None = None,
+                   hints_out: list[Hint] | None = None, *, recall_safe: bool = False, shared: bool = False
+                   ) -> Claim | None:
+        return execution.claim_task(self, _uuid(task_id), owner, lane, hints_out, recall_safe=recall_safe,
+                                    shared=shared)
 
     def claim_batch(self, lane: str, n: int, owner: str) -> list[Claim]:
         return execution.claim_batch(self, lane, n, owner)
@@ -140,9 +142,11 @@ class Orchestrator:
     def run_alone(self, claim: Claim) -> bool:
         return execution.run_alone(self, claim)
 
-    def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str, *,
-                          recall_safe: bool = False, shared: bool = False) -> list[Claim]:
-        return execution.claim_agent_batch(self, _uuid(task_id), n, owner, recall_safe=recall_safe, shared=shared)
+    def claim_agent_batch(self, task_id: uuid.UUID | str, n: int, owner: str,
+                          hints_out: list[Hint] | None = None, *, recall_safe: bool = False, shared: bool = False
+                          ) -> list[Claim]:
+        return execution.claim_agent_batch(self, _uuid(task_id), n, owner, hints_out, recall_safe=recall_safe,
+                                           shared=shared)
 
     def restart_attempt(self, claim: Claim, recall_safe: bool) -> Claim | None:
         return execution.restart_attempt(self, claim, recall_safe)

@@ -359,9 +359,12 @@ def run_task(
     """Handle one hint. 'dropped' = stale, duplicate or wrong-lane hint (nothing claimed)."""
     # the agent's recall-safety is recorded on the attempt an agent claim starts
     recall_safe = lane in (None, Lane.AGENT) and recall_safe_agent(providers)
-    claim = orch.claim_task(task_id, owner, lane, recall_safe=recall_safe)
+    hints: list[Hint] = []
+    claim = orch.claim_task(task_id, owner, lane, hints_out=hints, recall_safe=recall_safe)
     if claim is None:
+        publisher.publish(hints)  # a refusal's: this worker is free to take one itself
         return "dropped"
+    handoff(publisher, hints)  # free slots for waiting tasks: another worker takes them now
     return execute_claim(orch, claim, providers, publisher)
 
 
@@ -468,9 +471,13 @@ def run_agent_batch(
     # an agent batch's calls, and a threads pool's, run beside others: a death charges none of them
     # (tasks.claim_txn), until a died run is recovered alone (_recover_alone)
     shared = n > 1 or COMPUTE_THREADS > 1
-    claims = orch.claim_agent_batch(task_id, n, owner, recall_safe=recall_safe_agent(providers), shared=shared)
+    hints: list[Hint] = []
+    claims = orch.claim_agent_batch(task_id, n, owner, hints_out=hints, recall_safe=recall_safe_agent(providers),
+                                    shared=shared)
     if not claims:
+        publisher.publish(hints)  # a refusal's: this worker is free to take one itself
         return 0
+    handoff(publisher, hints)  # free slots for waiting tasks: another worker takes them now
     hb = Heartbeat(orch, claims).__enter__()
     if _runs_again(claims[0]):  # a died run is claimed alone (execution.claim_agent_batch)
         return _recover_alone(orch, claims[0], providers, publisher, hb)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from sqlalchemy import text
+
 from app.orchestrator import Orchestrator, RecordingPublisher
 from app.stages.errors import RetryableError
 from app.stages.providers import Providers
+from tests.conftest import poll_until
 from tests.support.agents import rows, step
 from tests.support.pipeline import png_bytes, store_and_ingest
 
@@ -90,18 +93,14 @@ def test_deleting_an_image_whose_agent_task_runs_hands_its_slot_to_the_waiting_s
     assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1
 
 
-import pytest  # noqa: E402
-
-
-@pytest.mark.xfail(strict=True, reason="known gap (review-events report): a fairness refusal of a hinted task "
-                   "while its fairer peer's hint is still on its way leaves a freed slot unhinted until the sweep")
 def test_hints_reordered_by_concurrent_workers_leave_no_free_slot_unhinted(engine, settings):
     """Lane limit 2. Tenant A runs two agent tasks; A's third and B's first are refused (no slot)
     and wait unhinted. A's two complete together: two slots free, and the completion hints both
     waiters (B's first, then A's third). Two workers take those hints in the other order: A's claim
     comes first and is refused — B, served less recently, waits (its hint is on its way) — so A's
-    hint is spent; B's claim then takes one slot. One slot is free and A's task is due, yet no hint
-    for it exists: it waits for the sweep (MEMEFLOW_SWEEP_INTERVAL_S + MEMEFLOW_REHINT_GRACE_S)."""
+    hint is spent; B's claim then takes one slot. One slot is free and A's task is due: B's admitted
+    claim must hint it (returned to publish after its commit) instead of leaving it to the sweep
+    (MEMEFLOW_SWEEP_INTERVAL_S + MEMEFLOW_REHINT_GRACE_S)."""
     from app.orchestrator import AgentArtifact
 
     settings = dataclasses.replace(settings, agent_lane_limit=2, agent_batch_size=1)
@@ -121,8 +120,11 @@ def test_hints_reordered_by_concurrent_workers_leave_no_free_slot_unhinted(engin
     freed = orch.complete_tasks([(c, AgentArtifact({"title": "t", "tags": []}, "m", c.attempt_id))
                                  for c in running])
     assert [h.task_id for h in freed if h.lane == "agent"] == [hint_b.task_id, hints_a[2].task_id]
-    assert orch.claim_agent_batch(hints_a[2].task_id, 1, "w5") == []  # B waits, served less recently
-    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w6")) == 1
+    refusal_hints: list = []
+    assert orch.claim_agent_batch(hints_a[2].task_id, 1, "w5", hints_out=refusal_hints) == []  # B waits
+    assert refusal_hints == []  # B, the fairer, still holds its live hint: A's task is not re-hinted yet
+    claim_hints: list = []
+    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w6", hints_out=claim_hints)) == 1
 
     free = rows(engine, "SELECT count(*) FROM lane_slots WHERE lane = 'agent' AND resource_key = '*'"
                         " AND slot_no < 2 AND task_id IS NULL")[0][0]
@@ -130,3 +132,89 @@ def test_hints_reordered_by_concurrent_workers_leave_no_free_slot_unhinted(engin
                             " AND last_hint_at IS NULL")[0][0]
     assert free == 1
     assert unhinted == 0, "a slot is free and a due agent task waits with no hint: only the sweep wakes it"
+    assert [h.task_id for h in claim_hints] == [hints_a[2].task_id]
+    assert len(orch.claim_agent_batch(hints_a[2].task_id, 1, "w7")) == 1
+
+
+def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, settings):
+    """Lane limit 1. Tenant A's agent task fails with a retryable error: it is requeued after a
+    backoff with no hint (``last_hint_at`` cleared) and its slot frees. Tenant B is served since
+    (more recently than A). Once A's retry is due, B's next claim is refused — A, served less
+    recently, waits — so B's hint is spent too. The refusal must hint A's task (the slot is free),
+    not leave both unhinted for the sweep."""
+    from datetime import UTC, datetime
+
+    from app.orchestrator import AgentArtifact
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1, backoff_base_s=60,
+                                   backoff_max_s=60)
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+    pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8500)).hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    assert [h for h in orch.fail_task(claim_a, RetryableError("provider busy")) if h.lane == "agent"] == []
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = :t", t=hint_a.task_id) == [("queued", None)]
+
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8501)).hints)
+    hint_b1 = step(orch, providers, pub, stop_lane="agent")
+    [claim_b1] = orch.claim_agent_batch(hint_b1.task_id, 1, "w2")  # B served after A
+    orch.complete_tasks([(claim_b1, AgentArtifact({"title": "t", "tags": []}, "m", claim_b1.attempt_id))])
+    pub.drain()
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8502)).hints)
+    hint_b2 = step(orch, providers, pub, stop_lane="agent")
+    clock.advance(seconds=120)  # A's backoff is over: due, and unhinted
+
+    hints: list = []
+    assert orch.claim_agent_batch(hint_b2.task_id, 1, "w3", hints_out=hints) == []  # A is fairer: refused
+
+    assert [h.task_id for h in hints] == [hint_a.task_id]
+    assert rows(engine, "SELECT last_hint_at IS NOT NULL FROM tasks WHERE id = :t", t=hint_a.task_id) == [(True,)]
+    assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w4")) == 1
+
+
+def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings):
+    """Lane limit 1. A's first agent task holds the slot; a release of it is in flight (its
+    transaction updated the slot row and — having read every waiting task as hinted — hints no
+    one). A's second task's claim comes now: no free slot, refused, its hint cleared. Deciding on
+    its own snapshot the refusal would see the slot still held and hint no one either: a free slot
+    and an unhinted task, for the sweep. It must wait the release out, then hint the task."""
+    import threading
+
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    hints = []
+    for i in range(2):
+        pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8600 + i)).hints)
+        hints.append(step(orch, providers, pub, stop_lane="agent"))
+    [claim] = orch.claim_agent_batch(hints[0].task_id, 1, "w1")
+
+    release = engine.connect()
+    tx = release.begin()
+    release.execute(text("UPDATE lane_slots SET task_id = NULL, claim_generation = NULL, lease_expires_at = NULL"
+                         " WHERE task_id = :t"), {"t": claim.task_id})
+    out: dict = {}
+
+    def refused_claim():
+        got: list = []
+        out["claims"] = orch.claim_agent_batch(hints[1].task_id, 1, "w2", hints_out=got)
+        out["hints"] = got
+
+    worker = threading.Thread(target=refused_claim)
+    worker.start()
+    try:
+        poll_until(lambda: rows(engine, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                        " AND wait_event_type = 'Lock'")[0][0] >= 1,
+                   timeout=30, what="the refusal waiting for the release in flight")
+        assert rows(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=hints[1].task_id) == [(None,)]
+    finally:
+        tx.commit()
+        release.close()
+        worker.join(timeout=30)
+
+    assert out["claims"] == []  # refused: the slot was being released, not free yet
+    assert [h.task_id for h in out["hints"]] == [hints[1].task_id]
+    assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w3")) == 1

@@ -188,12 +188,15 @@ def test_one_task_of_scope_b_is_dispatched_within_limit_dispatches_despite_a_200
     refused = 0
 
     def dispatch_next():
-        """A worker takes hints in broker order until one claim is admitted."""
+        """A worker takes hints in broker order until one claim is admitted (publishing the hints
+        its claims return, as the worker does: a free slot's, e.g. once a lease ran out)."""
         nonlocal refused
         while (hint := pub.take(timeout=0)) is not None:
             if hint.lane != "agent":
                 continue
-            claim = orch.claim_task(hint.task_id, "w")
+            more: list = []
+            claim = orch.claim_task(hint.task_id, "w", hints_out=more)
+            pub.publish(more)
             if claim is None:
                 refused += 1
                 continue

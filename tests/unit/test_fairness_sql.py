@@ -18,3 +18,10 @@ def test_the_admission_reads_fairness_exactly_as_the_fairness_read_does():
     assert ctes in admit
     fairer = _between(fair, "SELECT EXISTS (SELECT 1 FROM h", ", 0))") + ", 0))"
     assert " ".join(fairer.split()) in " ".join(admit.split())  # the same test, indented differently
+
+
+def test_the_admission_reads_unhinted_waiting_exactly_as_the_release_path_does():
+    """ADMIT_FIRST's ``unhinted`` column is UNHINTED_WAITING spelled out: the admitted claim's top-up
+    (lanes.top_up_txn) and the slot release's hint (lanes.next_fair_hints_txn) ask one question."""
+    unhinted = " ".join(slots.UNHINTED_WAITING.text.split())
+    assert unhinted in " ".join(slots.ADMIT_FIRST.text.split())

@@ -233,15 +233,56 @@ def fairer_scope_waiting_txn(conn: Connection, lane: str, resource_key: str, sco
     ).scalar_one()
 
 
+# A due task of the lane waits with no live hint (a refusal or a retry's requeue cleared it). Spelled
+# out in ADMIT_FIRST too (its ``unhinted`` column), checked equal by tests/unit/test_fairness_sql.py.
+UNHINTED_WAITING = sql("""
+SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND last_hint_at IS NULL
+               AND lane = :lane AND available_at <= :now)
+""")
+
+
 def unhinted_waiting_txn(conn: Connection, lane: str, now: datetime) -> bool:
     """Is a due queued task of ``lane`` waiting with no live hint (``last_hint_at`` cleared)?"""
-    return conn.execute(
-        sql(
-            "SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND last_hint_at IS NULL"
-            " AND lane = :lane AND available_at <= :now)"
-        ),
-        {"lane": lane, "now": now},
-    ).scalar_one()
+    return conn.execute(UNHINTED_WAITING, {"lane": lane, "now": now}).scalar_one()
+
+
+# Live-held slots of a pool (TAKE_FREE's "free", negated); a pool's missing rows are free.
+HELD_COUNT = sql("""
+SELECT count(*) FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no < :limit
+  AND task_id IS NOT NULL AND lease_expires_at >= :now
+""")
+
+
+def free_count_txn(conn: Connection, lane: str, pools: list[tuple[str, int]], now: datetime) -> int:
+    """How many more claims the pools admit now: the fewest free slots of any of them."""
+    return min((limit - conn.execute(HELD_COUNT, {"lane": lane, "rk": key, "limit": limit, "now": now}).scalar_one()
+                for key, limit in pools), default=0)
+
+
+# Held slot rows of the pools that another transaction holds locked right now (being released,
+# extended or taken over; uncommitted): the held rows this snapshot sees, less those it can
+# share-lock. The rows it could lock stay share-locked until the caller's (short) transaction
+# ends; claimers never wait for them (they take free rows only).
+LOCKED_HELD = sql("""
+WITH held AS (SELECT resource_key, slot_no FROM lane_slots
+              WHERE lane = :lane AND resource_key = ANY(:keys) AND task_id IS NOT NULL),
+lockable AS (SELECT resource_key, slot_no FROM lane_slots
+             WHERE lane = :lane AND resource_key = ANY(:keys) AND task_id IS NOT NULL FOR SHARE SKIP LOCKED)
+SELECT resource_key, slot_no FROM held EXCEPT SELECT resource_key, slot_no FROM lockable
+""")
+
+WAIT_SLOT = sql("SELECT 1 FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no = :n FOR SHARE")
+
+
+def locked_held_txn(conn: Connection, lane: str, keys: list[str]) -> list[tuple[str, int]]:
+    """(resource key, slot no) of the pools' held slots that a transaction in flight holds locked."""
+    return [(r.resource_key, int(r.slot_no)) for r in conn.execute(LOCKED_HELD, {"lane": lane, "keys": keys})]
+
+
+def wait_slot_txn(conn: Connection, lane: str, resource_key: str, slot_no: int) -> None:
+    """Wait until the transaction holding the slot row locked ends (share-locks it until this
+    transaction ends: the caller's transaction must hold nothing else and commit right away)."""
+    conn.execute(WAIT_SLOT, {"lane": lane, "rk": resource_key, "n": slot_no}).all()
 
 
 def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -> list[RowMapping]:
@@ -298,7 +339,9 @@ def assign_txn(
 # LOCKED, taken only if every pool had one, and the scope's dispatch recorded with the slots. Every
 # data-modifying CTE runs on the statement's one snapshot, as the three statements it replaces ran
 # on theirs: the slot rows' own columns decide "free" (see TAKE_FREE), and a refused claim (fairer
-# scope, or a pool without a free slot) changes nothing here — its transaction is rolled back.
+# scope, or a pool without a free slot) changes nothing here — its transaction is rolled back. An
+# admitted claim also learns whether a due task waits unhinted (UNHINTED_WAITING, spelled out): only
+# then does it look for free slots to hint (lanes.top_up_txn) — no extra round trip otherwise.
 ADMIT_FIRST = sql("""
 WITH RECURSIVE w AS (
   (SELECT resource_key, scope_id FROM tasks WHERE lane = :lane AND status = 'queued'
@@ -338,7 +381,11 @@ WITH RECURSIVE w AS (
   ON CONFLICT (lane, resource_key, scope_id) DO UPDATE SET last_dispatch_seq = EXCLUDED.last_dispatch_seq
 )
 SELECT (SELECT fairer FROM fair) AS fairer, (SELECT admitted FROM ok) AS admitted,
-       (SELECT count(*) FROM take) AS taken
+       (SELECT count(*) FROM take) AS taken,
+       CASE WHEN (SELECT admitted FROM ok) THEN (
+SELECT EXISTS (SELECT 1 FROM tasks WHERE status = 'queued' AND last_hint_at IS NULL
+               AND lane = :lane AND available_at <= :now)
+       ) ELSE false END AS unhinted
 """)
 
 
@@ -349,7 +396,7 @@ def admit_first_txn(
 ) -> Outcome[RowMapping]:
     """free → held, one slot per pool, and the scope to the back of the round: a first claim's
     admission (fairer_scope_waiting_txn, take_free_txn per pool, record_dispatch_txn) in one
-    statement. Matched: admitted (``row``: fairer, admitted, taken). Not matched: refused — a fairer
+    statement. Matched: admitted (``row``: fairer, admitted, taken, unhinted). Not matched: refused — a fairer
     scope waits (``row.fairer``) or a pool had no free slot — and nothing was written. ``pools``:
     (resource key, limit) of each pool, their slot rows known to exist (``ensure_slots_txn``)."""
     row = conn.execute(ADMIT_FIRST, {

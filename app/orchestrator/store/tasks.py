@@ -584,7 +584,7 @@ WHERE id IN (SELECT id FROM tasks WHERE (id = :id OR hint_group = :id) AND statu
 
 def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
     """The hint naming ``task_id`` was spent without claiming it or (some of) its wake-up group:
-    those still queued wait unhinted (see lanes.refused_txn).
+    those still queued wait unhinted (see lanes.refused_txn, lanes.hints_after_refusal).
 
     Rows another transaction holds are skipped, never waited for: that transaction is claiming,
     hinting or cancelling them, and waiting here (after the claim took its fairness row and
@@ -593,12 +593,47 @@ def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
     conn.execute(CLEAR_HINT, {"id": task_id})
 
 
-MARK_HINTED = sql("UPDATE tasks SET last_hint_at = :now WHERE id = ANY(:ids)")
+# Rows another transaction holds are skipped, never waited for: it is claiming, clearing, hinting
+# or cancelling them (whoever clears a hint then settles who hints it: lanes.hints_after_refusal).
+HINT_UNHINTED = sql("""
+UPDATE tasks SET last_hint_at = :now
+WHERE id IN (SELECT id FROM tasks WHERE id = ANY(:ids) AND status = 'queued' AND last_hint_at IS NULL
+             FOR NO KEY UPDATE SKIP LOCKED)
+RETURNING id
+""")
 
 
-def mark_hinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> None:
-    """A hint naming each of ``task_ids`` is about to be published (the sweep re-hints from here)."""
-    conn.execute(MARK_HINTED, {"ids": task_ids, "now": now})
+@transition
+def hint_unhinted_txn(conn: Connection, task_ids: list[uuid.UUID], now: datetime) -> Outcome[uuid.UUID]:
+    """queued without a live hint → hinted now, of ``task_ids``: a hint naming each returned id is
+    about to be published (the sweep re-hints from here). A task that already has a live hint is
+    left alone: that hint claims it. Not matched: every one is hinted, taken, or locked by another
+    transaction."""
+    if not task_ids:
+        return Outcome(False)
+    return Outcome.of(conn.execute(HINT_UNHINTED, {"ids": task_ids, "now": now}).scalars().all())
+
+
+# Of ``ids``, those another transaction holds locked right now (a claim, a hint, a clear in flight).
+LOCKED_TASKS = sql("""
+WITH c AS (SELECT id FROM tasks WHERE id = ANY(:ids)),
+l AS (SELECT id FROM tasks WHERE id = ANY(:ids) FOR SHARE SKIP LOCKED)
+SELECT id FROM c EXCEPT SELECT id FROM l
+""")
+
+WAIT_TASK = sql("SELECT 1 FROM tasks WHERE id = :id FOR SHARE")
+
+
+def locked_tasks_txn(conn: Connection, task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Of ``task_ids``, those a transaction in flight holds locked (the others stay share-locked
+    until the caller's short transaction ends)."""
+    return list(conn.execute(LOCKED_TASKS, {"ids": task_ids}).scalars()) if task_ids else []
+
+
+def wait_task_txn(conn: Connection, task_id: uuid.UUID) -> None:
+    """Wait until the transaction holding the task row locked ends (the caller's transaction must
+    hold nothing else and commit right away)."""
+    conn.execute(WAIT_TASK, {"id": task_id}).all()
 
 
 INSERT_AND_LINK_MANY = sql("""WITH r AS (SELECT * FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id uuid,
