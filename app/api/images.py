@@ -77,9 +77,9 @@ class Images(MethodView):
     def get(self, args):
         """List images of the scope, oldest first (keyset pagination)."""
         svc = services()
-        after = svc.cursors.decode(args.get("cursor"), "images")
+        after = svc.cursors.decode(args.get("cursor"), "images", scope_id())
         items, next_key = svc.orchestrator.list_images(scope_id(), after=after, limit=args["limit"])
-        return {"items": items, "next_cursor": svc.cursors.encode(next_key, "images")}
+        return {"items": items, "next_cursor": svc.cursors.encode(next_key, "images", scope_id())}
 
     @blp.response(201, S.UploadResultSchema)
     @blp.alt_response(200, schema=S.UploadResultSchema, description="identical bytes: the existing image")

@@ -22,11 +22,11 @@ class Jobs(MethodView):
     def get(self, args):
         """List jobs of the scope, oldest first, optionally by status and image."""
         svc = services()
-        after = svc.cursors.decode(args.get("cursor"), "jobs")
+        after = svc.cursors.decode(args.get("cursor"), "jobs", scope_id())
         items, next_key = svc.orchestrator.list_jobs(
             scope_id(), status=args.get("status"), image_id=args.get("image_id"), after=after, limit=args["limit"]
         )
-        return {"items": items, "next_cursor": svc.cursors.encode(next_key, "jobs")}
+        return {"items": items, "next_cursor": svc.cursors.encode(next_key, "jobs", scope_id())}
 
 
 @blp.route("/<uuid:job_id>")

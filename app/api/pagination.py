@@ -1,4 +1,7 @@
-"""Opaque keyset cursors: base64url(JSON {created_at, id}) + HMAC, so clients cannot forge them."""
+"""Opaque keyset cursors: base64url(JSON {created_at, id}) + HMAC, so clients cannot forge them.
+
+The HMAC covers the cursor's kind and the scope it was issued to: a cursor of another scope is
+refused exactly like a forged one (SPEC §2.6 — another scope's id behaves like a missing one)."""
 
 from __future__ import annotations
 
@@ -28,26 +31,29 @@ class CursorCodec:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def _sig(self, payload: bytes, kind: str) -> bytes:
-        return hmac.new(self._secret, kind.encode() + b"\0" + payload, hashlib.sha256).digest()[:16]
+    def _sig(self, payload: bytes, kind: str, scope: str) -> bytes:
+        domain = kind.encode() + b"\0" + scope.encode("utf-8", "surrogatepass") + b"\0"
+        return hmac.new(self._secret, domain + payload, hashlib.sha256).digest()[:16]
 
-    def encode(self, key: Any, kind: str) -> str | None:
+    def encode(self, key: Any, kind: str, scope: str) -> str | None:
+        """The cursor of keyset ``key`` for ``kind`` lists of ``scope`` (None for no key)."""
         if key is None:
             return None
         created_at, ident = key
         payload = json.dumps(
             {"created_at": created_at.isoformat(), "id": str(ident)}, separators=(",", ":")
         ).encode()
-        return f"{_b64(payload)}.{_b64(self._sig(payload, kind))}"
+        return f"{_b64(payload)}.{_b64(self._sig(payload, kind, scope))}"
 
-    def decode(self, cursor: str | None, kind: str) -> tuple[datetime, uuid.UUID] | None:
-        """The keyset of ``cursor``; 422 invalid_cursor if malformed or tampered with."""
+    def decode(self, cursor: str | None, kind: str, scope: str) -> tuple[datetime, uuid.UUID] | None:
+        """The keyset of ``cursor``; 422 invalid_cursor if malformed, tampered with, or issued for
+        another kind or another scope."""
         if cursor is None:
             return None
         try:
             body, _, sig = cursor.partition(".")
             payload = _unb64(body)
-            if not hmac.compare_digest(_unb64(sig), self._sig(payload, kind)):
+            if not hmac.compare_digest(_unb64(sig), self._sig(payload, kind, scope)):
                 raise ValueError("bad signature")
             data = json.loads(payload)
             created_at = datetime.fromisoformat(data["created_at"])

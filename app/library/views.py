@@ -69,9 +69,9 @@ def _helpers() -> dict[str, Any]:
 def index() -> Any:
     """Upload zone, search box and the newest images (``?older=<cursor>``: the next page back)."""
     cursors = current_app.extensions["memeflow"].cursors
-    before = cursors.decode(request.args.get("older") or None, CURSOR_KIND)  # 422 invalid_cursor if forged
+    before = cursors.decode(request.args.get("older") or None, CURSOR_KIND, g.ops_scope)  # 422 invalid_cursor if forged
     images, more, total = queries.recent_images(_ops().engine(), g.ops_scope, RECENT, before)
-    older = cursors.encode((images[-1]["created_at"], images[-1]["id"]), CURSOR_KIND) if more else None
+    older = cursors.encode((images[-1]["created_at"], images[-1]["id"]), CURSOR_KIND, g.ops_scope) if more else None
     return render_template("library/index.html", images=images, total=total, older=older, paged=before is not None)
 
 
