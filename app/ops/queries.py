@@ -1,9 +1,12 @@
-"""Read-only SQL behind the /ops page. Every query is filtered by scope, except those that are
-system-wide by nature (lane slot capacity, the ops_counters event buckets, and the liveness read
-from :mod:`app.orchestrator.liveness`), which expose counts and flags only. Nothing here writes."""
+"""Read-only SQL behind the /ops page. Every query is filtered by scope: the page shows a tenant
+its own work only (SPEC §2.6) — its own lane slots, counters, queued work and alarms. What is
+the deployment's rather than any tenant's (the DB-wide slot limit, live workers per lane, the last
+sweep's age) is shown as is; ``slots_in_use`` (every scope's) is for the operator's CLI
+(``memeflow status``), never rendered on the page. Nothing here writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -14,7 +17,8 @@ from sqlalchemy.engine import Connection
 
 from app.config import Settings
 from app.db.enums import STAGE_ORDER, BatchStatus, JobStatus, Lane, StageStatus
-from app.orchestrator.liveness import Liveness, read_liveness_txn
+from app.orchestrator.liveness import WEBHOOKS, LaneLiveness, Liveness, read_liveness_txn
+from app.orchestrator.store.webhooks import has_due_in_scope_txn
 
 NEEDS_HUMAN = (JobStatus.UNKNOWN_EXECUTION, JobStatus.BLOCKED, JobStatus.FAILED)
 TERMINAL_JOB_STATUSES = tuple(s.value for s in JobStatus if s not in (JobStatus.QUEUED, JobStatus.RUNNING))
@@ -27,11 +31,11 @@ class LaneRow:
     due: int = 0
     running: int = 0
     slots_scope: int = 0
-    slots_in_use: int = 0
+    slots_in_use: int = 0  # held by every scope: the operator's CLI only, never a tenant's page
     slot_limit: int | None = None
     oldest_queued_age_s: float | None = None
     workers: int = 0  # live workers consuming this lane's queue (all scopes share them)
-    unserved: bool = False  # queued work (any scope) and no live worker: nothing will ever claim it
+    unserved: bool = False  # this scope's queued work and no live worker: nothing will ever claim it
 
 
 @dataclass
@@ -129,13 +133,14 @@ def lane_stats(conn: Connection, scope_id: str, slot_limits: dict[str, int | Non
     return list(lanes.values())
 
 
-def events_last_hour(conn: Connection, names: tuple[str, ...] = ("fencing_rejection", "rehint")) -> dict[str, int]:
-    """System-wide operational event counts summed over the per-minute buckets of the last hour."""
+def events_last_hour(conn: Connection, scope_id: str,
+                     names: tuple[str, ...] = ("fencing_rejection", "rehint")) -> dict[str, int]:
+    """The scope's operational event counts summed over the per-minute buckets of the last hour."""
     counts = dict.fromkeys(names, 0)
     for r in _rows(conn, """
         SELECT name, coalesce(sum(count), 0) AS n FROM ops_counters
-         WHERE bucket >= now() - interval '1 hour' AND name = ANY(:names)
-         GROUP BY name""", names=list(names)):
+         WHERE bucket >= now() - interval '1 hour' AND name = ANY(:names) AND scope_id = :s
+         GROUP BY name""", names=list(names), s=scope_id):
         counts[r["name"]] = int(r["n"])
     return counts
 
@@ -199,14 +204,14 @@ def overview(
 ) -> Overview:
     """Everything the /ops page shows, read in one REPEATABLE READ snapshot so numbers agree.
 
-    With ``settings``, also the deployment's liveness (live workers per lane, the last sweep's age);
-    those are system-wide by nature and expose counts and flags only."""
+    With ``settings``, also the deployment's liveness (live workers per lane, the last sweep's age),
+    its alarms about queued work narrowed to this scope's (:func:`scope_liveness_txn`)."""
     with engine.connect() as conn:
         conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             now = conn.execute(text("SELECT now()")).scalar_one()
-            liveness = read_liveness_txn(conn, settings) if settings is not None else None
             lanes = lane_stats(conn, scope_id, slot_limits)
+            liveness = scope_liveness_txn(conn, settings, scope_id, lanes) if settings is not None else None
             if liveness is not None:
                 for row in lanes:
                     lane = liveness.lanes.get(row.lane)
@@ -218,7 +223,7 @@ def overview(
                 jobs_by_status=jobs_by_status(conn, scope_id),
                 funnel=stage_funnel(conn, scope_id),
                 lanes=lanes,
-                events_last_hour=events_last_hour(conn),
+                events_last_hour=events_last_hour(conn, scope_id),
                 needs_human=needs_human(conn, scope_id),
                 batches=batches(conn, scope_id),
                 recent_jobs=recent_jobs(conn, scope_id),
@@ -227,6 +232,18 @@ def overview(
                 webhook_failures=webhook_failures(conn, scope_id),
                 serving=search_serving(conn, scope_id),
             )
+
+
+def scope_liveness_txn(conn: Connection, settings: Settings, scope_id: str, lanes: list[LaneRow]) -> Liveness:
+    """The deployment's liveness as one scope may see it: the workers and the sweep as they are,
+    but a lane counts as holding queued work only for this scope's (its tasks in ``lanes``, its
+    webhook deliveries due) — another tenant's backlog is not this tenant's to know of."""
+    live = read_liveness_txn(conn, settings)
+    queued = {row.lane for row in lanes if row.queued}
+    if has_due_in_scope_txn(conn, scope_id):
+        queued.add(WEBHOOKS)
+    return dataclasses.replace(live, lanes={name: LaneLiveness(name, lane.workers, name in queued)
+                                            for name, lane in live.lanes.items()})
 
 
 def search_serving(conn: Connection, scope_id: str) -> list[dict[str, Any]]:

@@ -460,7 +460,7 @@ def heartbeat(orch: Orchestrator, claim: Claim) -> bool:
 def rejected_txn(orch: Orchestrator, conn: Connection, claim: Claim, operation: str) -> None:
     """Count a fencing rejection of ``claim`` (metric, counter, log) in the caller's transaction."""
     metrics.FENCING_REJECTIONS.labels(operation).inc()
-    counters.bump_txn(conn, "fencing_rejection", orch.now())
+    counters.bump_txn(conn, "fencing_rejection", claim.scope_id, orch.now())
     log.warning(
         "fencing rejection",
         extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id, "stage": claim.stage,

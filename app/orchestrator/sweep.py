@@ -93,7 +93,7 @@ def _rehint(orch: Orchestrator, report: SweepReport) -> None:
     with orch.engine.begin() as conn:
         rehinted = q.due_for_rehint_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit)
         rows = rehinted.rows if rehinted.matched else ()  # not matched: every due task's hint is live
-        counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+        counters.bump_each_txn(conn, "rehint", [r["scope_id"] for r in rows], orch.now())
     report.hints += [Hint(r["lane"], r["id"]) for r in rows]
     report.counts["rehinted"] = len(rows)
     metrics.REHINTS.labels("stale_hint").inc(len(rows))
@@ -115,7 +115,7 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
         rows = expired.rows if expired.matched else ()  # not matched: no expired lease to re-hint
         abandoned = [r for r in rows if r["abandon"]]
         rows = [r for r in rows if not r["abandon"]]
-        counters.bump_txn(conn, "rehint", orch.now(), len(rows))
+        counters.bump_each_txn(conn, "rehint", [r["scope_id"] for r in rows], orch.now())
         ending = []
         for r in abandoned:
             open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None

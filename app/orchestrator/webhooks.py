@@ -178,7 +178,7 @@ def webhook_delivered(orch: Orchestrator, claim: WebhookClaim, event_id: int) ->
         ok = q.delivered_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id, orch.now(),
                              orch.settings.webhook_lease_s).matched
         if not ok:
-            _rejected_txn(orch, conn)
+            _rejected_txn(orch, conn, claim)
     return ok
 
 
@@ -199,7 +199,7 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
             done = q.retry_later_txn(conn, claim.subscription_id, claim.owner, claim.generation, event_id,
                                      attempts, decision.available_at, error)
         if not done.matched:
-            _rejected_txn(orch, conn)
+            _rejected_txn(orch, conn, claim)
             return "fenced"
     metrics.COMPLETIONS.labels(LANE, "gave_up" if decision.give_up else "retry").inc()
     return "gave_up" if decision.give_up else "retry"
@@ -259,6 +259,6 @@ def recent_webhook_failures(orch: Orchestrator, limit: int = 20) -> list[dict[st
         return [dict(r) for r in q.recent_failures_txn(conn, limit)]
 
 
-def _rejected_txn(orch: Orchestrator, conn: Any) -> None:
+def _rejected_txn(orch: Orchestrator, conn: Any, claim: WebhookClaim) -> None:
     metrics.FENCING_REJECTIONS.labels("webhook").inc()
-    counters.bump_txn(conn, "fencing_rejection", orch.now())
+    counters.bump_txn(conn, "fencing_rejection", claim.scope_id, orch.now())

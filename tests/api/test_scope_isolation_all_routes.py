@@ -15,6 +15,7 @@ A rule without an isolation case here fails the test (``COVERAGE``), so a new ro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -36,7 +37,7 @@ from app.worker.webhooks import deliver_subscription
 from tests.api.conftest import png_bytes, upload
 from tests.api.test_hostile_input_all_routes import _fill, _static_names
 from tests.conftest import poll_until
-from tests.ops.helpers import SAME_ORIGIN, page_csrf_token
+from tests.ops.helpers import SAME_ORIGIN, page_csrf_token, page_event, page_lane
 from tests.support.pipeline import Workers
 from tests.support.receiver import Receiver
 
@@ -314,10 +315,15 @@ def test_no_route_tells_one_scope_anything_of_another(settings, engine, publishe
         with Workers(orch, publisher, n=2):
             _populate(client, orch, publisher, a, receiver, 60, A_TEXT)
             _populate(client, orch, publisher, b, receiver, 160, B_TEXT)
-        # one more of A's: a queued job whose task no worker took (active: cancel/retry would act on it)
-        body = _ok(upload(client, png_bytes((5, 250, 5), size=(26, 26)), headers=a.headers, display_name="alpha queued"), 201)
-        a.images.append(body["image"]["id"])
-        a.shas.append(body["image"]["sha256"])
+        ops_before = _ops_figures(client, b)
+        # more of A's: a queued job whose task no worker took (active: cancel/retry would act on it),
+        # the sweep re-hinting it, a claim of it and a stale worker's fenced-out heartbeat
+        for i, name in enumerate(("alpha queued", "alpha claimed")):
+            body = _ok(upload(client, png_bytes((5, 250, 5 + i), size=(26, 26)), headers=a.headers, display_name=name), 201)
+            a.images.append(body["image"]["id"])
+            a.shas.append(body["image"]["sha256"])
+        _activity_of_a(orch, body["job"])
+        assert _ops_figures(client, b) == ops_before, "B's /ops shows A's activity"
         for t in (a, b):
             _collect(client, engine, t)
         assert not a.markers & b.markers
@@ -327,6 +333,31 @@ def test_no_route_tells_one_scope_anything_of_another(settings, engine, publishe
         _check_id_positions(app, client, engine, store, a, b)  # (last: B uploads copies of A's bytes there)
     finally:
         receiver.stop()
+
+
+def _activity_of_a(orch, job: dict) -> None:
+    """A's lane work that scope-blind counters would count: queued work, a re-hint by the sweep,
+    a running claim and a fencing rejection."""
+    task_id = next(st["task_id"] for st in job["stages"] if st["stage"] == "visual")
+    poll_until(lambda: orch.sweep().counts.get("rehinted", 0) > 0, interval=0.1, what="a re-hint of A's task")
+    claim = poll_until(lambda: orch.claim_task(task_id, "alpha-worker", "visual"), what="a claim of A's task")
+    assert orch.heartbeat(dataclasses.replace(claim, owner="stale-alpha-worker")) is False  # fenced out
+
+
+def _ops_figures(client, t: Tenant) -> dict[str, Any]:
+    """What /ops shows a scope about the lanes and the last hour: every number, flag and alarm."""
+    html = _ok_html(client.get("/ops", headers=t.headers))
+    lanes = {lane: {**page_lane(html, lane), "unserved": f'<tr data-lane="{lane}" class="unserved"' in html}
+             for lane in ("visual", "agent", "embedding")}
+    for row in lanes.values():
+        row.pop("oldest")  # (the scope's own oldest wait: its own work, and a clock)
+    events = {name: page_event(html, name) for name in ("fencing_rejection", "rehint")}
+    return {"lanes": lanes, "events": events, "alarms": sorted(re.findall(r'data-reason="lane_unserved">([^<]*)<', html))}
+
+
+def _ok_html(resp) -> str:
+    assert resp.status_code == 200, resp.status_code
+    return resp.get_data(as_text=True)
 
 
 def _deliver_webhooks(orch, receiver: Receiver, a: Tenant, b: Tenant) -> None:

@@ -337,3 +337,21 @@ def test_0028_gives_subscriptions_to_every_type_the_terminal_job_events(fresh_db
         got = dict(conn.execute(text("SELECT id, event_types FROM webhook_subscriptions")).all())
     eng.dispose()
     assert got[every] == old and got[some] == ["job.failed"]
+
+
+def test_0029_keeps_counters_of_before_under_no_scope(fresh_db):
+    """Counters counted before they had a scope are kept, under ``''`` (shown on no scope's /ops);
+    a scope's bucket of the same minute and name is a row of its own."""
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0028")
+    eng = create_engine(url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO ops_counters (bucket, name, count) VALUES ('2026-12-07T10:00Z', 'rehint', 3)"))
+    command.upgrade(cfg, "0029")
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO ops_counters (bucket, name, scope_id, count)"
+                          " VALUES ('2026-12-07T10:00Z', 'rehint', 'alpha', 5)"))
+        got = sorted(conn.execute(text("SELECT scope_id, count FROM ops_counters")).all())
+    eng.dispose()
+    assert got == [("", 3), ("alpha", 5)]

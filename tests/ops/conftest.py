@@ -155,14 +155,18 @@ def seed_states(engine) -> Seeded:
                   error={"code": "unknown_execution", "message": "other"})
         other_image = s.image(OTHER, "other-running")
         s.job(OTHER, other_image, "running", ("succeeded", "running", "pending"))
-        # ops counters: inside and outside the last hour
+        # ops counters: inside and outside the last hour; the other tenant's and unattributed
+        # ones (from before counters had a scope) are not this scope's to see
         conn.execute(text("""
-            INSERT INTO ops_counters (bucket, name, count) VALUES
-              (date_trunc('minute', now()), 'fencing_rejection', 2),
-              (date_trunc('minute', now()) - interval '10 minutes', 'fencing_rejection', 1),
-              (date_trunc('minute', now()) - interval '3 hours', 'fencing_rejection', 50),
-              (date_trunc('minute', now()) - interval '5 minutes', 'rehint', 7),
-              (date_trunc('minute', now()) - interval '2 hours', 'rehint', 100)"""))
+            INSERT INTO ops_counters (bucket, name, scope_id, count) VALUES
+              (date_trunc('minute', now()), 'fencing_rejection', :s, 2),
+              (date_trunc('minute', now()) - interval '10 minutes', 'fencing_rejection', :s, 1),
+              (date_trunc('minute', now()) - interval '3 hours', 'fencing_rejection', :s, 50),
+              (date_trunc('minute', now()) - interval '5 minutes', 'rehint', :s, 7),
+              (date_trunc('minute', now()) - interval '2 hours', 'rehint', :s, 100),
+              (date_trunc('minute', now()), 'fencing_rejection', :o, 40),
+              (date_trunc('minute', now()) - interval '5 minutes', 'rehint', :o, 400),
+              (date_trunc('minute', now()), 'rehint', '', 4000)"""), {"s": SCOPE, "o": OTHER})
     return out
 
 

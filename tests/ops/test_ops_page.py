@@ -42,8 +42,8 @@ def test_lanes_and_funnel_match_the_database(ops_app, engine, seeded):
         assert int(row["queued"]) == truth["queued"], lane
         assert int(row["running"]) == truth["running"], lane
     assert db_lane(engine, "agent")["running"] == 2
-    # agent slots: 2 held by this scope, 3 in use overall (one by the other tenant), limit 4
-    assert page_lane(html, "agent")["slots"] == "2 / 3 / 4"
+    # agent slots: 2 held by this scope of the limit 4 (the other tenant's third is not shown)
+    assert page_lane(html, "agent")["slots"] == "2 / 4"
     assert page_lane(html, "visual")["slots"].endswith("/ ∞")
     oldest = page_lane(html, "visual")["oldest"]
     minutes, seconds = (int(x.rstrip("ms")) for x in oldest.split())
@@ -182,7 +182,7 @@ def test_defaults_use_the_api_services_and_fail_closed(engine, seeded):
     assert Orchestrator.calls == []
     ok = client.get("/ops", headers={"Authorization": "Bearer good"})
     assert ok.status_code == 200
-    assert page_lane(ok.get_data(as_text=True), "agent")["slots"] == "2 / 3 / 2"
+    assert page_lane(ok.get_data(as_text=True), "agent")["slots"] == "2 / 2"
     resp = same_site_post(client, f"/ops/jobs/{seeded.jobs['failed'][0]}/retry", headers={"Authorization": "Bearer good"})
     assert resp.status_code == 303
     assert Orchestrator.calls == [(SCOPE, seeded.jobs["failed"][0])]
@@ -222,7 +222,8 @@ def test_liveness_shows_workers_per_lane_and_flags_unserved_lanes_and_a_stale_sw
     assert 'data-reason="sweep_stale"' in html and "no reconcile sweep has completed yet" in html
     assert 'id="sweep" data-stale="true"' in html
     with engine.connect() as conn:
-        queued = set(conn.execute(text("SELECT DISTINCT lane FROM tasks WHERE status = 'queued'")).scalars())
+        queued = set(conn.execute(text("SELECT DISTINCT lane FROM tasks WHERE status = 'queued' AND scope_id = :s"),
+                                  {"s": SCOPE}).scalars())  # (the page flags this scope's work only)
     assert queued and queued < {"visual", "agent", "embedding"}  # the seed has lanes with and without work
     for lane in ("visual", "agent", "embedding"):
         flagged = re.search(rf'<tr data-lane="{lane}" class="unserved" data-unserved="true"', html) is not None

@@ -23,11 +23,13 @@ from app.db.models.base import Base, timestamp_now
 
 
 class OpsCounter(Base):
-    """Per-minute counters of rare operational events (fencing rejections, re-hints) for /ops."""
+    """Per-minute counters of rare operational events (fencing rejections, re-hints) of a scope, for
+    its /ops page (migration 0029; ``''``: counted before counters had a scope, shown to nobody)."""
 
     __tablename__ = "ops_counters"
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scope_id: Mapped[str] = mapped_column(String(128), primary_key=True, server_default="")
     count: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
 
 class WorkerRegistration(Base):

@@ -60,14 +60,14 @@ UPDATE tasks SET last_hint_at = :now WHERE id IN (
   SELECT id FROM tasks WHERE status = 'queued'
     AND (last_hint_at IS NULL OR last_hint_at < :cutoff) AND available_at <= :now
   ORDER BY last_hint_at NULLS FIRST LIMIT :n FOR UPDATE SKIP LOCKED)
-RETURNING id, lane
+RETURNING id, lane, scope_id
 """)
 
 
 @transition
 def due_for_rehint_txn(conn: Connection, now: datetime, grace_s: float, limit: int) -> Outcome[RowMapping]:
-    """queued, due, last hint older than the grace (or never sent) → hinted now; ``rows``: (id, lane)
-    to re-hint. Not matched: every due task has a live hint."""
+    """queued, due, last hint older than the grace (or never sent) → hinted now; ``rows``: (id, lane,
+    scope_id) to re-hint. Not matched: every due task has a live hint."""
     return Outcome.of(conn.execute(
         REHINT, {"now": now, "cutoff": now - timedelta(seconds=grace_s), "n": limit},
     ).mappings().all())

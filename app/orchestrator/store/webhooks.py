@@ -344,6 +344,18 @@ def has_due_txn(conn: Connection) -> bool:
     return bool(conn.execute(HAS_DUE).scalar_one())
 
 
+HAS_DUE_IN_SCOPE = sql("""
+SELECT EXISTS (SELECT 1 FROM webhook_subscriptions s WHERE s.scope_id = :s AND s.next_attempt_at <= now()
+               AND EXISTS (SELECT 1 FROM events e WHERE e.scope_id = s.scope_id AND e.id > s.cursor
+                           AND e.type = ANY(s.event_types)))
+""")
+
+
+def has_due_in_scope_txn(conn: Connection, scope_id: str) -> bool:
+    """:func:`has_due_txn` for one scope's subscriptions (what that scope's /ops may know of)."""
+    return bool(conn.execute(HAS_DUE_IN_SCOPE, {"s": scope_id}).scalar_one())
+
+
 # -- due_for_hint: subscriptions to wake (new events, backoff over, lease expired, hint lost) --
 # Only the least-served scopes' (a scope with more in flight would be refused: CLAIM), in turns:
 # a scope's k-th waiting subscription (oldest due first) would be its (in flight + k)-th delivery,
