@@ -158,9 +158,11 @@ def _scoped_tables(conn) -> list[str]:
 def _rows_of(engine, scope: str, tables: list[str]) -> dict[str, str]:
     """A digest of every row of ``scope`` in every table that has a ``scope_id``."""
     with engine.connect() as conn:
-        return {t: conn.execute(text(
+        rows = {t: conn.execute(text(
             f"SELECT count(*) || ':' || coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '')"
             f" FROM {t} x WHERE scope_id = :s"), {"s": scope}).scalar_one() for t in tables}
+        rows["scopes"] = conn.execute(text("SELECT x::text FROM scopes x WHERE id = :s"), {"s": scope}).scalar_one()
+        return rows
 
 
 def _files_of(root: Path, namespace_markers: set[str]) -> frozenset[str]:
@@ -466,7 +468,8 @@ def _check_views_of_b(client, a: Tenant, b: Tenant) -> None:
             f"/api/docs/swagger-ui/{statics.get('api_docs.swagger_ui_asset', 'swagger-ui.css')}"]
     if "static" in statics:
         gets.append(f"/static/{statics['static']}")
-    for q in [A_TEXT, *A_TEXT.split(), "alpha", "alpha 0", a.shas[0]]:
+    # A's exact text, each word, a one-letter misreading (the near-term match reads candidates' texts), a sha256
+    for q in [A_TEXT, *A_TEXT.split(), "zebracorm alphasecrets", "alpha", "alpha 0", a.shas[0]]:
         for mode in ("hybrid", "lexical", "semantic"):
             gets.append("/api/v1/search/text?" + _qs({"q": q, "mode": mode, "limit": 100}))
     leaks = []

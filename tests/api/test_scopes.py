@@ -76,3 +76,24 @@ def test_scopes_never_see_each_other(token_app, tokens, orch, publisher, engine)
     assert (r.status_code, r.get_json()["error"]) == (422, "validation_error")
     r = c.get("/api/v1/images", headers=B, query_string={"scope_id": "alpha"})
     assert [i["id"] for i in r.get_json()["items"]] == [b["image"]["id"]]  # query scope ignored
+
+
+def test_a_cursor_of_another_scope_is_refused_like_a_forged_one(token_app, tokens):
+    """A keyset cursor is signed for the scope it was issued to: in another scope it is 422
+    invalid_cursor (it used to page that scope's own rows from the other scope's position)."""
+    c = token_app.test_client()
+    A = {"Authorization": f"Bearer {tokens['alpha']}"}
+    B = {"Authorization": f"Bearer {tokens['beta']}"}
+    for i in range(2):
+        assert upload(c, png_bytes((i, 50, 90)), headers=A, process=False).status_code == 201
+        assert upload(c, png_bytes((i, 90, 50)), headers=B, process=False).status_code == 201
+    for path in ("/api/v1/images", "/api/v1/jobs"):
+        if path == "/api/v1/jobs":
+            for h in (A, B):
+                ids = [i["id"] for i in c.get("/api/v1/images", headers=h).get_json()["items"]]
+                for image_id in ids:
+                    assert c.post(f"/api/v1/images/{image_id}/process", headers=h, json={}).status_code == 201
+        cursor = c.get(path, headers=A, query_string={"limit": 1}).get_json()["next_cursor"]
+        assert c.get(path, headers=A, query_string={"cursor": cursor}).status_code == 200  # its own scope's
+        r = c.get(path, headers=B, query_string={"cursor": cursor})
+        assert (r.status_code, r.get_json()["error"]) == (422, "invalid_cursor"), path
