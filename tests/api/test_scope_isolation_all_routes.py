@@ -447,7 +447,11 @@ def _writes_without_ids(client, a: Tenant, b: Tenant) -> list[str]:
     resp = client.post("/api/v1/webhooks", json={"url": "http://127.0.0.1:9/beta-second"}, headers=b.headers)
     if resp.status_code != 201 or _leaks(resp, a):
         out.append(f"POST /api/v1/webhooks: {resp.status_code} {_leaks(resp, a)[:4]}")
-    for data in a.bytes_:
+    # A's bytes as the new content of one of B's images: a replace like any other (no 409 duplicate_image)
+    resp = client.put(f"/api/v1/images/{b.images[2]}/content", headers=b.headers, **_png_form(a.bytes_[2]))
+    if resp.status_code != 200 or [m for m in _leaks(resp, a) if m != a.shas[2]]:
+        out.append(f"PUT content of B's image with A's bytes: {resp.status_code} {resp.get_data(as_text=True)[:200]}")
+    for data in a.bytes_[:2]:
         resp = upload(client, data, headers=b.headers, process=False)
         body = resp.get_json() or {}
         leaked = [m for m in _leaks(resp, a) if m != hashlib.sha256(data).hexdigest()]  # its own bytes' sha256
