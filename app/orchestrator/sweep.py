@@ -57,6 +57,16 @@ def sweep(orch: Orchestrator) -> SweepReport:
     return report
 
 
+def step_error(exc: BaseException) -> str:
+    """What the sweep's record (``sweep_state``, shown by the unauthenticated ``/readyz``) says of a
+    failed step: the exception's class and, for a database error, its SQLSTATE — never its text,
+    which may name a tenant's data (a DETAIL's clashing key, a statement's parameters); the text
+    is in the log line of the failure."""
+    orig = getattr(exc, "orig", None)
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return f"{type(exc).__name__} ({sqlstate})" if isinstance(sqlstate, str) and sqlstate else type(exc).__name__
+
+
 def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     """Every step in order, each isolated: one that raises is logged, counted
     (``memeflow_sweep_step_failures_total{step}``, ``report.failed_steps``) and the next runs —
@@ -68,7 +78,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
         except Exception as exc:  # noqa: BLE001 - isolate the step; the next sweep retries it
             log.exception("sweep step failed", extra={"code": name})
             metrics.SWEEP_STEP_FAILURES.labels(name).inc()
-            report.failed_steps.append({"step": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            report.failed_steps.append({"step": name, "error": step_error(exc)})
     report.counts["steps_failed"] = len(report.failed_steps)
     # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read).
     # If even this fails the hints above still go out; the missing record shows as a stale sweep.
@@ -82,7 +92,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
     except Exception as exc:  # noqa: BLE001
         log.exception("sweep step failed", extra={"code": "record"})
         metrics.SWEEP_STEP_FAILURES.labels("record").inc()
-        report.failed_steps.append({"step": "record", "error": f"{type(exc).__name__}: {exc}"[:300]})
+        report.failed_steps.append({"step": "record", "error": step_error(exc)})
         return
     metrics.set_lane_gauges(gauges)
 

@@ -170,3 +170,34 @@ def test_token_mode_metrics_without_a_metrics_token_serve_this_machine_only(slow
     ok = scraper.get("/metrics", environ_base=remote, headers={"Authorization": "Bearer s3cret-scrape"})
     assert ok.status_code == 200
 
+
+
+def test_readyz_names_a_failed_sweep_step_without_its_error_text(slow_settings, engine, orch, publisher, store,
+                                                                   monkeypatch):
+    """/readyz answers anyone (no token), and a sweep step's exception text may hold a tenant's
+    data — a database error's DETAIL names the key that clashed, SQLAlchemy's text the statement's
+    parameters. The record says which step failed and the exception's class (and SQLSTATE); the
+    text goes to the log only."""
+    from sqlalchemy.exc import IntegrityError
+
+    from app.orchestrator import sweep as sweep_mod
+
+    class Pg(Exception):
+        sqlstate = "23505"
+
+    def broken(orch, report):
+        raise IntegrityError("INSERT INTO images ...", {"scope_id": "alpha", "display_name": "alpha's secret"},
+                             Pg('duplicate key value violates unique constraint\n'
+                                'DETAIL: Key (scope_id, sha256)=(alpha, 5e3c) already exists.'))
+
+    monkeypatch.setattr(sweep_mod, "STEPS", [(name, broken if name == "serving" else fn)
+                                             for name, fn in sweep_mod.STEPS])
+    report = orch.sweep()
+    assert report.failed_steps == [{"step": "serving", "error": "IntegrityError (23505)"}]
+    client = create_app(scope_resolver=TokenScopeResolver(engine), settings=slow_settings.replace(auth="token"),
+                        orchestrator=orch, engine=engine, publisher=publisher, store=store,
+                        cursor_secret_key="test-secret").test_client()
+    resp = client.get("/readyz")
+    body = resp.get_data(as_text=True)
+    assert resp.get_json()["checks"]["sweep"]["failed_steps"] == [{"step": "serving", "error": "IntegrityError (23505)"}]
+    assert "alpha" not in body and "secret" not in body and "DETAIL" not in body

@@ -117,7 +117,7 @@ def test_a_failing_step_is_isolated_counted_and_recorded(engine, settings, monke
                                              for name, fn in steps.items()])
     report = orch.sweep()
     assert [f["step"] for f in report.failed_steps] == ["serving", "retention"]
-    assert report.failed_steps[0]["error"] == "RuntimeError: boom" and report.counts["steps_failed"] == 2
+    assert report.failed_steps[0]["error"] == "RuntimeError" and report.counts["steps_failed"] == 2  # (text: the log)
     assert visual_task(a).task_id in {h.task_id for h in report.hints}  # the re-hint step ran before
     assert report.counts["webhooks_hinted"] == 1 and any(h.lane == "webhooks" for h in report.hints)  # and after
     for name in ("serving", "retention"):
