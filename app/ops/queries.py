@@ -243,7 +243,8 @@ def scope_liveness_txn(conn: Connection, settings: Settings, scope_id: str, lane
     if has_due_in_scope_txn(conn, scope_id):
         queued.add(WEBHOOKS)
     return dataclasses.replace(live, lanes={name: LaneLiveness(name, lane.workers, name in queued)
-                                            for name, lane in live.lanes.items()})
+                                            for name, lane in live.lanes.items()},
+                               lane_gauges={})  # (the last sweep's queue depths: every scope's)
 
 
 def search_serving(conn: Connection, scope_id: str) -> list[dict[str, Any]]:
