@@ -9,8 +9,9 @@ be exactly what B gets for a random ID of the same kind (status, headers, body; 
 A's rows and files must not change, and no response B gets may carry anything of A's (ids, sha256s,
 names, texts, the webhook URL, the storage namespace). B's events, webhook deliveries, /ops and
 searches (by A's exact text, by A's exact bytes) carry nothing of A's either — nor any count of
-A's activity: B's /ops figures do not move when A's work is queued, re-hinted or fenced out, and
-B's event ids have no gap where A's events happened.
+A's activity on /ops: B's figures do not move when A's work is queued, re-hinted or fenced out.
+(Event ids come from one deployment-wide sequence, so their gaps do count all scopes' events: a
+documented limit, docs/security.md.)
 
 A rule without an isolation case here fails the test (``COVERAGE``), so a new route needs one.
 """

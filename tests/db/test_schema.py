@@ -339,16 +339,16 @@ def test_0028_gives_subscriptions_to_every_type_the_terminal_job_events(fresh_db
     assert got[every] == old and got[some] == ["job.failed"]
 
 
-def test_0029_keeps_counters_of_before_under_no_scope(fresh_db):
+def test_0030_keeps_counters_of_before_under_no_scope(fresh_db):
     """Counters counted before they had a scope are kept, under ``''`` (shown on no scope's /ops);
     a scope's bucket of the same minute and name is a row of its own."""
     url = fresh_db(None)
     cfg = alembic_config(url)
-    command.upgrade(cfg, "0028")
+    command.upgrade(cfg, "0029")
     eng = create_engine(url)
     with eng.begin() as conn:
         conn.execute(text("INSERT INTO ops_counters (bucket, name, count) VALUES ('2026-12-07T10:00Z', 'rehint', 3)"))
-    command.upgrade(cfg, "0029")
+    command.upgrade(cfg, "0030")
     with eng.begin() as conn:
         conn.execute(text("INSERT INTO ops_counters (bucket, name, scope_id, count)"
                           " VALUES ('2026-12-07T10:00Z', 'rehint', 'alpha', 5)"))

@@ -24,7 +24,7 @@ from app.db.models.base import Base, timestamp_now
 
 class OpsCounter(Base):
     """Per-minute counters of rare operational events (fencing rejections, re-hints) of a scope, for
-    its /ops page (migration 0029; ``''``: counted before counters had a scope, shown to nobody)."""
+    its /ops page (migration 0030; ``''``: counted before counters had a scope, shown to nobody)."""
 
     __tablename__ = "ops_counters"
     bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)

@@ -1,7 +1,7 @@
 """scopes_ops_counters_per_scope: the /ops counters (fencing rejections, re-hints) are kept per scope
 
-Revision ID: 0029
-Revises: 0028
+Revision ID: 0030
+Revises: 0029
 Create Date: 2026-12-07
 
 ``ops_counters`` summed every tenant's fencing rejections and re-hints into one bucket per minute,
@@ -14,8 +14,8 @@ subscription's); /ops reads its own scope's only. Rows from before the upgrade h
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0029'
-down_revision = '0028'
+revision = '0030'
+down_revision = '0029'
 branch_labels = None
 depends_on = None
 
