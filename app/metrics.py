@@ -28,6 +28,10 @@ HINTS_PUBLISHED = Counter("memeflow_hints_published_total", "Hints published to 
 HINTS_CONTINUED = Counter(
     "memeflow_hints_continued_total", "Hints a worker handled itself instead of publishing them", ["lane"]
 )
+BROKER_MESSAGES_DROPPED = Counter(
+    "memeflow_broker_messages_dropped_total",
+    "Queue messages a worker dropped without running them (app/worker/broker.py, app/worker/strategy.py)", ["reason"],
+)
 HINT_PUBLISH_FAILURES = Counter("memeflow_hint_publish_failures_total", "Hints the broker did not take", ["lane"])
 STAGE_DURATION = Histogram(
     "memeflow_stage_duration_seconds", "Time from claim to completion per stage", ["stage"],

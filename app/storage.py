@@ -10,8 +10,10 @@ with a dot (``.thumbs``, ``.agent-results``) hold other shared files, not namesp
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import stat
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,6 +26,14 @@ _TMP_PREFIX = ".tmp-"
 
 class InvalidStorageKey(ValueError):
     """A storage key must be ``<uuid namespace>/<sha256 hex>.<ext>``."""
+
+
+class NotARegularFile(OSError):
+    """The path of a key holds something other than a regular file (a directory, a FIFO, a device)."""
+
+
+class ContentMismatch(ValueError):
+    """A stored file's bytes do not hash to the sha256 its key names (truncated, replaced, tampered with)."""
 
 
 def storage_key(namespace: uuid.UUID | str, sha256: str, extension: str) -> str:
@@ -80,6 +90,24 @@ class FileStore:
 
     def read(self, key: str) -> bytes:
         return self.path(key).read_bytes()
+
+    def read_verified(self, key: str) -> bytes:
+        """The bytes of ``key``, proven to be the content its key names: they must come from a
+        regular file (a FIFO would block the reader forever, a device never end) and hash to the
+        key's sha256. Raises FileNotFoundError, NotARegularFile or another OSError (permission
+        denied, I/O error), or ContentMismatch. A symlink is followed: the content check is what
+        makes its target harmless."""
+        path = self.path(key)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # NONBLOCK: a FIFO opens, and is refused
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotARegularFile(f"{key} is not a regular file (mode {stat.filemode(mode)})")
+            data = f.read()
+        expected = Path(key).stem
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise ContentMismatch(f"{key}: the stored bytes ({len(data)}) do not hash to the key's sha256")
+        return data
 
     def delete(self, key: str) -> bool:
         """Remove the file of ``key``; True if it existed."""

@@ -25,6 +25,7 @@ from app.db.engine import read_connection
 from app.ids import parse_uuid
 from app.orchestrator import batches, changes, events, execution, lanes, limits, replan, serving, serving_reads, webhooks
 from app.orchestrator import sweep as sweep_mod
+from app.orchestrator.clock import DatabaseClock
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
 from app.orchestrator.policy import OperationPolicy, policy_from_settings
@@ -42,6 +43,7 @@ INDEX_RETRY_WHILE_BUILDING_S = 5.0
 
 
 def utcnow() -> datetime:
+    """This host's wall clock (an orchestrator's default is the database's: ``DatabaseClock``)."""
     return datetime.now(timezone.utc)
 
 
@@ -52,7 +54,9 @@ class Orchestrator:
     ):
         self.engine = engine
         self.settings = settings
-        self.now = clock or utcnow
+        # every time it writes or compares (leases, backoff, re-hints) is on the database's clock, so
+        # processes on hosts with skewed clocks agree (app/orchestrator/clock.py); tests inject theirs
+        self.now = clock or DatabaseClock(engine)
         self.policy: OperationPolicy = policy if policy is not None else policy_from_settings(settings)
         self.rand = rand or random.Random()
         self._stage_configs = stage_configs

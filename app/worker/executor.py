@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from app.config import Settings
@@ -24,6 +23,7 @@ from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableE
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
 from app.stages.vectors import NOT_COMPARABLE, NOT_STORABLE, vector_problem
+from app.storage import ContentMismatch, FileStore, InvalidStorageKey
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,16 +84,31 @@ def checked_vector(vector: Any, dims: int) -> list[float] | StageError:
 
 
 def load_image(settings: Settings, claim: Claim) -> DecodedImage:
-    """The claimed image's stored file, decoded. A missing file is retryable: a content replace or
-    revert racing this task may have removed it a moment ago and put it back (each claim reads the
-    image's current key), and nothing was called yet, so a paid stage may retry too. A file that
-    stays missing fails ``file_missing`` once the attempts are spent."""
-    path = settings.storage_path / claim.storage_key
+    """The claimed image's stored file, decoded — only once its bytes are proven to be the content
+    its key names (``FileStore.read_verified``), so no artifact is ever computed from other bytes
+    and written for the image's sha256.
+
+    A missing file is retryable: a content replace or revert racing this task may have removed it
+    a moment ago and put it back (each claim reads the image's current key), and nothing was called
+    yet, so a paid stage may retry too; one that stays missing fails ``file_missing`` once the
+    attempts are spent. A file that cannot be read (permission denied, a directory or a FIFO in
+    its place, an I/O error) is retried the same way and ends ``file_unreadable``: an operator's
+    fix makes it readable again. Bytes that do not match the key's sha256 (truncated, replaced)
+    fail at once, ``file_corrupt``: reading them again gives the same wrong bytes — restore the
+    file, then retry the job."""
+    key = claim.storage_key
     try:
-        data = Path(path).read_bytes()
+        data = FileStore(settings.storage_path).read_verified(key)
     except FileNotFoundError:
-        raise RetryableError(f"stored file {claim.storage_key} is missing", code="file_missing",
+        raise RetryableError(f"stored file {key} is missing", code="file_missing",
                              not_executed=True, exhausted_code="file_missing") from None
+    except (ContentMismatch, InvalidStorageKey) as exc:
+        log.warning("stored file refused: %s", exc, extra={"task_id": claim.task_id, "code": "file_corrupt"})
+        raise PermanentError(f"stored file {key} does not hold the image's content", code="file_corrupt") from None
+    except OSError as exc:  # the text stays in the log: it may name the storage's paths
+        log.warning("stored file unreadable: %s", exc, extra={"task_id": claim.task_id, "code": "file_unreadable"})
+        raise RetryableError(f"stored file {key} cannot be read ({type(exc).__name__})", code="file_unreadable",
+                             not_executed=True, exhausted_code="file_unreadable") from None
     return decode_image(data, max_pixels=settings.max_image_pixels)
 
 

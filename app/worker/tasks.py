@@ -19,6 +19,7 @@ from app.config import get_settings
 from app.ids import parse_uuid
 from app.worker.celery_app import celery_app
 from app.worker.runtime import get_runtime, preload, reset_runtime
+from app.worker.strategy import HINT_STRATEGY
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +83,14 @@ def _lane_task(lane: str):
 
     run_leaf.__name__ = run_leaf.__qualname__ = f"run_{lane}"
     run_leaf.__doc__ = f"Wake-up hint for a {lane} task."
-    return celery_app.task(name=celeryconfig.LANE_TASKS[lane], ignore_result=True)(run_leaf)
+    return celery_app.task(name=celeryconfig.LANE_TASKS[lane], ignore_result=True, Strategy=HINT_STRATEGY)(run_leaf)
 
 
 #: One task per stage lane (celeryconfig.LANES, from app.db.enums.Lane).
 LANE_TASKS = {lane: _lane_task(lane) for lane in celeryconfig.LANES}
 
 
-@celery_app.task(name=celeryconfig.WEBHOOK_TASK, ignore_result=True)
+@celery_app.task(name=celeryconfig.WEBHOOK_TASK, ignore_result=True, Strategy=HINT_STRATEGY)
 def deliver_webhooks(subscription_id: str) -> None:
     """Wake-up hint for a webhook subscription: deliver its due events, in order (DB-claimed)."""
     sub = parse_uuid(subscription_id)
@@ -102,7 +103,7 @@ def deliver_webhooks(subscription_id: str) -> None:
     rt.publisher.publish(deliver_subscription(rt.orch, sub, rt.owner))
 
 
-@celery_app.task(name=celeryconfig.SWEEP_TASK, ignore_result=True)
+@celery_app.task(name=celeryconfig.SWEEP_TASK, ignore_result=True, Strategy=HINT_STRATEGY)
 def reconcile_sweep() -> dict[str, int]:
     """One reconcile sweep (the orchestrator takes an advisory lock; concurrent runs skip)."""
     rt = get_runtime()
@@ -122,7 +123,7 @@ def reconcile_sweep() -> dict[str, int]:
     return counts
 
 
-@celery_app.task(name=celeryconfig.SEED_BATCH_TASK, ignore_result=True)
+@celery_app.task(name=celeryconfig.SEED_BATCH_TASK, ignore_result=True, Strategy=HINT_STRATEGY)
 def seed_batch(batch_id: str) -> None:
     """Wake-up for batch seeding: seed the next pages of batches with work left.
 
@@ -137,7 +138,7 @@ def seed_batch(batch_id: str) -> None:
     rt.publisher.publish(hints)
 
 
-@celery_app.task(name=celeryconfig.SEARCH_INDEXES_TASK, ignore_result=True)
+@celery_app.task(name=celeryconfig.SEARCH_INDEXES_TASK, ignore_result=True, Strategy=HINT_STRATEGY)
 def search_indexes() -> bool:
     """Per-scope HNSW index maintenance (app/orchestrator/scope_indexes.py): started in a thread of
     this worker (a build takes minutes; the lanes this worker serves go on) unless one runs here;
