@@ -37,7 +37,7 @@ def test_readme_numeric_defaults_are_the_settings_defaults():
         values = [v.strip() for v in re.split(r",\s(?=\S)", cells[1].split("(")[0].strip())]
         if len(names) != len(values) or not all(re.fullmatch(r"[\d,]+(\.\d+)?", v) for v in values):
             continue  # not a plain "one number per setting" row
-        for name, value in zip(names, values):
+        for name, value in zip(names, values, strict=True):
             if defaults.get(name) is None:
                 continue  # unknown here, or computed from other settings (its docs say how)
             checked += 1
