@@ -514,14 +514,18 @@ def complete_tasks(orch: Orchestrator, results: list[tuple[Claim, Any]], landed_
         # runs it again (only then can a claim's own execution be finished exactly so)
         missed = [r for r in rows if r["id"] not in finished]
         already = dict(tasks.finished_as_txn(conn, missed)) if missed else {}
-        landed, relanded = [], []
+        landed, relanded, fenced = [], [], []
         for claim, artifact in ordered:
             if claim.task_id in finished:
                 landed.append((claim, artifact))
             elif claim.task_id in already:
                 relanded.append(claim)
             else:
-                rejected_txn(orch, conn, claim, "complete")
+                fenced.append(claim)
+        # counted per scope (one ops_counters row each): rows taken in scope order, never in the
+        # claims' image order — two completions mixing the same scopes would deadlock on them
+        for claim in sorted(fenced, key=lambda c: c.scope_id):
+            rejected_txn(orch, conn, claim, "complete")
         stages.write_artifacts_txn(conn, [(c, a) for c, a in landed if not stale[c.task_id]])
         paid = [(c, a) for c, a in landed if isinstance(a, AgentArtifact)]
         locked.update(_write_agent_results_txn(orch, conn, [

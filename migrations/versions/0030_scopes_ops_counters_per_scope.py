@@ -27,7 +27,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute("DELETE FROM ops_counters WHERE scope_id <> ''")  # (per-scope buckets fold into none)
+    # each scope's bucket folds into the deployment's of the same minute and name (what 0029 counted)
+    op.execute("""
+INSERT INTO ops_counters (bucket, name, scope_id, count)
+SELECT bucket, name, '', sum(count) FROM ops_counters WHERE scope_id <> '' GROUP BY bucket, name
+ON CONFLICT (bucket, name, scope_id) DO UPDATE SET count = ops_counters.count + EXCLUDED.count""")
+    op.execute("DELETE FROM ops_counters WHERE scope_id <> ''")
     op.drop_constraint('pk_ops_counters', 'ops_counters', type_='primary')
     op.drop_column('ops_counters', 'scope_id')
     op.create_primary_key('pk_ops_counters', 'ops_counters', ['bucket', 'name'])

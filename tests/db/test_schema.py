@@ -355,3 +355,22 @@ def test_0030_keeps_counters_of_before_under_no_scope(fresh_db):
         got = sorted(conn.execute(text("SELECT scope_id, count FROM ops_counters")).all())
     eng.dispose()
     assert got == [("", 3), ("alpha", 5)]
+
+
+def test_0030_downgrade_folds_each_scope_s_counts_into_the_deployment_s(fresh_db):
+    """Downgraded, a minute's counts are the deployment's again: every scope's bucket is added to
+    the one of no scope (as 0029's code counted them), never dropped."""
+    url = fresh_db(None)
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0030")
+    eng = create_engine(url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO ops_counters (bucket, name, scope_id, count) VALUES"
+                          " ('2026-12-07T10:00Z', 'rehint', '', 3), ('2026-12-07T10:00Z', 'rehint', 'alpha', 5),"
+                          " ('2026-12-07T10:00Z', 'rehint', 'beta', 2),"
+                          " ('2026-12-07T10:01Z', 'fencing_rejection', 'alpha', 1)"))
+    command.downgrade(cfg, "0029")
+    with eng.connect() as conn:
+        got = sorted((str(r[0]), r[1], r[2]) for r in conn.execute(text("SELECT bucket, name, count FROM ops_counters")))
+    eng.dispose()
+    assert got == [("2026-12-07 10:00:00+00:00", "rehint", 10), ("2026-12-07 10:01:00+00:00", "fencing_rejection", 1)]

@@ -132,7 +132,7 @@ class TaskAttempt(Base):
     provider_request_id: Mapped[str | None] = mapped_column(Text)
     result: Mapped[dict | None] = mapped_column(JSONB)
     error: Mapped[dict | None] = mapped_column(JSONB)
-    # the provider that started it re-runs at no cost and with no external effect (migration 0028)
+    # the provider that started it re-runs at no cost and with no external effect (migration 0029)
     recall_safe: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default="false")
     created_at: Mapped[datetime] = timestamp_now()
     updated_at: Mapped[datetime] = timestamp_now()
