@@ -749,13 +749,14 @@ def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> lis
 
 
 @retry_on_disconnect
-def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> None:
-    """The worker stopped on a cancel request: record it (fenced) and free the slot."""
+def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> list[Hint]:
+    """The worker stopped on a cancel request: record it (fenced) and free the slot, handed to the
+    fairest waiting task as every slot release is. Returns the hints to publish after commit."""
     with orch.engine.begin() as conn:
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
                                        status=TaskStatus.CANCELLED, error={"code": reason, "message": reason})
         if not done.matched:  # fenced out: someone else owns the task now, and it holds no slot of ours
-            return
+            return []
         if claim.attempt_id:
             closed = attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED,
                                                  orch.now(), error={"code": reason, "message": reason})
@@ -763,3 +764,4 @@ def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") ->
                 log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
         lanes.release_slot_txn(orch, conn, claim)
         grants.release_if_unattempted_txn(orch, conn, claim.task_id)
+        return lanes.next_fair_hints_txn(orch, conn, claim)

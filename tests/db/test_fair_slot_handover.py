@@ -218,3 +218,28 @@ def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(
     assert out["claims"] == []  # refused: the slot was being released, not free yet
     assert [h.task_id for h in out["hints"]] == [hints[1].task_id]
     assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w3")) == 1
+
+
+def test_a_worker_stopping_on_a_cancel_hands_its_slot_to_the_waiting_scope(engine, settings):
+    """Lane limit 1: tenant A's agent task runs, tenant B's claim is refused (B waits unhinted). A's
+    job is cancelled and its worker stops on the request (``abandon_task``): the slot frees, and
+    B's task must be hinted by that transaction, published by the worker after the commit — as
+    every other path that frees a slot does — not left idle until the sweep."""
+    settings = dataclasses.replace(settings, agent_lane_limit=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    a = store_and_ingest(orch, "tenant-a", png_bytes(8500))
+    pub.publish(a.hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8501)).hints)
+    hint_b = step(orch, providers, pub, stop_lane="agent")
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    assert orch.claim_agent_batch(hint_b.task_id, 1, "w2") == []  # the one slot is A's: refused
+    orch.cancel_job("tenant-a", a.job["id"])  # running: its worker sees the request at its next beat
+
+    hints = orch.abandon_task(claim_a)
+
+    assert rows(engine, "SELECT status FROM tasks WHERE id = :t", t=claim_a.task_id) == [("cancelled",)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert [h.task_id for h in hints or [] if h.lane == "agent"] == [hint_b.task_id]
+    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1
