@@ -59,6 +59,8 @@ broker_transport_options = {
     "interval_start": 0,
     "interval_step": 0.2,
     "interval_max": 0.5,
+    # a message unacknowledged this long is delivered again: a retry's delayed hint (an eta held by
+    # the worker that received it) waits at most half of it (app.config.DELAYED_HINT_MAX_BOUND_S)
     "visibility_timeout": 3600,
 }
 

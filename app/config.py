@@ -50,6 +50,11 @@ COMPLETION_DRAIN_S = 30.0
 #: The openai-compatible agent's connect timeout (s): with no deadline set, a call's bound is the
 #: read timeout plus this (app/stages/agent/openai_compatible.py).
 AGENT_CONNECT_TIMEOUT_S = 5.0
+#: The longest backoff a retry's delayed hint may wait (``Settings.delayed_hint_max_s``): half the
+#: Redis transport's ``visibility_timeout`` (celeryconfig). A worker holds an eta message
+#: unacknowledged until it has run it, and Redis delivers a message again once it has been
+#: unacknowledged for longer than that timeout; this leaves the other half for the run.
+DELAYED_HINT_MAX_BOUND_S = 1800.0
 #: Settings.agent_async_completion's values.
 AGENT_ASYNC_COMPLETION = ("off", "local", "on")
 
@@ -92,6 +97,11 @@ class Settings:
     rehint_grace_s: float = 30.0
     backoff_base_s: float = 2.0
     backoff_max_s: float = 300.0
+    # a retry whose backoff ends within this many seconds publishes a hint due at that moment (a
+    # Celery eta), so it runs when it becomes due rather than at the next sweep; a longer wait (a
+    # provider's Retry-After) is left to the sweep, a sweep interval late at most; 0 = off.
+    # At most DELAYED_HINT_MAX_BOUND_S.
+    delayed_hint_max_s: float = 600.0
     max_attempts: int = 5
     # DB-wide concurrent agent tasks; unset: 4 for a remote (paid) agent, LOCAL_AGENT_LANE_LIMIT for
     # a local CPU-bound one (each worker is then bounded by its cores, see agent_batch); 0 = unlimited.
@@ -324,6 +334,9 @@ class Settings:
             raise SettingsError("MEMEFLOW_SWEEP_BATCH_LIMIT must be >= 1 (0: no sweep step would ever repair anything)")
         if min(self.rehint_grace_s, self.backoff_base_s, self.backoff_max_s) < 0:
             raise SettingsError("MEMEFLOW_REHINT_GRACE_S, MEMEFLOW_BACKOFF_BASE_S and MEMEFLOW_BACKOFF_MAX_S must be >= 0")
+        if not 0 <= self.delayed_hint_max_s <= DELAYED_HINT_MAX_BOUND_S:
+            raise SettingsError(f"MEMEFLOW_DELAYED_HINT_MAX_S must be within 0..{DELAYED_HINT_MAX_BOUND_S:g} "
+                                "(half the broker's visibility timeout; 0 = off)")
         if self.max_upload_bytes < 1 or self.max_image_pixels < 1:
             raise SettingsError("MEMEFLOW_MAX_UPLOAD_BYTES and MEMEFLOW_MAX_IMAGE_PIXELS must be >= 1")
         if self.agent_timeout_s <= 0 or self.agent_deadline_s < 0:

@@ -6,6 +6,10 @@ reconcile sweep re-hints every queued task whose last hint is older than the gra
 lost hint only delays work. After a failure the publisher stays quiet for ``cooldown_s`` so a dead
 Redis costs an upload one failed connect, not one per hint.
 
+A delayed hint (one with an ``eta``: a retry's wake-up at the end of its backoff) is sent with
+Celery's ``eta``: the worker that receives it holds it until then. Every other hint is sent as
+before, with no option added.
+
 Shared by the API, the CLI and the workers (below all three: it needs only the Celery config, never
 the worker's tasks), so the API and CLI publish without importing ``app.worker``.
 """
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 class _HintLike(Protocol):
     lane: str
     task_id: uuid.UUID
+    # and optionally eta: datetime | None (app.orchestrator.hints.Hint)
 
 
 def celery_config():
@@ -80,8 +85,13 @@ class CeleryHintPublisher:
             if self._clock() < self._quiet_until:
                 self._drop(pending[index:], "broker recently unreachable")
                 return
+            eta = getattr(hint, "eta", None)
             try:
-                self._app.send_task(name, args=[str(hint.task_id)], queue=lane, routing_key=lane, retry=False)
+                if eta is None:
+                    self._app.send_task(name, args=[str(hint.task_id)], queue=lane, routing_key=lane, retry=False)
+                else:
+                    self._app.send_task(name, args=[str(hint.task_id)], queue=lane, routing_key=lane, retry=False,
+                                        eta=eta)
             except Exception as exc:  # noqa: BLE001 - any broker error must not reach the caller
                 with self._lock:
                     self._quiet_until = self._clock() + self._cooldown_s

@@ -8,6 +8,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, RowMapping
@@ -630,9 +631,29 @@ def _close_paid_txn(orch: Orchestrator, conn: Connection, results: list[tuple[Cl
                                  lanes.slot_holders(landed), now)
 
 
+#: How long after a retried task's ``available_at`` its delayed hint is delivered: a hint delivered
+#: a hair early (an eta's float rounding in the broker's timer) would find its task not yet due and
+#: be spent, leaving the task to the sweep.
+DELAYED_HINT_SLACK = timedelta(milliseconds=10)
+
+
+def _delayed_hint_at(orch: Orchestrator, available_at: datetime | None, now: datetime) -> datetime | None:
+    """When a retry due at ``available_at`` is hinted: at that moment if it comes within
+    ``Settings.delayed_hint_max_s``; None beyond (or turned off): the sweep hints it once due."""
+    limit = orch.settings.delayed_hint_max_s
+    if available_at is None or limit <= 0 or available_at - now > timedelta(seconds=limit):
+        return None
+    return available_at
+
+
 @retry_on_disconnect
 def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expired: bool = False) -> list[Hint]:
     """Retryable → queued again after backoff; permanent, exhausted or unknown → failed with its code.
+
+    A retry returns, besides the freed slot's hints, a *delayed hint* for the task itself, due when
+    its backoff ends (``Hint.eta``; the task is marked hinted as of then): it runs when it becomes
+    due, not at the next sweep. A backoff longer than ``Settings.delayed_hint_max_s`` gets none
+    and is left unhinted for the sweep.
 
     ``lease_expired``: the sweep ends the execution for a worker it believes dead — only while its
     lease is still expired (``tasks.lock_expired_lease_txn``); a worker that renewed it meanwhile
@@ -645,6 +666,7 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
         paid_call=claim.attempt_id is not None and not claim.recall_safe,
     )
     err = stored_error(decision.code or error.code, error.message)
+    hint_at = _delayed_hint_at(orch, decision.available_at, now) if decision.retry else None
     with orch.engine.begin() as conn:
         if lease_expired and not tasks.lock_expired_lease_txn(
             conn, claim.task_id, claim.owner, claim.generation, now,
@@ -661,7 +683,7 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
         if not cancelled:
             if decision.retry:
                 done = tasks.requeue_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
-                                                decision.available_at, err)
+                                                decision.available_at, err, hinted_at=hint_at)
             else:
                 done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, now,
                                                status=TaskStatus.FAILED, error=err)
@@ -683,6 +705,8 @@ def fail_task(orch: Orchestrator, claim: Claim, error: StageError, *, lease_expi
             # its slot is free now: the fairest waiting task takes it (the requeued task itself is
             # not due before its backoff ends, so it is not among them)
             hints = lanes.next_fair_hints_txn(orch, conn, claim)
+            if hint_at is not None:  # the requeued task's own wake-up, when its backoff ends
+                hints.append(Hint(claim.lane, claim.task_id, eta=hint_at + DELAYED_HINT_SLACK))
         else:
             stage_status = StageStatus.UNKNOWN_EXECUTION if decision.unknown else StageStatus.FAILED
             job_status = JobStatus.UNKNOWN_EXECUTION if decision.unknown else JobStatus.FAILED
@@ -753,13 +777,14 @@ def end_abandoned_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> lis
 
 
 @retry_on_disconnect
-def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> None:
-    """The worker stopped on a cancel request: record it (fenced) and free the slot."""
+def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") -> list[Hint]:
+    """The worker stopped on a cancel request: record it (fenced) and free the slot, handed to the
+    fairest waiting task as every slot release is. Returns the hints to publish after commit."""
     with orch.engine.begin() as conn:
         done = tasks.finish_fenced_txn(conn, claim.task_id, claim.owner, claim.generation, orch.now(),
                                        status=TaskStatus.CANCELLED, error={"code": reason, "message": reason})
         if not done.matched:  # fenced out: someone else owns the task now, and it holds no slot of ours
-            return
+            return []
         if claim.attempt_id:
             closed = attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED,
                                                  orch.now(), error={"code": reason, "message": reason})
@@ -767,3 +792,4 @@ def abandon_task(orch: Orchestrator, claim: Claim, reason: str = "cancelled") ->
                 log.warning("attempt already closed", extra={"task_id": claim.task_id, "code": claim.attempt_id})
         lanes.release_slot_txn(orch, conn, claim)
         grants.release_if_unattempted_txn(orch, conn, claim.task_id)
+        return lanes.next_fair_hints_txn(orch, conn, claim)

@@ -1,4 +1,9 @@
-"""Hints are data: (lane, task id) pairs published to the broker only after commit."""
+"""Hints are data: (lane, task id) pairs published to the broker only after commit.
+
+A hint with an ``eta`` is a *delayed hint*: the broker delivers it at that moment, not before (a
+retry's wake-up at the end of its backoff, ``execution.fail_task``). It is still only a wake-up:
+the claim decides, and a task taken or cancelled meanwhile makes it a stale hint, dropped.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 log = logging.getLogger(__name__)
@@ -16,6 +22,7 @@ log = logging.getLogger(__name__)
 class Hint:
     lane: str
     task_id: uuid.UUID
+    eta: datetime | None = None  # deliver no earlier than this (UTC); None: now
 
 
 class HintPublisher(Protocol):
@@ -32,7 +39,10 @@ class NullPublisher:
 
 
 class RecordingPublisher:
-    """In-process publisher for tests and the test worker loop: a thread-safe FIFO of hints."""
+    """In-process publisher for tests and the test worker loop: a thread-safe FIFO of hints.
+
+    A delayed hint is recorded with its ``eta`` and handed out like any other (the test decides
+    when to act on it: its clock may be a fake one)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

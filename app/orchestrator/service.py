@@ -255,8 +255,8 @@ class Orchestrator:
     def mark_unknown_execution(self, claim: Claim) -> list[Hint]:
         return execution.mark_unknown_execution(self, claim)
 
-    def abandon_task(self, claim: Claim, reason: str = "cancelled") -> None:
-        execution.abandon_task(self, claim, reason)
+    def abandon_task(self, claim: Claim, reason: str = "cancelled") -> list[Hint]:
+        return execution.abandon_task(self, claim, reason)
 
     def sweep(self) -> SweepReport:
         return sweep_mod.sweep(self)

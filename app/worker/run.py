@@ -680,10 +680,10 @@ class LocalHints:
     handled here right after (``handle_hint_locally``) instead of published and delivered back to
     some worker: a chain of at most ``limit`` kept hints per delivered message, one at a time.
     Every other hint — another lane's, a second one of the same handling (another worker can take
-    it now, in parallel), one past the limit, one still kept when the chain stops — goes to
-    ``broker``. Keeping a hint changes nothing in PostgreSQL: its task is queued and hinted
-    (``last_hint_at``) exactly as if the message were in the broker, so a worker that dies before
-    claiming it leaves what a lost message leaves, and the sweep re-hints it after
+    it now, in parallel), a delayed one (an ``eta``), one past the limit, one still kept when the
+    chain stops — goes to ``broker``. Keeping a hint changes nothing in PostgreSQL: its task is
+    queued and hinted (``last_hint_at``) exactly as if the message were in the broker, so a worker
+    that dies before claiming it leaves what a lost message leaves, and the sweep re-hints it after
     ``rehint_grace_s``.
     """
 
@@ -694,7 +694,9 @@ class LocalHints:
     def publish(self, hints: Iterable[Hint]) -> None:
         out = []
         for hint in hints:
-            if self.kept is None and self.left > 0 and str(hint.lane) in self.lanes:
+            # a delayed hint (eta) goes to the broker, which holds it until then: claimed now, its
+            # task would not be due yet and the hint would be spent, leaving it to the sweep
+            if self.kept is None and self.left > 0 and str(hint.lane) in self.lanes and hint.eta is None:
                 self.kept, self.left = hint, self.left - 1
             else:
                 out.append(hint)

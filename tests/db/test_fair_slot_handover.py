@@ -35,7 +35,9 @@ def test_a_retryable_failure_hands_its_freed_slot_to_the_waiting_scope(engine, s
     hints = orch.fail_task(claim_a, RetryableError("provider busy"))
 
     assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
-    assert [h.task_id for h in hints if h.lane == "agent"] == [hint_b.task_id]
+    # now: B's; when its backoff ends: A's own (a delayed hint, tests/db/test_delayed_retry_hints.py)
+    assert [(h.task_id, h.eta is None) for h in hints if h.lane == "agent"] == [(hint_b.task_id, True),
+                                                                                (hint_a.task_id, False)]
     assert rows(engine, "SELECT last_hint_at IS NOT NULL FROM tasks WHERE id = :t", t=hint_b.task_id) == [(True,)]
     assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1
 
@@ -138,10 +140,11 @@ def test_hints_reordered_by_concurrent_workers_leave_no_free_slot_unhinted(engin
 
 def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, settings):
     """Lane limit 1. Tenant A's agent task fails with a retryable error: it is requeued after a
-    backoff with no hint (``last_hint_at`` cleared) and its slot frees. Tenant B is served since
-    (more recently than A). Once A's retry is due, B's next claim is refused — A, served less
-    recently, waits — so B's hint is spent too. The refusal must hint A's task (the slot is free),
-    not leave both unhinted for the sweep."""
+    backoff with no hint (``last_hint_at`` cleared: a backoff past ``delayed_hint_max_s``, here
+    delayed hints off) and its slot frees. Tenant B is served since (more recently than A). Once
+    A's retry is due, B's next claim is refused — A, served less recently, waits — so B's hint is
+    spent too. The refusal must hint A's task (the slot is free), not leave both unhinted for the
+    sweep."""
     from datetime import UTC, datetime
 
     from app.orchestrator import AgentArtifact
@@ -149,7 +152,7 @@ def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, setting
 
     clock = Clock(datetime.now(UTC))
     settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1, backoff_base_s=60,
-                                   backoff_max_s=60)
+                                   backoff_max_s=60, delayed_hint_max_s=0.0)
     orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
     providers = Providers(settings)
     pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8500)).hints)
@@ -218,3 +221,28 @@ def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(
     assert out["claims"] == []  # refused: the slot was being released, not free yet
     assert [h.task_id for h in out["hints"]] == [hints[1].task_id]
     assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w3")) == 1
+
+
+def test_a_worker_stopping_on_a_cancel_hands_its_slot_to_the_waiting_scope(engine, settings):
+    """Lane limit 1: tenant A's agent task runs, tenant B's claim is refused (B waits unhinted). A's
+    job is cancelled and its worker stops on the request (``abandon_task``): the slot frees, and
+    B's task must be hinted by that transaction, published by the worker after the commit — as
+    every other path that frees a slot does — not left idle until the sweep."""
+    settings = dataclasses.replace(settings, agent_lane_limit=1)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    a = store_and_ingest(orch, "tenant-a", png_bytes(8500))
+    pub.publish(a.hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8501)).hints)
+    hint_b = step(orch, providers, pub, stop_lane="agent")
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    assert orch.claim_agent_batch(hint_b.task_id, 1, "w2") == []  # the one slot is A's: refused
+    orch.cancel_job("tenant-a", a.job["id"])  # running: its worker sees the request at its next beat
+
+    hints = orch.abandon_task(claim_a)
+
+    assert rows(engine, "SELECT status FROM tasks WHERE id = :t", t=claim_a.task_id) == [("cancelled",)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert [h.task_id for h in hints or [] if h.lane == "agent"] == [hint_b.task_id]
+    assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1

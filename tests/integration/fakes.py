@@ -72,6 +72,25 @@ class CountingVisual(DeterministicVisualProvider):
         return super().embed(images)
 
 
+class FlakyVisual(CountingVisual):
+    """``CountingVisual`` whose first call for each image fails with a retryable error (a flaky
+    provider), across processes: ``visual-failed <key>`` in the call log marks an image as failed once."""
+
+    name = "flaky-visual"
+
+    def embed(self, images: list[DecodedImage]) -> list[list[float]]:
+        from app.stages.errors import RetryableError
+
+        path = os.environ.get(CALL_LOG_ENV)
+        failed = {key for stage, key in read_calls(Path(path))} if path else set()
+        for image in images:
+            key = pixel_key(image)
+            if key not in failed:
+                record_call("visual-failed", key)
+                raise RetryableError("the provider is busy; try again", code="provider_busy")
+        return super().embed(images)
+
+
 class CountingAgent(DeterministicAgent):
     name = "counting-agent"
 

@@ -510,9 +510,13 @@ def withdraw_cancel_txn(conn: Connection, task_id: uuid.UUID, now: datetime) -> 
 # a task whose job ended while it ran, and that no open stage waits on, is ended instead
 # (END_CANCEL_REQUESTED, tried first); a request some open stage still waits past speaks for no one
 # and is withdrawn here, as the sweep withdraws it from an expired lease (store/sweep.py).
+# ``last_hint_at`` = :hinted: when the retry's delayed hint is delivered (its available_at), so no
+# fairness path or sweep hints the task again before that hint has had its chance (the sweep
+# re-hints it one grace later: a lost delayed hint); NULL: no delayed hint, the sweep hints it
+# once it is due.
 REQUEUE_FENCED = sql("""
 UPDATE tasks SET status = 'queued', available_at = :at, error = CAST(:err AS jsonb), lease_owner = NULL,
-       lease_expires_at = NULL, last_hint_at = NULL, cancel_requested = false, updated_at = :now
+       lease_expires_at = NULL, last_hint_at = :hinted, cancel_requested = false, updated_at = :now
 WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
 RETURNING id, job_id, stage, lane, attempt_count
 """)
@@ -520,12 +524,16 @@ RETURNING id, job_id, stage, lane, attempt_count
 
 @transition
 def requeue_fenced_txn(
-    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, available_at: datetime, error: dict
+    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, available_at: datetime, error: dict,
+    hinted_at: datetime | None = None,
 ) -> Outcome[RowMapping]:
     """running → queued after a retryable error, due at ``available_at``, any cancel request
-    withdrawn (fenced; call ``end_cancel_requested_txn`` first). Not matched: fenced out."""
+    withdrawn (fenced; call ``end_cancel_requested_txn`` first). ``hinted_at``: the caller
+    publishes a delayed hint due then (``last_hint_at``), after commit; None: unhinted, left to
+    the sweep. Not matched: fenced out."""
     return Outcome.of(conn.execute(REQUEUE_FENCED, {
         "id": task_id, "owner": owner, "gen": gen, "now": now, "at": available_at, "err": canonical_json(error),
+        "hinted": hinted_at,
     }).mappings().all())
 
 
