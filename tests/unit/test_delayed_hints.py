@@ -64,3 +64,21 @@ def test_the_delayed_hint_bound_stays_within_half_the_brokers_visibility_timeout
         with pytest.raises(SettingsError):
             Settings(delayed_hint_max_s=bad).validate()
     assert Settings.from_env({"MEMEFLOW_DELAYED_HINT_MAX_S": "90"}).delayed_hint_max_s == 90.0
+
+
+def test_the_worker_keeps_an_eta_a_delayed_hint_may_carry_and_drops_any_other():
+    """app/worker/strategy.py: a retry's delayed hint (at most DELAYED_HINT_MAX_BOUND_S ahead) runs
+    at its eta; an eta that does not parse, has no zone, or lies beyond that bound is dropped."""
+    from datetime import UTC, datetime, timedelta
+
+    from app.config import DELAYED_HINT_MAX_BOUND_S
+    from app.worker.strategy import eta_refused
+
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    assert not eta_refused((now + timedelta(seconds=2)).isoformat(), now)
+    assert not eta_refused((now + timedelta(seconds=DELAYED_HINT_MAX_BOUND_S)).isoformat(), now)
+    assert not eta_refused((now - timedelta(hours=1)).isoformat(), now)  # due already: runs now
+    assert eta_refused((now + timedelta(seconds=DELAYED_HINT_MAX_BOUND_S + 120)).isoformat(), now)
+    assert eta_refused("2999-01-01T00:00:00+00:00", now)
+    assert eta_refused("not a date", now)
+    assert eta_refused("2026-12-07T12:00:05", now)  # no zone: not what memeflow sends
