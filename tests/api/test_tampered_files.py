@@ -116,3 +116,16 @@ def test_a_fifo_in_place_of_the_file_is_refused_without_blocking(client, setting
         helper.join(timeout=10)
     assert r.status_code == 503 and r.get_json()["error"] == "storage_unavailable"
     assert took < 5, "the request waited on the FIFO"
+
+
+def test_the_ops_page_serves_no_tampered_original_either(client, settings):
+    image = upload(client, png_bytes(size=(64, 64))).get_json()["image"]
+    path = _stored(settings, image)
+    original = path.read_bytes()
+    _flip_a_byte(path)
+    r = client.get(f"/ops/images/{image['id']}/content")
+    assert r.status_code == 503, (r.status_code, r.data[:80])
+    assert r.get_json()["error"] == "storage_corrupt"
+    path.write_bytes(original)
+    r = client.get(f"/ops/images/{image['id']}/content")
+    assert r.status_code == 200 and r.data == original
