@@ -13,6 +13,7 @@ from app.api import schemas as S
 from app.api.context import Blueprint, limit_rate, protect, publish, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
+from app.api.stored import read_original
 from app.api.uploads import ValidatedUpload, parse_multipart
 from app.metrics import THUMBNAILS_GENERATED
 from app.stages.images import EXTENSIONS
@@ -149,7 +150,7 @@ class ImageContent(MethodView):
                             ("image/png", "image/jpeg", "image/gif", "image/webp")},
             },
             "304": {"description": "not modified (If-None-Match matched)"},
-            **error_docs({404: "not_found"}),
+            **error_docs({404: "not_found", 503: "storage_corrupt / storage_unavailable"}),
         }
     )
     def get(self, image_id: uuid.UUID):
@@ -163,7 +164,7 @@ class ImageContent(MethodView):
                 resp = Response(status=304)
                 break
             try:
-                data = svc.store.read(row.storage_key)
+                data = read_original(svc.store, row.storage_key)  # 503 storage_corrupt: never other bytes
             except FileNotFoundError:  # replaced (or deleted) since the row was read: read the row again
                 continue
             resp = Response(data, mimetype=row.media_type)
@@ -198,7 +199,8 @@ class ImageThumbnail(MethodView):
             "200": {"description": "a WebP thumbnail of the current version; ETag names version and size",
                     "content": {thumbnails.MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
             "304": {"description": "not modified (If-None-Match matched)"},
-            **error_docs({404: "not_found", 422: "invalid_image / validation_error"}),
+            **error_docs({404: "not_found", 422: "invalid_image / validation_error",
+                          503: "storage_corrupt / storage_unavailable"}),
         }
     )
     def get(self, args, image_id: uuid.UUID):
@@ -236,8 +238,8 @@ def _thumbnail(svc: Any, row: Any, size: int) -> thumbnails.Thumbnail | None:
     """The cached thumbnail of this row's version, made from the stored original if missing;
     None when that original is gone (a replace or delete committed after the row was read)."""
     def source() -> bytes:
-        try:
-            return svc.store.read(row.storage_key)
+        try:  # verified: a thumbnail of other bytes would be cached for this sha256 for good
+            return read_original(svc.store, row.storage_key)
         except FileNotFoundError:
             raise _OriginalGone() from None
 

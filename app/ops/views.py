@@ -249,13 +249,14 @@ def image_content(image_id: uuid.UUID) -> Any:
     and the API takes only the latter."""
     from app.api.images import original_file_name
     from app.api.queries import image_file
+    from app.api.stored import read_original
 
     store = getattr(current_app.extensions.get("memeflow"), "store", None)
     row = image_file(_cfg().engine(), g.ops_scope, image_id)
     if row is None or store is None:
         abort(404)
     try:
-        data = store.read(row.storage_key)
+        data = read_original(store, row.storage_key)  # 503 storage_corrupt: never other bytes
     except FileNotFoundError:
         abort(404)
     response = current_app.response_class(data, mimetype=row.media_type)

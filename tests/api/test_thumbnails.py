@@ -1,8 +1,10 @@
 """Thumbnails: bound to the image version (sha256), made once, cached on disk, ETag/304, scope-checked,
-and hostile stored files answered with a clear 4xx (never a 5xx)."""
+and hostile stored files answered with a clear 4xx (never a 5xx); bytes that are not the stored
+content are a 503 ``storage_corrupt`` (tests/api/test_tampered_files.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import struct
 import threading
@@ -138,7 +140,15 @@ def test_hostile_stored_files_are_a_clear_4xx(client, settings, store, engine):
         image = upload(client, png_bytes(color=(i * 40, 5, 5), size=(50, 50))).get_json()["image"]
         with engine.connect() as conn:
             key = conn.execute(text("SELECT storage_key FROM images WHERE id = :i"), {"i": image["id"]}).scalar_one()
-        store.path(key).write_bytes(bad)  # the stored original altered behind memeflow's back
+        # hostile bytes stored under their own sha256 (bytes that hash otherwise are refused before
+        # decoding: 503 storage_corrupt, tests/api/test_tampered_files.py)
+        sha = hashlib.sha256(bad).hexdigest()
+        new_key = f"{key.split('/')[0]}/{sha}.png"
+        store.path(new_key).write_bytes(bad)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE images SET sha256 = :h, storage_key = :k WHERE id = :i"),
+                         {"h": sha, "k": new_key, "i": image["id"]})
+        image["sha256"] = sha
         resp = _thumb(client, image["id"])
         assert resp.status_code == 422, (name, resp.status_code, resp.get_data(as_text=True))
         assert resp.get_json()["error"] == "invalid_image", name
