@@ -81,7 +81,10 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> A
         return ADMITTED  # unlimited: nothing to share, so nothing to be fair about
     now = orch.now()
     expires = now + timedelta(seconds=orch.settings.lease_s)
-    if row["attempt_count"] == 1:  # a first claim holds no slot to take over: one statement admits it
+    # a first execution (generation 1) holds no slot to take over: one statement admits it. Not the
+    # attempt count: a run that died beside others is re-claimed uncharged (tasks.CLAIM) while its
+    # slot row still names it at its old generation — it must take that slot over, not a second one
+    if row["claim_generation"] == 1:
         for key, limit in pools:
             _ensure_slots_txn(orch, conn, lane, key, limit, now)
         admitted = slots.admit_first_txn(conn, lane, row["resource_key"], row["scope_id"], pools, row["id"],
@@ -91,11 +94,9 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> A
     if slots.fairer_scope_waiting_txn(conn, lane, row["resource_key"], row["scope_id"], now):
         return REFUSED
     for key, limit in pools:
-        # only a re-claim (an earlier execution's lease expired) can still hold a slot; not matched:
-        # it holds none (or this is a first claim) — take a free one
-        if row["attempt_count"] > 1 and slots.take_over_txn(
-            conn, lane, key, row["id"], row["claim_generation"], expires, now
-        ).matched:
+        # a later execution (a retry, or a re-claim after an expired lease) may still hold its
+        # earlier one's slot; not matched: it holds none (released, or freed by the sweep) — take a free one
+        if slots.take_over_txn(conn, lane, key, row["id"], row["claim_generation"], expires, now).matched:
             continue
         _ensure_slots_txn(orch, conn, lane, key, limit, now)
         if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now).matched:

@@ -218,3 +218,64 @@ def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(
     assert out["claims"] == []  # refused: the slot was being released, not free yet
     assert [h.task_id for h in out["hints"]] == [hints[1].task_id]
     assert len(orch.claim_agent_batch(hints[1].task_id, 1, "w3")) == 1
+
+
+def test_a_died_shared_run_re_claimed_takes_over_its_slot_and_its_delete_frees_one(engine, settings):
+    """Lane limit 2. A shared agent claim (a threads pool: ``claimed_alone`` false) holds slot 1 while
+    slot 0 is free; its worker dies, and its re-claim is not charged (``attempt_count`` stays 1). The
+    admission decided "first claim" by that count, so the re-claim took a second slot (0) in one
+    statement while slot 1 still named the task at its old generation (lease expired: free, left to
+    the sweep). Deleting the image then counted two freed slots: it hinted two waiting tasks where
+    one slot was freed and the other was already covered by a live hint — one empty claim later.
+    The re-claim must take over the slot it holds (one row names the task, at the new generation)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from app.orchestrator import AgentArtifact
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=2, agent_batch_size=1, backoff_base_s=600,
+                                   backoff_max_s=600)
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+
+    def agent_hint(scope: str, seed: int):
+        ingested = store_and_ingest(orch, scope, png_bytes(seed))
+        pub.publish(ingested.hints)
+        hint = step(orch, providers, pub, stop_lane="agent")
+        assert hint is not None
+        return ingested, hint
+
+    _, hint_y = agent_hint("tenant-a", 8700)
+    [claim_y] = orch.claim_agent_batch(hint_y.task_id, 1, "w-y")  # slot 0
+    x, hint_x = agent_hint("tenant-b", 8701)
+    assert len(orch.claim_agent_batch(hint_x.task_id, 1, "w-x", shared=True)) == 1  # slot 1
+    orch.complete_tasks([(claim_y, AgentArtifact({"title": "t", "tags": []}, "m", claim_y.attempt_id))])
+    waiting = []  # two scopes' tasks requeued by a retryable failure: unhinted, due after the backoff
+    for scope, seed in (("tenant-c", 8702), ("tenant-d", 8703)):
+        _, hint = agent_hint(scope, seed)
+        [claim] = orch.claim_agent_batch(hint.task_id, 1, f"w-{scope}")
+        orch.fail_task(claim, RetryableError("provider busy"))
+        waiting.append(hint.task_id)
+    assert rows(engine, "SELECT slot_no FROM lane_slots WHERE task_id = :t", t=hint_x.task_id) == [(1,)]
+
+    clock.advance(seconds=settings.lease_s + 1)  # the shared run died: its lease lapsed
+    [again] = orch.claim_agent_batch(hint_x.task_id, 1, "w-x2", shared=True)
+    assert (again.generation, again.attempt_count) == (2, 1)  # re-claimed without charge
+    assert rows(engine, "SELECT slot_no, claim_generation FROM lane_slots WHERE task_id = :t",
+                t=hint_x.task_id) == [(1, 2)], "the re-claim must take over its slot, not take a second one"
+
+    _, hint_h = agent_hint("tenant-b", 8704)  # its live hint covers the one free slot
+    clock.advance(seconds=600)  # the retries are due
+    assert orch.heartbeat(again)
+    assert rows(engine, "SELECT count(*) FROM tasks WHERE id = ANY(:t) AND status = 'queued'"
+                        " AND last_hint_at IS NULL", t=waiting) == [(2,)]
+
+    hints = orch.delete_image("tenant-b", uuid.UUID(x.image["id"]))
+
+    # one slot freed: the fairest waiting task (tenant-c, served longest ago) gets it; the other free
+    # slot is already tenant-b's hinted task's
+    assert [h.task_id for h in hints if h.lane == "agent"] == [waiting[0]]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert hint_h.task_id not in waiting
