@@ -175,7 +175,7 @@ def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, setting
     assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w4")) == 1
 
 
-def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings):
+def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings, monkeypatch):
     """Lane limit 1. A's first agent task holds the slot; a release of it is in flight (its
     transaction updated the slot row and — having read every waiting task as hinted — hints no
     one). A's second task's claim comes now: no free slot, refused, its hint cleared. Deciding on
@@ -183,6 +183,11 @@ def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(
     and an unhinted task, for the sweep. It must wait the release out, then hint the task."""
     import threading
 
+    from app.orchestrator import lanes
+
+    # the release is held open until the test sees the refusal wait for it: a budget that no loaded
+    # box outlasts (the budget's own test: test_a_refusal_does_not_stall_on_a_long_transaction…)
+    monkeypatch.setattr(lanes, "SETTLE_BUDGET_S", 60.0)
     settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1)
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
@@ -279,3 +284,71 @@ def test_a_died_shared_run_re_claimed_takes_over_its_slot_and_its_delete_frees_o
     assert [h.task_id for h in hints if h.lane == "agent"] == [waiting[0]]
     assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
     assert hint_h.task_id not in waiting
+
+
+def test_a_refusal_does_not_stall_on_a_long_transaction_holding_a_candidate_task(engine, settings):
+    """Lane limit 1, the slot free. Tenant A's retry is due and unhinted; tenant B's claim is
+    refused (A, served less recently, waits). The refusal then waits out the transactions in flight
+    holding a candidate row locked — but a long one (a batch seeding page) holds A's row: each wait
+    was bounded only by the engine's lock_timeout (10 s, up to 8 of them), stalling the refused
+    claim's worker thread. The step is best effort (the sweep repairs): it must give up within its
+    short budget, hint nothing it could not decide, and leave the state correct."""
+    import threading
+    import time
+    from datetime import UTC, datetime
+
+    from app.orchestrator import AgentArtifact
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1, backoff_base_s=60,
+                                   backoff_max_s=60)
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+    pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8800)).hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    orch.fail_task(claim_a, RetryableError("provider busy"))
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8801)).hints)
+    hint_b1 = step(orch, providers, pub, stop_lane="agent")
+    [claim_b1] = orch.claim_agent_batch(hint_b1.task_id, 1, "w2")  # B served after A
+    orch.complete_tasks([(claim_b1, AgentArtifact({"title": "t", "tags": []}, "m", claim_b1.attempt_id))])
+    pub.drain()
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8802)).hints)
+    hint_b2 = step(orch, providers, pub, stop_lane="agent")
+    clock.advance(seconds=120)  # A's backoff is over: due, unhinted, and the refusal's candidate
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = :t", t=hint_a.task_id) == [("queued", None)]
+
+    holder = engine.connect()
+    tx = holder.begin()
+    holder.execute(text("SELECT 1 FROM tasks WHERE id = :t FOR UPDATE"), {"t": hint_a.task_id}).all()
+    out: dict = {}
+
+    def refused_claim():
+        got: list = []
+        out["claims"] = orch.claim_agent_batch(hint_b2.task_id, 1, "w3", hints_out=got)
+        out["hints"] = got
+
+    worker = threading.Thread(target=refused_claim)
+    started = time.monotonic()
+    worker.start()
+    try:
+        worker.join(timeout=5)
+        returned = not worker.is_alive()
+    finally:
+        tx.rollback()  # the long transaction ends (only now, whatever the refusal did)
+        holder.close()
+        worker.join(timeout=30)
+    assert returned, f"the refused claim was still waiting after {time.monotonic() - started:.1f} s"
+
+    assert out["claims"] == []  # refused: A is fairer
+    # A's row was locked throughout: nothing could be decided for it, so nothing was hinted
+    assert out["hints"] == []
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = ANY(:t) ORDER BY id",
+                t=[hint_a.task_id, hint_b2.task_id]) == [("queued", None), ("queued", None)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    # the next event repairs it: the next refusal's settle step (nothing locked now) hints A
+    hints: list = []
+    assert orch.claim_agent_batch(hint_b2.task_id, 1, "w4", hints_out=hints) == []
+    assert [h.task_id for h in hints] == [hint_a.task_id]
+    assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w5")) == 1
