@@ -18,8 +18,8 @@ claims its task; hinting it again would only cost an empty claim):
   (``top_up_txn``) — the refused task of a reordered pair of hints is hinted again here, once the
   fairer task it waited for is claimed;
 - a refusal, after its hint was cleared (``hints_after_refusal``): the tasks that would be
-  admitted now, one per free slot — first waiting out the transactions in flight that read the
-  cleared hint as live (a slot release, a claim of the fairer task), so none of them and the
+  admitted now, one per free slot — first waiting out (within a short budget) the transactions in
+  flight that read the cleared hint as live (a slot release, a claim of the fairer task), so none of them and the
   refusal both leave the slot to the other. The refused task itself is among them only when
   nothing fairer waits any more, so two refused tasks never hint each other in turn.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, NamedTuple
@@ -81,7 +82,10 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> A
         return ADMITTED  # unlimited: nothing to share, so nothing to be fair about
     now = orch.now()
     expires = now + timedelta(seconds=orch.settings.lease_s)
-    if row["attempt_count"] == 1:  # a first claim holds no slot to take over: one statement admits it
+    # a first execution (generation 1) holds no slot to take over: one statement admits it. Not the
+    # attempt count: a run that died beside others is re-claimed uncharged (tasks.CLAIM) while its
+    # slot row still names it at its old generation — it must take that slot over, not a second one
+    if row["claim_generation"] == 1:
         for key, limit in pools:
             _ensure_slots_txn(orch, conn, lane, key, limit, now)
         admitted = slots.admit_first_txn(conn, lane, row["resource_key"], row["scope_id"], pools, row["id"],
@@ -91,11 +95,9 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> A
     if slots.fairer_scope_waiting_txn(conn, lane, row["resource_key"], row["scope_id"], now):
         return REFUSED
     for key, limit in pools:
-        # only a re-claim (an earlier execution's lease expired) can still hold a slot; not matched:
-        # it holds none (or this is a first claim) — take a free one
-        if row["attempt_count"] > 1 and slots.take_over_txn(
-            conn, lane, key, row["id"], row["claim_generation"], expires, now
-        ).matched:
+        # a later execution (a retry, or a re-claim after an expired lease) may still hold its
+        # earlier one's slot; not matched: it holds none (released, or freed by the sweep) — take a free one
+        if slots.take_over_txn(conn, lane, key, row["id"], row["claim_generation"], expires, now).matched:
             continue
         _ensure_slots_txn(orch, conn, lane, key, limit, now)
         if not slots.take_free_txn(conn, lane, key, limit, row["id"], row["claim_generation"], expires, now).matched:
@@ -264,6 +266,12 @@ def refused_txn(orch: Orchestrator, conn: Connection, task_id) -> None:
 
 #: At most this many transactions in flight are waited out after a refusal (each for one row).
 SETTLE_WAITS = 8
+#: All of those waits together take at most this long (each under a lock_timeout of what is left): a
+#: slot release or claim in flight commits in milliseconds, while a long transaction holding a
+#: candidate row (a batch seeding page) would otherwise stall the refused claim's worker thread for
+#: the engine's lock_timeout per wait. Past it the step decides without the rest — best effort: a
+#: slot left unhinted so is hinted by the next release, claim or refusal, else by the sweep.
+SETTLE_BUDGET_S = 1.0
 
 
 def hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> list[Hint]:
@@ -276,7 +284,8 @@ def hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> lis
     leaves the slot to the other). So first the transactions that hold a held slot row or a
     candidate task row locked are waited out, one row at a time in a transaction of its own that
     holds nothing else (no lock cycle); a transaction that starts after the clear committed sees
-    it, and hints the task itself (its release path, or its ``top_up_txn``)."""
+    it, and hints the task itself (its release path, or its ``top_up_txn``). The waits share one
+    short budget (``SETTLE_BUDGET_S``): a transaction outlasting it is not waited for further."""
     pools = _pools(orch, resource_key)
     if lane not in LIMITED_LANES or not pools:
         return []
@@ -291,12 +300,21 @@ def hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> lis
         return []  # every slot is held by a finished transaction: the next release hints
     waits = [functools.partial(slots.wait_slot_txn, lane=lane, resource_key=k, slot_no=n) for k, n in busy]
     waits += [functools.partial(tasks.wait_task_txn, task_id=t) for t in busy_tasks]
+    deadline = time.monotonic() + SETTLE_BUDGET_S
     for wait in waits[:SETTLE_WAITS]:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms < 1:  # the budget is spent: decide without the rest
+            break
         try:
             with orch.engine.begin() as conn:
+                slots.bound_lock_waits_txn(conn, left_ms)
                 wait(conn)
-        except OperationalError as exc:  # lock_timeout: a long transaction; decide without it (the sweep repairs)
-            log.warning("refusal: a transaction in flight outlasted lock_timeout", extra={"lane": lane, "code": str(exc.orig)[:80]})
+        except OperationalError as exc:
+            # lock_timeout, the budget spent: a long transaction; decide without it — and without the
+            # rest (the hint is best effort: the next event or the sweep repairs)
+            log.warning("refusal: a transaction in flight outlasted the settle budget",
+                        extra={"lane": lane, "code": str(exc.orig)[:80]})
+            break
     with orch.engine.begin() as conn:
         now = orch.now()
         free = slots.free_count_txn(conn, lane, pools, now)

@@ -178,7 +178,7 @@ def test_a_fairness_refusal_hints_the_due_retry_that_outranks_it(engine, setting
     assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w4")) == 1
 
 
-def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings):
+def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(engine, settings, monkeypatch):
     """Lane limit 1. A's first agent task holds the slot; a release of it is in flight (its
     transaction updated the slot row and — having read every waiting task as hinted — hints no
     one). A's second task's claim comes now: no free slot, refused, its hint cleared. Deciding on
@@ -186,6 +186,11 @@ def test_a_refusal_waits_out_a_slot_release_in_flight_then_hints_the_freed_slot(
     and an unhinted task, for the sweep. It must wait the release out, then hint the task."""
     import threading
 
+    from app.orchestrator import lanes
+
+    # the release is held open until the test sees the refusal wait for it: a budget that no loaded
+    # box outlasts (the budget's own test: test_a_refusal_does_not_stall_on_a_long_transaction…)
+    monkeypatch.setattr(lanes, "SETTLE_BUDGET_S", 60.0)
     settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1)
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
@@ -246,3 +251,134 @@ def test_a_worker_stopping_on_a_cancel_hands_its_slot_to_the_waiting_scope(engin
     assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
     assert [h.task_id for h in hints or [] if h.lane == "agent"] == [hint_b.task_id]
     assert len(orch.claim_agent_batch(hint_b.task_id, 1, "w2")) == 1
+
+
+def test_a_died_shared_run_re_claimed_takes_over_its_slot_and_its_delete_frees_one(engine, settings):
+    """Lane limit 2. A shared agent claim (a threads pool: ``claimed_alone`` false) holds slot 1 while
+    slot 0 is free; its worker dies, and its re-claim is not charged (``attempt_count`` stays 1). The
+    admission decided "first claim" by that count, so the re-claim took a second slot (0) in one
+    statement while slot 1 still named the task at its old generation (lease expired: free, left to
+    the sweep). Deleting the image then counted two freed slots: it hinted two waiting tasks where
+    one slot was freed and the other was already covered by a live hint — one empty claim later.
+    The re-claim must take over the slot it holds (one row names the task, at the new generation)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from app.orchestrator import AgentArtifact
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=2, agent_batch_size=1, backoff_base_s=600,
+                                   backoff_max_s=600,
+                                   delayed_hint_max_s=0.0)  # retries left unhinted, as before delayed hints
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+
+    def agent_hint(scope: str, seed: int):
+        ingested = store_and_ingest(orch, scope, png_bytes(seed))
+        pub.publish(ingested.hints)
+        hint = step(orch, providers, pub, stop_lane="agent")
+        assert hint is not None
+        return ingested, hint
+
+    _, hint_y = agent_hint("tenant-a", 8700)
+    [claim_y] = orch.claim_agent_batch(hint_y.task_id, 1, "w-y")  # slot 0
+    x, hint_x = agent_hint("tenant-b", 8701)
+    assert len(orch.claim_agent_batch(hint_x.task_id, 1, "w-x", shared=True)) == 1  # slot 1
+    orch.complete_tasks([(claim_y, AgentArtifact({"title": "t", "tags": []}, "m", claim_y.attempt_id))])
+    waiting = []  # two scopes' tasks requeued by a retryable failure: unhinted, due after the backoff
+    for scope, seed in (("tenant-c", 8702), ("tenant-d", 8703)):
+        _, hint = agent_hint(scope, seed)
+        [claim] = orch.claim_agent_batch(hint.task_id, 1, f"w-{scope}")
+        orch.fail_task(claim, RetryableError("provider busy"))
+        waiting.append(hint.task_id)
+    assert rows(engine, "SELECT slot_no FROM lane_slots WHERE task_id = :t", t=hint_x.task_id) == [(1,)]
+
+    clock.advance(seconds=settings.lease_s + 1)  # the shared run died: its lease lapsed
+    [again] = orch.claim_agent_batch(hint_x.task_id, 1, "w-x2", shared=True)
+    assert (again.generation, again.attempt_count) == (2, 1)  # re-claimed without charge
+    assert rows(engine, "SELECT slot_no, claim_generation FROM lane_slots WHERE task_id = :t",
+                t=hint_x.task_id) == [(1, 2)], "the re-claim must take over its slot, not take a second one"
+
+    _, hint_h = agent_hint("tenant-b", 8704)  # its live hint covers the one free slot
+    clock.advance(seconds=600)  # the retries are due
+    assert orch.heartbeat(again)
+    assert rows(engine, "SELECT count(*) FROM tasks WHERE id = ANY(:t) AND status = 'queued'"
+                        " AND last_hint_at IS NULL", t=waiting) == [(2,)]
+
+    hints = orch.delete_image("tenant-b", uuid.UUID(x.image["id"]))
+
+    # one slot freed: the fairest waiting task (tenant-c, served longest ago) gets it; the other free
+    # slot is already tenant-b's hinted task's
+    assert [h.task_id for h in hints if h.lane == "agent"] == [waiting[0]]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    assert hint_h.task_id not in waiting
+
+
+def test_a_refusal_does_not_stall_on_a_long_transaction_holding_a_candidate_task(engine, settings):
+    """Lane limit 1, the slot free. Tenant A's retry is due and unhinted; tenant B's claim is
+    refused (A, served less recently, waits). The refusal then waits out the transactions in flight
+    holding a candidate row locked — but a long one (a batch seeding page) holds A's row: each wait
+    was bounded only by the engine's lock_timeout (10 s, up to 8 of them), stalling the refused
+    claim's worker thread. The step is best effort (the sweep repairs): it must give up within its
+    short budget, hint nothing it could not decide, and leave the state correct."""
+    import threading
+    import time
+    from datetime import UTC, datetime
+
+    from app.orchestrator import AgentArtifact
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1, backoff_base_s=60,
+                                   backoff_max_s=60,
+                                   delayed_hint_max_s=0.0)  # retries left unhinted, as before delayed hints
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+    pub.publish(store_and_ingest(orch, "tenant-a", png_bytes(8800)).hints)
+    hint_a = step(orch, providers, pub, stop_lane="agent")
+    [claim_a] = orch.claim_agent_batch(hint_a.task_id, 1, "w1")
+    orch.fail_task(claim_a, RetryableError("provider busy"))
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8801)).hints)
+    hint_b1 = step(orch, providers, pub, stop_lane="agent")
+    [claim_b1] = orch.claim_agent_batch(hint_b1.task_id, 1, "w2")  # B served after A
+    orch.complete_tasks([(claim_b1, AgentArtifact({"title": "t", "tags": []}, "m", claim_b1.attempt_id))])
+    pub.drain()
+    pub.publish(store_and_ingest(orch, "tenant-b", png_bytes(8802)).hints)
+    hint_b2 = step(orch, providers, pub, stop_lane="agent")
+    clock.advance(seconds=120)  # A's backoff is over: due, unhinted, and the refusal's candidate
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = :t", t=hint_a.task_id) == [("queued", None)]
+
+    holder = engine.connect()
+    tx = holder.begin()
+    holder.execute(text("SELECT 1 FROM tasks WHERE id = :t FOR UPDATE"), {"t": hint_a.task_id}).all()
+    out: dict = {}
+
+    def refused_claim():
+        got: list = []
+        out["claims"] = orch.claim_agent_batch(hint_b2.task_id, 1, "w3", hints_out=got)
+        out["hints"] = got
+
+    worker = threading.Thread(target=refused_claim)
+    started = time.monotonic()
+    worker.start()
+    try:
+        worker.join(timeout=5)
+        returned = not worker.is_alive()
+    finally:
+        tx.rollback()  # the long transaction ends (only now, whatever the refusal did)
+        holder.close()
+        worker.join(timeout=30)
+    assert returned, f"the refused claim was still waiting after {time.monotonic() - started:.1f} s"
+
+    assert out["claims"] == []  # refused: A is fairer
+    # A's row was locked throughout: nothing could be decided for it, so nothing was hinted
+    assert out["hints"] == []
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = ANY(:t) ORDER BY id",
+                t=[hint_a.task_id, hint_b2.task_id]) == [("queued", None), ("queued", None)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+    # the next event repairs it: the next refusal's settle step (nothing locked now) hints A
+    hints: list = []
+    assert orch.claim_agent_batch(hint_b2.task_id, 1, "w4", hints_out=hints) == []
+    assert [h.task_id for h in hints] == [hint_a.task_id]
+    assert len(orch.claim_agent_batch(hint_a.task_id, 1, "w5")) == 1

@@ -273,6 +273,9 @@ SELECT resource_key, slot_no FROM held EXCEPT SELECT resource_key, slot_no FROM 
 
 WAIT_SLOT = sql("SELECT 1 FROM lane_slots WHERE lane = :lane AND resource_key = :rk AND slot_no = :n FOR SHARE")
 
+# The rest of the transaction waits for a lock at most :ms (SET LOCAL: it ends with the transaction).
+BOUND_LOCK_WAITS = sql("SELECT set_config('lock_timeout', :ms, true)")
+
 
 def locked_held_txn(conn: Connection, lane: str, keys: list[str]) -> list[tuple[str, int]]:
     """(resource key, slot no) of the pools' held slots that a transaction in flight holds locked."""
@@ -283,6 +286,12 @@ def wait_slot_txn(conn: Connection, lane: str, resource_key: str, slot_no: int) 
     """Wait until the transaction holding the slot row locked ends (share-locks it until this
     transaction ends: the caller's transaction must hold nothing else and commit right away)."""
     conn.execute(WAIT_SLOT, {"lane": lane, "rk": resource_key, "n": slot_no}).all()
+
+
+def bound_lock_waits_txn(conn: Connection, timeout_ms: int) -> None:
+    """From now until this transaction ends, a lock wait gives up after ``timeout_ms`` (at least
+    1 ms) instead of the engine's lock_timeout, raising lock_not_available (SQLSTATE 55P03)."""
+    conn.execute(BOUND_LOCK_WAITS, {"ms": f"{max(1, int(timeout_ms))}ms"}).all()
 
 
 def fairest_queued_txn(conn: Connection, lane: str, now: datetime, n: int = 1) -> list[RowMapping]:
