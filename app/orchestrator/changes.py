@@ -278,7 +278,7 @@ def delete_image(orch: Orchestrator, scope_id: str, image_id: uuid.UUID, *,
         if active is not None:  # release what its cancelled tasks held before the rows cascade away
             for task_id in tasks.cancel_job_tasks_txn(conn, active["id"], orch.now(), "image_deleted").rows:
                 grants.release_if_unattempted_txn(orch, conn, task_id)
-        held = slots.held_by_image_txn(conn, scope_id, image_id)
+        held = slots.held_by_image_txn(conn, scope_id, image_id, orch.now())
         key = images.delete_image_txn(conn, scope_id, image_id).expect(
             "the image row is locked (lock_image_txn above)").row
         hints = [h for lane, n in held for h in lanes.next_fair_hints_of_lane_txn(orch, conn, lane, n)]

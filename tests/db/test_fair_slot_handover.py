@@ -315,6 +315,50 @@ def test_a_died_shared_run_re_claimed_takes_over_its_slot_and_its_delete_frees_o
     assert hint_h.task_id not in waiting
 
 
+def test_deleting_an_image_whose_task_died_holding_a_slot_hands_on_nothing(engine, settings):
+    """Lane limit 1. Tenant B's agent task holds the slot and its worker dies: once the lease
+    expired the slot is free already (TAKE_FREE's rule), and the live hint of B's next task covers
+    it. Deleting B's first image then frees no slot — but the delete counted every slot row naming
+    the image's tasks, expired or not, and handed the "freed" slot to tenant C's due, unhinted retry
+    (fairer than B): a second hint for one slot (one empty claim later)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from tests.support.agents import Clock
+
+    clock = Clock(datetime.now(UTC))
+    settings = dataclasses.replace(settings, agent_lane_limit=1, agent_batch_size=1, backoff_base_s=600,
+                                   backoff_max_s=600,
+                                   delayed_hint_max_s=0.0)  # retries left unhinted, as before delayed hints
+    orch, pub = Orchestrator(engine, settings, clock=clock), RecordingPublisher()
+    providers = Providers(settings)
+
+    def agent_hint(scope: str, seed: int):
+        ingested = store_and_ingest(orch, scope, png_bytes(seed))
+        pub.publish(ingested.hints)
+        hint = step(orch, providers, pub, stop_lane="agent")
+        assert hint is not None
+        return ingested, hint
+
+    _, hint_c = agent_hint("tenant-c", 8900)
+    [claim_c] = orch.claim_agent_batch(hint_c.task_id, 1, "w-c")
+    orch.fail_task(claim_c, RetryableError("provider busy"))  # requeued: unhinted, due after the backoff
+    x, hint_x = agent_hint("tenant-b", 8901)
+    assert len(orch.claim_agent_batch(hint_x.task_id, 1, "w-x")) == 1  # the one slot
+    clock.advance(seconds=settings.lease_s + 1)  # B's worker died: its lease lapsed, the slot is free
+    _, hint_h = agent_hint("tenant-b", 8902)  # its live hint covers the free slot
+    clock.advance(seconds=600)  # C's retry is due
+    assert rows(engine, "SELECT status, last_hint_at FROM tasks WHERE id = :t", t=hint_c.task_id) == [("queued", None)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id = :t", t=hint_x.task_id) == [(1,)]
+
+    hints = orch.delete_image("tenant-b", uuid.UUID(x.image["id"]))
+
+    assert [h.task_id for h in hints if h.lane == "agent"] == [], "the delete freed no slot: it hands on none"
+    assert rows(engine, "SELECT last_hint_at FROM tasks WHERE id = :t", t=hint_c.task_id) == [(None,)]
+    assert rows(engine, "SELECT last_hint_at IS NOT NULL FROM tasks WHERE id = :t", t=hint_h.task_id) == [(True,)]
+    assert rows(engine, "SELECT count(*) FROM lane_slots WHERE task_id IS NOT NULL") == [(0,)]
+
+
 def test_a_refusal_does_not_stall_on_a_long_transaction_holding_a_candidate_task(engine, settings):
     """Lane limit 1, the slot free. Tenant A's retry is due and unhinted; tenant B's claim is
     refused (A, served less recently, waits). The refusal then waits out the transactions in flight

@@ -147,16 +147,18 @@ def extend_txn(conn: Connection, task_id: uuid.UUID, gen: int, expires: datetime
     return Outcome.count(conn.execute(EXTEND, {"t": task_id, "gen": gen, "exp": expires, "now": now}).rowcount)
 
 
+# Live-held only (TAKE_FREE's "free", negated): a slot whose holder's lease expired is free already.
 HELD_BY_IMAGE = sql("""
 SELECT ls.lane, count(*) AS n FROM tasks t JOIN lane_slots ls ON ls.task_id = t.id
-WHERE t.scope_id = :s AND t.image_id = :i GROUP BY ls.lane
+WHERE t.scope_id = :s AND t.image_id = :i AND ls.lease_expires_at >= :now GROUP BY ls.lane
 """)
 
 
-def held_by_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID) -> list[tuple[str, int]]:
-    """(lane, slots) the image's tasks hold: what deleting the image frees (the rows' cascade sets
-    the slots' holder to NULL)."""
-    return [(r.lane, int(r.n)) for r in conn.execute(HELD_BY_IMAGE, {"s": scope_id, "i": image_id})]
+def held_by_image_txn(conn: Connection, scope_id: str, image_id: uuid.UUID, now: datetime) -> list[tuple[str, int]]:
+    """(lane, slots) the image's tasks hold live: what deleting the image frees (the rows' cascade
+    sets the slots' holder to NULL). A slot whose lease expired (a died task not yet re-claimed) is
+    free already, so it is not counted."""
+    return [(r.lane, int(r.n)) for r in conn.execute(HELD_BY_IMAGE, {"s": scope_id, "i": image_id, "now": now})]
 
 
 # Free the slots one execution (task, generation) holds — also the orphan sweep's per-slot re-check.
