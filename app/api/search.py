@@ -17,6 +17,7 @@ from app.api import search_queries as Q
 from app.api.context import Blueprint, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
+from app.api.stored import read_original
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import lookalike
 from app.search import service as text_search
@@ -124,14 +125,15 @@ class VisualSearch(MethodView):
         requestBody=_VISUAL_BODY,
         responses=error_docs({400: "missing_file / invalid_json", 404: "not_found", 413: "payload_too_large",
                                415: "unsupported_media_type", 422: "validation_error / invalid_image / query_not_embeddable",
-                               429: "too_many_searches"}),
+                               429: "too_many_searches", 503: "storage_corrupt / storage_unavailable"}),
     )
     def post(self):
         """Look-alike search by JSON ``{image_id}`` (excluded from its own results) or a multipart ``file``.
 
         The visual index's nearest images are re-ranked by a pixel comparison with the stored
         originals (``pixels``, ``lookalike``; app/search/lookalike.py); ``score`` stays the
-        visual descriptor's cosine. Reads the scope's serving visual model (``serving``)."""
+        visual descriptor's cosine; a hit whose stored file does not hold its bytes keeps that
+        score alone. Reads the scope's serving visual model (``serving``)."""
         with _search_slot(scope_id()):
             return self._search()
 
@@ -170,8 +172,10 @@ class VisualSearch(MethodView):
 def _query_image(svc: Any, scope: str, image_id: Any, source: Any) -> tuple[Any, list[float]]:
     """The query image of a search by id — its row (storage key, sha256) and its visual vector, of
     one version: the stored vector of that sha256, or one embedded now from its stored bytes (not
-    embedded yet). A replace committing between the row read and the file read removes that file:
-    the row is read again (the image still exists; only a delete makes this a 404)."""
+    embedded yet) — verified ones only (``read_original``: a 503 ``storage_corrupt`` or
+    ``storage_unavailable`` rather than a search by other bytes). A replace committing between the
+    row read and the file read removes that file: the row is read again (the image still exists;
+    only a delete makes this a 404)."""
     for _ in range(3):
         row = image_file(svc.engine, scope, image_id)
         if row is None:
@@ -182,7 +186,7 @@ def _query_image(svc: Any, scope: str, image_id: Any, source: Any) -> tuple[Any,
         if vector is not None:
             return row, vector
         try:  # not embedded yet: embed the stored bytes on the fly
-            data = svc.store.read(row.storage_key)
+            data = read_original(svc.store, row.storage_key)
         except FileNotFoundError:  # replaced (or deleted) since the row was read: read the row again
             continue
         return row, _query_vector(source.provider.embed([validate_bytes(data, svc.settings).decoded])[0], source)
@@ -204,11 +208,20 @@ def _query_vector(vector: Any, source: Any) -> list[float]:
 
 
 def _load_stored(storage_key: str) -> Any:
-    """The decoded stored original (None when its file is gone or does not decode)."""
+    """The decoded stored original, verified (``read_original``); None when its file is gone, does
+    not decode, or does not hold its content (tampered or unreadable: logged there as
+    ``storage_corrupt`` / ``storage_unavailable``). None leaves that image out of the pixel
+    comparison — a hit is ranked by its descriptor cosine alone, a query image by id is not
+    re-ranked — rather than failing the search or comparing (and caching under its sha256) other
+    pixels."""
     svc = services()
     try:
-        return decode_image(svc.store.read(storage_key), max_pixels=svc.settings.max_image_pixels).image
-    except (FileNotFoundError, PermanentError):
+        data = read_original(svc.store, storage_key)
+    except (FileNotFoundError, ApiError):
+        return None
+    try:
+        return decode_image(data, max_pixels=svc.settings.max_image_pixels).image
+    except PermanentError:
         return None
 
 

@@ -77,17 +77,17 @@ def test_search_by_id_while_the_image_is_replaced_searches_the_new_version(clien
     with Workers(orch, publisher, n=1):  # a neighbour to find
         neighbour = _upload(client, png_bytes(12, size=(64, 64)))
         wait_job(client, neighbour["job"]["id"])
-    real_read = store.read
+    real_read = store.read_verified  # the search reads the stored bytes verified (app/api/stored.py)
 
     def read_after_a_replace(key: str) -> bytes:
-        monkeypatch.setattr(store, "read", real_read)  # once
+        monkeypatch.setattr(store, "read_verified", real_read)  # once
         orch.replace_content("local", image_id, sha256=new_sha, media_type="image/png", extension=".png",
                              size_bytes=len(new), width=64, height=64,
                              storage_key=storage_key(orch.ensure_scope("local"), new_sha, ".png"), files=store,
                              data=new)
         return real_read(key)
 
-    monkeypatch.setattr(store, "read", read_after_a_replace)
+    monkeypatch.setattr(store, "read_verified", read_after_a_replace)
     r = client.post("/api/v1/search/visual", json={"image_id": image_id})
     assert r.status_code == 200, r.get_json()
     hits = r.get_json()["items"]

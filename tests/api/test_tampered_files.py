@@ -6,6 +6,7 @@ is a 503 ``storage_unavailable`` without blocking; neither is a 500."""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
@@ -129,3 +130,69 @@ def test_the_ops_page_serves_no_tampered_original_either(client, settings):
     path.write_bytes(original)
     r = client.get(f"/ops/images/{image['id']}/content")
     assert r.status_code == 200 and r.data == original
+
+
+def _lookalike_by_file(client, data: bytes) -> dict[str, dict]:
+    r = client.post("/api/v1/search/visual", data={"file": (io.BytesIO(data), "q.png"), "limit": "5"},
+                    content_type="multipart/form-data")
+    assert r.status_code == 200, r.get_json()
+    return {h["image"]["id"]: h for h in r.get_json()["items"]}
+
+
+def test_a_search_by_id_embeds_no_tampered_original_on_the_fly(client, settings):
+    """Searching by an ``image_id`` not embedded yet embeds its stored file on the fly: other bytes
+    there (another valid picture) were embedded and searched by as if they were the image."""
+    image = upload(client, png_bytes(size=(64, 64)), process=False).get_json()["image"]
+    path = _stored(settings, image)
+    original = path.read_bytes()
+    path.write_bytes(png_bytes(color=(0, 0, 255), size=(64, 64)))  # another valid image
+    r = client.post("/api/v1/search/visual", json={"image_id": image["id"]})
+    assert r.status_code == 503, (r.status_code, r.get_json())
+    assert r.get_json()["error"] == "storage_corrupt"
+    path.unlink()
+    path.mkdir()  # not a regular file: a 503, not a 500
+    r = client.post("/api/v1/search/visual", json={"image_id": image["id"]})
+    assert (r.status_code, r.get_json()["error"]) == (503, "storage_unavailable")
+    path.rmdir()
+    path.write_bytes(original)  # restored from a backup: searched by again
+    r = client.post("/api/v1/search/visual", json={"image_id": image["id"]})
+    assert r.status_code == 200 and r.get_json()["items"] == []
+
+
+def test_a_tampered_hit_is_ranked_by_its_vector_alone_and_poisons_no_cache(client, settings, orch, publisher):
+    """The look-alike re-ranking compares the query's pixels with each hit's stored original: a hit
+    whose file holds other bytes was scored (and its thumbnails cached for good under its sha256)
+    from those bytes. It must keep its descriptor score alone (no ``pixels``) — the search still
+    answers — and, once the file is restored, be compared by its own pixels."""
+    from app.search import lookalike
+    from tests.api.test_images import wait_job
+    from tests.support.pipeline import Workers
+    from tests.support.pipeline import png_bytes as seeded_png
+
+    query, other = seeded_png(21, size=(64, 64)), seeded_png(22, size=(64, 64))
+    with Workers(orch, publisher, n=1):
+        body = upload(client, other).get_json()
+        wait_job(client, body["job"]["id"])
+    hit = body["image"]
+    lookalike.CACHE._data.pop(hit["sha256"], None)  # a process-wide cache: this test's entry starts empty
+    before = _lookalike_by_file(client, query)[hit["id"]]
+    assert "pixels" in before and before["pixels"] < 0.99
+
+    path = _stored(settings, hit)
+    original = path.read_bytes()
+    lookalike.CACHE._data.pop(hit["sha256"], None)
+    path.write_bytes(query)  # the query's own pixels: a perfect (wrong) pixel match
+    tampered = _lookalike_by_file(client, query)[hit["id"]]
+    assert "pixels" not in tampered, tampered
+    assert tampered["lookalike"] == tampered["score"] == before["score"]
+    # by id, the tampered image as the query: its stored vector is searched by, with no pixel re-ranking
+    r = client.post("/api/v1/search/visual", json={"image_id": hit["id"]})
+    assert r.status_code == 200, r.get_json()
+    assert all("pixels" not in h for h in r.get_json()["items"])
+    path.unlink()
+    path.mkdir()  # not a regular file: the search still answers (no 500), the hit unscored by pixels
+    assert "pixels" not in _lookalike_by_file(client, query)[hit["id"]]
+    path.rmdir()
+
+    path.write_bytes(original)  # restored: compared by its own pixels again (nothing wrong was cached)
+    assert _lookalike_by_file(client, query)[hit["id"]]["pixels"] == before["pixels"]
