@@ -91,11 +91,17 @@ def test_a_concurrent_create_of_the_same_token_name_is_the_usual_refusal(engine,
     racer = threading.Thread(target=create)
     racer.start()
     deadline = time.monotonic() + 30
-    with engine.connect() as watch:  # until it waits on the uncommitted row's unique entry
-        while not outcome and time.monotonic() < deadline and not watch.execute(text(
+
+    def racer_waits() -> bool:
+        # each look in a transaction of its own: pg_stat_activity is read once per transaction
+        # (stats_fetch_consistency), so a first look taken before the racer waited saw it never
+        with engine.connect() as watch:
+            return bool(watch.execute(text(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock'")).scalar():
-            time.sleep(0.02)
+                " AND wait_event_type = 'Lock'")).scalar())
+
+    while not outcome and time.monotonic() < deadline and not racer_waits():  # on the row's unique entry
+        time.sleep(0.02)
     other.commit()
     other.close()
     racer.join(timeout=30)

@@ -15,10 +15,12 @@ from tests.api.conftest import png_bytes, upload
 
 
 def _replace_before_the_first_read(monkeypatch, orch, store, image_id: str, new: bytes) -> None:
-    real_read = store.read
+    """The first read of a stored original (``FileStore.read_verified``, as every serving path
+    reads) happens just after the image's content was replaced."""
+    real_read = store.read_verified
 
     def read_after_a_replace(key: str) -> bytes:
-        monkeypatch.setattr(store, "read", real_read)  # once
+        monkeypatch.setattr(store, "read_verified", real_read)  # once
         sha = hashlib.sha256(new).hexdigest()
         orch.replace_content(
             "local", image_id, sha256=sha, media_type="image/png", extension=".png", size_bytes=len(new),
@@ -27,7 +29,7 @@ def _replace_before_the_first_read(monkeypatch, orch, store, image_id: str, new:
         )
         return real_read(key)
 
-    monkeypatch.setattr(store, "read", read_after_a_replace)
+    monkeypatch.setattr(store, "read_verified", read_after_a_replace)
 
 
 def test_content_read_while_the_image_is_replaced_serves_the_new_bytes(app, orch, store, monkeypatch):

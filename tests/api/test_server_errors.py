@@ -179,6 +179,8 @@ def test_worker_timeout_is_json_503(api_server, settings):
 
         def waiting() -> bool:
             with locker.cursor() as cur:
+                # in the locker's open transaction pg_stat_activity is read once: drop that snapshot
+                cur.execute("SELECT pg_stat_clear_snapshot()")
                 cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
                 return cur.fetchone()[0] > 0
 

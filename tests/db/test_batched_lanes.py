@@ -121,12 +121,13 @@ def test_an_undecodable_image_fails_alone_in_its_visual_batch(engine, settings):
     hints = _ingest(orch, [40, 41, 42])
     bad_key = _scalar(engine, "SELECT i.storage_key FROM images i JOIN tasks t ON t.image_id = i.id"
                               " WHERE t.id = :t", t=hints[1].task_id)
+    # broken on disk after its upload: the worker's content check refuses it before decoding
     (settings.storage_path / bad_key).write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     pub = RecordingPublisher()
     assert handle_hint(orch, "visual", hints[0].task_id, "w1", Providers(settings), pub) == 3
     status = dict(_rows(engine, "SELECT id, status FROM tasks WHERE lane = 'visual'"))
     assert status == {hints[0].task_id: "succeeded", hints[1].task_id: "failed", hints[2].task_id: "succeeded"}
-    assert _scalar(engine, "SELECT error->>'code' FROM tasks WHERE id = :t", t=hints[1].task_id) == "invalid_image"
+    assert _scalar(engine, "SELECT error->>'code' FROM tasks WHERE id = :t", t=hints[1].task_id) == "file_corrupt"
     assert sorted(r[0] for r in _rows(engine, "SELECT status FROM processing_jobs")) == ["failed", "running", "running"]
     assert [h.lane for h in pub.drain()] == ["agent"]  # the two agent tasks: one wake-up group
     assert _scalar(engine, "SELECT count(*) FROM tasks WHERE lane = 'agent'") == 2

@@ -99,10 +99,17 @@ def test_a_nan_vector_of_an_extra_text_model_fails_only_its_claim():
 
 
 def test_a_nan_vector_of_an_extra_visual_model_fails_only_its_claim(tmp_path):
-    claims = _claims(3, "visual", "visual")
-    for i, claim in enumerate(claims):
+    import dataclasses
+    import hashlib
+
+    claims = []
+    for i, claim in enumerate(_claims(3, "visual", "visual")):
+        data = png_bytes(i, (61 if i == 2 else 48, 40))
+        sha = hashlib.sha256(data).hexdigest()  # a stored file is read only if its bytes are its key's
+        claim = dataclasses.replace(claim, image_sha256=sha, storage_key=f"{uuid.UUID(int=7)}/{sha}.png")
         (tmp_path / claim.storage_key).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / claim.storage_key).write_bytes(png_bytes(i, (61 if i == 2 else 48, 40)))
+        (tmp_path / claim.storage_key).write_bytes(data)
+        claims.append(claim)
     other = NaNFor(OtherVisual(), lambda image: image.width == 61)
     ref = {"model": "other-visual-v1", "dims": other.config()["dims"],
            "preprocess_version": other.config()["preprocess_version"], "spec": "other", "options": {}}
