@@ -180,9 +180,9 @@ def claim_group_txn(
         for key, slot_nos in free.items():
             slots.assign_txn(conn, lane, key, slot_nos[: len(rows)], rows, expires, now).expect(
                 "its slots were locked free by lock_free_txn in this transaction")
-    left = len(rows) == k < n  # slots ran out before the group did
-    if left:
-        tasks.clear_hint_txn(conn, group)  # the members left over (the claimed ones are running)
+    # members left over — slots ran out, or a member was not claimable now (locked, not due): the
+    # group's one hint is spent, so they wait unhinted, and the caller hints free slots after commit
+    left = len(rows) < n and tasks.clear_hint_txn(conn, group) > 0
     return rows, left
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import text
 
 from app.orchestrator import Orchestrator, RecordingPublisher
@@ -30,8 +31,14 @@ def test_single_upload_runs_three_stages(engine, settings):
     assert _counts(engine, "SELECT count(*) FROM text_embeddings") == [(1,)]
 
 
-def test_500_images_four_workers_every_job_succeeds(engine, settings):
-    orch = Orchestrator(engine, settings)
+@pytest.mark.parametrize("clock", ["database", "host"])
+def test_500_images_four_workers_every_job_succeeds(engine, settings, clock):
+    """No sweep runs here: every task must be claimed through the hints alone. With the host's
+    clock a group member the agent batch's claim could not take (locked, or not due by its claimer's
+    clock) kept its spent group hint and waited for the sweep in 1 of 3 runs (lanes.claim_group_txn)."""
+    from app.orchestrator.service import utcnow
+
+    orch = Orchestrator(engine, settings, clock=utcnow if clock == "host" else None)
     pub = RecordingPublisher()
     n = 500
     with Workers(orch, pub, n=4):

@@ -590,7 +590,7 @@ WHERE id IN (SELECT id FROM tasks WHERE (id = :id OR hint_group = :id) AND statu
 """)
 
 
-def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
+def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> int:
     """The hint naming ``task_id`` was spent without claiming it or (some of) its wake-up group:
     those still queued wait unhinted (see lanes.refused_txn, lanes.hints_after_refusal).
 
@@ -598,7 +598,7 @@ def clear_hint_txn(conn: Connection, task_id: uuid.UUID) -> None:
     hinting or cancelling them, and waiting here (after the claim took its fairness row and
     slots) could close a lock cycle with it.
     """
-    conn.execute(CLEAR_HINT, {"id": task_id})
+    return conn.execute(CLEAR_HINT, {"id": task_id}).rowcount
 
 
 # Rows another transaction holds are skipped, never waited for: it is claiming, clearing, hinting
