@@ -330,13 +330,16 @@ def test_an_agent_answer_past_a_database_limit_fails_alone_and_its_batch_mate_ke
     assert run_task(orch, hint.task_id, "w", providers, pub) == "failed"
 
 
-@pytest.mark.parametrize("agent", ["WrongTypesAgent", "OverlongContextAgent"])
+@pytest.mark.parametrize("agent", ["WrongTypesAgent", "OverlongContextAgent", "DeepFactsAgent", "NaNFactsAgent"])
 def test_an_agent_context_of_the_wrong_shape_or_past_the_api_limits_fails_alone(engine, settings, agent):
     """An agent's context must be what a human may write through PATCH /images/{id}: four text
     fields of the right types within the API's limits. A context with tags that are a number (which
     crashed the completion of the whole batch, leaving both paid answers running until their lease
     expired) or an OCR text past the limit (stored, then refused when the edit form saved it back)
-    fails its own task with agent_bad_output; the batch-mate's paid answer lands."""
+    fails its own task with agent_bad_output; the batch-mate's paid answer lands. So do pixel facts
+    no JSON encoder writes (nested 100 000 deep: a RecursionError raised out of the worker, leaving
+    both paid answers running, to end ``unknown_execution`` at their lease recovery) or jsonb cannot
+    hold (NaN, infinity: silently stored as null)."""
     settings = settings.replace(agent_provider=f"tests.support.poison:{agent}", agent_batch_size=2)
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
