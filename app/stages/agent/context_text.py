@@ -66,6 +66,22 @@ _TEXT_LIMITS = {"title": limits.TITLE_MAX, "description": limits.DESCRIPTION_MAX
 _TAGS_SENT_MAX = 10 * limits.TAGS_MAX
 
 
+#: Longest provider-chosen name (model, request id) stored as provenance.
+NAME_MAX = 200
+
+
+def storable_name(value: Any) -> str | None:
+    """A provider-chosen name (model, completion or request id) fit to store — a string (or an
+    integer, as its digits) of at most :data:`NAME_MAX` characters without NUL or unpaired
+    surrogates — else None (the caller falls back to its own): a name is provenance, not a
+    reason to fail a paid answer."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and 0 < len(value) <= NAME_MAX and not _UNSTORABLE.search(value):
+        return value
+    return None
+
+
 def _bad_output(message: str) -> PermanentError:
     return PermanentError(f"the agent's context is not storable: {message}", code="agent_bad_output")
 

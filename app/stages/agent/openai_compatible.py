@@ -44,7 +44,7 @@ from typing import Any
 
 import requests
 
-from app.stages.agent.context_text import normalise_tags, single_line
+from app.stages.agent.context_text import normalise_tags, single_line, storable_name
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.records import check_attempt_id
 from app.stages.agent.watched_http import DeadlineAdapter, Watch
@@ -57,7 +57,6 @@ _MAX_LEN = {"title": 200, "description": 4000, "ocr_text": 20000}
 # NUL and UTF-16 surrogates (a JSON "\ud800" escape decodes to one): PostgreSQL stores neither in
 # text or jsonb, and a completion that tried would fail its whole batch (as app.api.schemas.Text)
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_MAX_ID_LEN = 200
 _MAX_TAGS, _MAX_TAG_LEN = 30, 64
 _FENCE = "```"
 READ_CHUNK = 64 * 1024
@@ -142,11 +141,8 @@ def parse_completion(body: Any) -> tuple[dict[str, Any], str | None, str | None]
 
 
 def _storable_id(value: Any) -> str | None:
-    """A provider-chosen name (model, completion or request id) fit to store, else None (the
-    caller falls back to its own): a name is provenance, not a reason to fail a paid answer."""
-    if isinstance(value, str) and 0 < len(value) <= _MAX_ID_LEN and not _UNSTORABLE.search(value):
-        return value
-    return None
+    """A provider-chosen string name fit to store, else None (:func:`storable_name`)."""
+    return storable_name(value) if isinstance(value, str) else None
 
 
 class _NothingSent(Exception):
