@@ -11,7 +11,8 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 * other HTTP 4xx, any 3xx          -> PermanentError(agent_request_rejected) (redirects are never
   followed: a 307 would re-send the paid call, with the image, wherever the provider points)
 * read timeout / lost after send   -> OutcomeUnknownError(agent_outcome_unknown)
-* 200 but not the JSON context     -> PermanentError(agent_bad_output)
+* 200 but not the JSON context     -> PermanentError(agent_bad_output) (also: a body that does not
+  decode as its Content-Encoding says)
 * answer body over the size cap     -> PermanentError(agent_response_too_large)
 * total deadline passed after send  -> OutcomeUnknownError(agent_deadline_exceeded)
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+from urllib3.exceptions import DecodeError
 
 from app.stages.agent.context_text import normalise_tags, single_line, storable_name
 from app.stages.agent.facts import visual_facts
@@ -289,6 +291,13 @@ class OpenAICompatibleAgent:
                     sock.settimeout(min(remaining, self.timeout[1]))
                 try:
                     chunk = response.raw.read1(READ_CHUNK, decode_content=True)
+                except DecodeError as exc:  # the provider answered: a body not in the encoding it claims
+                    log.warning("agent answer from %s does not decode (HTTP %d, Content-Encoding %r): %s", url,
+                                response.status_code, response.headers.get("Content-Encoding"), exc)
+                    if not 200 <= response.status_code < 300:  # its status and headers decide (a 429's wait)
+                        return _Answer(response.status_code, response.headers, b"".join(chunks))
+                    raise PermanentError("the agent's answer does not decode as its Content-Encoding says",
+                                         code="agent_bad_output") from None
                 except Exception:
                     if deadline - time.monotonic() <= 0:
                         raise _DeadlineExceeded from None
