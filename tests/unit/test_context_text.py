@@ -112,7 +112,8 @@ def test_agent_facts_are_stored_as_plain_json():
     plain numbers they are, not as ``str()`` of them; nesting up to the limit is kept."""
     import numpy as np
 
-    facts = {"width": np.int64(4), "mean": np.float32(0.5), "ok": True, "none": None, "deep": nested(limits.FACTS_DEPTH_MAX - 1)}
+    facts = {"width": np.int64(4), "mean": np.float32(0.5), "ok": np.bool_(True), "none": None,
+             "deep": nested(limits.FACTS_DEPTH_MAX - 1)}
     got = checked_agent_context({**GOOD, "facts": facts})["facts"]
     assert got == {"width": 4, "mean": 0.5, "ok": True, "none": None, "deep": nested(limits.FACTS_DEPTH_MAX - 1)}
     assert type(got["width"]) is int and type(got["mean"]) is float and got["ok"] is True

@@ -129,10 +129,12 @@ def _plain_facts(facts: Mapping) -> dict[str, Any]:
     """``facts`` as plain JSON data jsonb stores, or ``agent_bad_output``: objects with string keys,
     lists, strings, finite numbers (NumPy's too, as ``int``/``float``), booleans and null; at most
     :data:`limits.FACTS_DEPTH_MAX` deep and :data:`limits.FACTS_MAX_BYTES` as JSON; no NUL or unpaired
-    surrogate. Without it facts nested too deep for any encoder raised out of the worker's
+    surrogate. A NumPy scalar counts as its Python value. Without it facts nested too deep for any encoder raised out of the worker's
     completion (every claim of its batch left running, a paid one to end ``unknown_execution``),
     NaN was stored as null and a NumPy number as its ``str()``."""
     def plain(value: Any, depth: int) -> Any:
+        if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+            value = value.item()  # a NumPy scalar (np.bool_ is no Integral): its Python value
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, str):
