@@ -30,7 +30,7 @@ from app.ids import parse_uuid
 from app.netguard import OutboundRefused, allowed_networks, check_outbound_url
 from app.orchestrator.errors import InvalidWebhook, NotFound, TooManyWebhooks, WebhookDeliveryInFlight
 from app.orchestrator.events import event_doc
-from app.orchestrator.execution import LOCK_NOT_AVAILABLE
+from app.orchestrator.execution import LOCK_NOT_AVAILABLE, stored_error
 from app.orchestrator.hints import Hint
 from app.orchestrator.retry import decide_delivery_retry
 from app.orchestrator.store import counters
@@ -186,9 +186,14 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
                    ) -> str:
     """Fenced: record the ``attempts``-th failure of an event. Returns ``"retry"`` (claim released,
     due again after backoff), ``"gave_up"`` (recorded, cursor moved: deliver the next) or
-    ``"fenced"``."""
+    ``"fenced"``.
+
+    The error's code and message are stored as a stage failure's are (:func:`stored_error`): the
+    message may quote the receiver's own bytes (a status line of NUL bytes), which jsonb refuses —
+    the write that records the failure must never be the one that fails."""
     s = orch.settings
     now = orch.now()
+    error = {**error, **stored_error(error.get("code", ""), error.get("message", ""))}
     decision = decide_delivery_retry(attempts, max_attempts=s.webhook_max_attempts, now=now,
                                      base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s, rand=orch.rand)
     with orch.engine.begin() as conn:

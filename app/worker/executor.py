@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from app.config import Settings
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
-from app.stages.agent.context_text import checked_agent_context
+from app.stages.agent.context_text import checked_agent_context, storable_name
 from app.stages.errors import PermanentError, ProviderConfigMismatch, RetryableError, StageError
 from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
@@ -216,8 +216,15 @@ def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     result = providers.agent.describe(
         image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
     )
-    # whatever agent answered: what a PATCH may store, or this claim's own agent_bad_output
-    return AgentArtifact(checked_agent_context(result.context), result.model, claim.attempt_id, result.request_id)
+    return _agent_artifact(providers, result, claim.attempt_id)
+
+
+def _agent_artifact(providers: Providers, result, attempt_id: str) -> AgentArtifact:
+    """Whatever agent answered: its context as a PATCH may store it, or this claim's own
+    agent_bad_output; its model and request id only when fit to store (else the configured model
+    and none: provenance never fails a paid answer)."""
+    model = storable_name(result.model) or storable_name(providers.agent.config().get("model")) or "unknown"
+    return AgentArtifact(checked_agent_context(result.context), model, attempt_id, storable_name(result.request_id))
 
 
 def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact | None:
@@ -226,8 +233,7 @@ def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     found = providers.agent.lookup(claim.attempt_id)
     if found.status != "complete" or found.result is None:
         return None
-    return AgentArtifact(checked_agent_context(found.result.context), found.result.model, claim.attempt_id,
-                         found.result.request_id)
+    return _agent_artifact(providers, found.result, claim.attempt_id)
 
 
 def text_document(inputs: dict | None, cfg: dict) -> tuple[str, str]:

@@ -330,13 +330,16 @@ def test_an_agent_answer_past_a_database_limit_fails_alone_and_its_batch_mate_ke
     assert run_task(orch, hint.task_id, "w", providers, pub) == "failed"
 
 
-@pytest.mark.parametrize("agent", ["WrongTypesAgent", "OverlongContextAgent"])
+@pytest.mark.parametrize("agent", ["WrongTypesAgent", "OverlongContextAgent", "DeepFactsAgent", "NaNFactsAgent"])
 def test_an_agent_context_of_the_wrong_shape_or_past_the_api_limits_fails_alone(engine, settings, agent):
     """An agent's context must be what a human may write through PATCH /images/{id}: four text
     fields of the right types within the API's limits. A context with tags that are a number (which
     crashed the completion of the whole batch, leaving both paid answers running until their lease
     expired) or an OCR text past the limit (stored, then refused when the edit form saved it back)
-    fails its own task with agent_bad_output; the batch-mate's paid answer lands."""
+    fails its own task with agent_bad_output; the batch-mate's paid answer lands. So do pixel facts
+    no JSON encoder writes (nested 100 000 deep: a RecursionError raised out of the worker, leaving
+    both paid answers running, to end ``unknown_execution`` at their lease recovery) or jsonb cannot
+    hold (NaN, infinity: silently stored as null)."""
     settings = settings.replace(agent_provider=f"tests.support.poison:{agent}", agent_batch_size=2)
     orch, pub = Orchestrator(engine, settings), RecordingPublisher()
     providers = Providers(settings)
@@ -345,6 +348,28 @@ def test_an_agent_context_of_the_wrong_shape_or_past_the_api_limits_fails_alone(
     _run(orch, providers, pub, {"visual"})
     assert _run(orch, providers, pub, {"agent"}) == [2]  # both paid calls in one batch
     _assert_agent_batch_mate_kept(engine, lambda t: t["width"] == poison.POISON_WIDTH)
+
+
+def test_an_agents_unstorable_names_fall_back_and_never_fail_its_paid_answer(engine, settings):
+    """A plugin agent's model name and request id are provenance, not a reason to fail a paid
+    answer (as openai-compatible's own): a model name holding NUL made the database refuse the
+    completion, failing a good context with agent_bad_output; a 10 000-character request id was
+    stored as is. Both fall back to ours (the provider's configured model, no request id)."""
+    settings = settings.replace(agent_provider="tests.support.poison:HostileNamesAgent", agent_batch_size=2)
+    orch, pub = Orchestrator(engine, settings), RecordingPublisher()
+    providers = Providers(settings)
+    _ingest(orch, pub, "tenant-a", 1)
+    _ingest(orch, pub, "tenant-a", 2, POISONED)
+    _run(orch, providers, pub, {"visual"})
+    assert _run(orch, providers, pub, {"agent"}) == [2]
+    rows = _rows(engine, "SELECT i.width, t.status, t.error, a.state, a.provider_request_id AS rid,"
+                         " i.context_provenance->>'model' AS model, i.context->>'title' AS title FROM tasks t"
+                         " JOIN images i ON i.id = t.image_id JOIN task_attempts a ON a.task_id = t.id"
+                         " WHERE t.lane = 'agent'")
+    assert [(r["status"], r["error"], r["state"], r["model"]) for r in rows] \
+        == [("succeeded", None, "completed", "deterministic-v1")] * 2
+    bad = [r for r in rows if r["width"] == poison.POISON_WIDTH]
+    assert bad[0]["rid"] is None and bad[0]["title"]
 
 
 def _assert_agent_batch_mate_kept(engine, is_bad) -> None:

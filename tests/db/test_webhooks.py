@@ -109,6 +109,25 @@ def test_an_event_that_keeps_failing_is_recorded_failed_and_the_next_goes_out(or
     assert 'class="webhook-failed"' in html and "http_error" in html and receiver.url("/failfirst/3")[:40] in html
 
 
+def test_a_receiver_answering_unstorable_bytes_fails_its_event_with_a_stable_code(orch, receiver, engine):
+    """A receiver that answers NUL and control bytes instead of HTTP: the parse error quotes them,
+    and a NUL in the recorded error made PostgreSQL refuse the failure's own write (jsonb stores no
+    \\u0000) — the delivery raised out of the worker, the subscription stayed leased, and every
+    lease recovery repeated it: the event never failed and nothing after it was delivered."""
+    orch.ensure_scope("local")
+    orch.create_webhook("local", receiver.url("/garbage"))  # max_attempts = 3
+    [event_id] = emit(orch, "local", 1)
+    with engine.connect() as c:
+        failed = lambda: c.execute(text("SELECT event_id, attempts, error FROM webhook_failures")).all()  # noqa: E731
+        drain(orch, lambda: bool(failed()))
+        [(got_event, attempts, error)] = failed()
+    assert (got_event, attempts, error["code"]) == (event_id, 3, "connection_error")
+    assert "\x00" not in error["message"] and "BOGUS" in error["message"]
+    state = orch.list_webhooks("local")[0]
+    assert state["failed_count"] == 1 and state["cursor"] >= event_id
+    assert state["last_error"]["code"] == "connection_error"
+
+
 def _ops_html(orch) -> str:
     from app.api import create_app
     from app.auth import LocalScopeResolver

@@ -169,6 +169,47 @@ class OverlongContextAgent(DeterministicAgent):
         return result
 
 
+def nested(depth: int) -> dict:
+    """``{"a": {"a": … {}}}``, ``depth`` objects deep (built without recursion)."""
+    inner: dict = {}
+    for _ in range(depth - 1):
+        inner = {"a": inner}
+    return inner
+
+
+class DeepFactsAgent(DeterministicAgent):
+    """Answers a poisoned image with pixel facts nested 100 000 objects deep: no JSON encoder of
+    the completion can write them (RecursionError), which no refusal net caught."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["facts"] = nested(100_000)
+        return result
+
+
+class NaNFactsAgent(DeterministicAgent):
+    """Answers a poisoned image with pixel facts holding NaN and infinity, which jsonb cannot store
+    (the completion's encoder silently wrote them as null)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.context["facts"] = {**result.context["facts"], "mean": float("nan"), "peak": float("inf")}
+        return result
+
+
+class HostileNamesAgent(DeterministicAgent):
+    """Answers a poisoned image with a good context under names no column should store: its model
+    holds NUL, its request id is 10 000 characters (a plugin without openai-compatible's checks)."""
+
+    def describe(self, image: DecodedImage, *, attempt_id: str, reverse_image_policy: str):
+        result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+        if is_poisoned(image):
+            result.model, result.request_id = "served\x00model", "r" * 10_000
+        return result
+
+
 def overlong_lexical_text(chars: int = 120_000) -> str:
     """Random Hangul syllables (nearly every bigram distinct): a text whose lexical document (bigrams and
     characters, app/search/lexical.py) passes PostgreSQL's 1 MB tsvector limit."""

@@ -3,8 +3,9 @@
 Paths choose the behaviour: ``/ok`` answers 204; ``/fail/<n>`` answers 500 to the first n requests
 of each event id, then 200;
 ``/failfirst/<n>`` to the first n requests of all; ``/down`` always 500; ``/hang`` never answers until released;
-``/huge`` answers 200 with an endless body; ``/redirect`` answers 302 to ``/ok``. Every request
-is recorded (path, headers, body, status sent)."""
+``/huge`` answers 200 with an endless body; ``/redirect`` answers 302 to ``/ok``; ``/garbage``
+answers a status line of NUL and control bytes (no HTTP at all). Every request is recorded (path,
+headers, body, status sent)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ class Receiver:
                     receiver.release.wait(120)
                     return
                 receiver._record(self.path, self.headers, body, status)
+                if self.path.startswith("/garbage"):  # not HTTP: what a hostile or broken peer may send
+                    self.wfile.write(b"\x00\x01BOGUS\x00 \x1b[31m\r\n\r\n")
+                    self.close_connection = True
+                    return
                 if self.path.startswith("/huge"):
                     self.send_response(200)
                     self.send_header("Content-Length", str(1 << 34))
@@ -92,6 +97,8 @@ class Receiver:
             return 302
         if path.startswith("/huge"):
             return 200
+        if path.startswith("/garbage"):
+            return -1
         if path.startswith("/failfirst/"):
             with self._lock:
                 self._fails[path] += 1

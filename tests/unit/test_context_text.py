@@ -13,6 +13,7 @@ from app.stages.agent import limits
 from app.stages.agent.context_text import checked_agent_context, normalise_tags, single_line, tag_key
 from app.stages.agent.openai_compatible import parse_context
 from app.stages.errors import PermanentError
+from tests.support.poison import nested
 
 from .stages.helpers import decoded
 
@@ -80,6 +81,9 @@ def test_an_agent_context_is_stored_as_a_patch_would_store_it():
     {"title": "t" * (limits.TITLE_MAX + 1)}, {"description": "d" * (limits.DESCRIPTION_MAX + 1)},
     {"ocr_text": "o" * (limits.OCR_TEXT_MAX + 1)}, {"tags": ["x" * (limits.TAG_MAX + 1)]},
     {"tags": [f"t{i}" for i in range(limits.TAGS_MAX + 1)]}, {"tags": ["t"] * 10**6},
+    {"facts": nested(100_000)}, {"facts": nested(limits.FACTS_DEPTH_MAX + 1)}, {"facts": {"x": float("nan")}},
+    {"facts": {"x": [float("-inf")]}}, {"facts": {"x": b"bytes"}}, {"facts": {"x": {1, 2}}}, {"facts": {1: "x"}},
+    {"facts": {"a\x00": 1}}, {"facts": {"x": ["a\ud800"]}}, {"facts": {"x": "y" * limits.FACTS_MAX_BYTES}},
 ])
 def test_an_agent_context_a_patch_would_refuse_is_agent_bad_output(change):
     with pytest.raises(PermanentError) as info:
@@ -101,3 +105,15 @@ def test_an_openai_compatible_tag_that_lower_casing_makes_too_long_is_agent_bad_
     with pytest.raises(PermanentError) as info:
         checked_agent_context({**ctx, "facts": {}})
     assert info.value.code == "agent_bad_output"
+
+
+def test_agent_facts_are_stored_as_plain_json():
+    """Pixel facts a plugin computed with NumPy (its integers are no ``int``) are stored as the
+    plain numbers they are, not as ``str()`` of them; nesting up to the limit is kept."""
+    import numpy as np
+
+    facts = {"width": np.int64(4), "mean": np.float32(0.5), "ok": np.bool_(True), "none": None,
+             "deep": nested(limits.FACTS_DEPTH_MAX - 1)}
+    got = checked_agent_context({**GOOD, "facts": facts})["facts"]
+    assert got == {"width": 4, "mean": 0.5, "ok": True, "none": None, "deep": nested(limits.FACTS_DEPTH_MAX - 1)}
+    assert type(got["width"]) is int and type(got["mean"]) is float and got["ok"] is True

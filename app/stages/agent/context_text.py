@@ -8,6 +8,9 @@ an agent's). Pure functions."""
 
 from __future__ import annotations
 
+import json
+import math
+import numbers
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
@@ -63,6 +66,22 @@ _TEXT_LIMITS = {"title": limits.TITLE_MAX, "description": limits.DESCRIPTION_MAX
 _TAGS_SENT_MAX = 10 * limits.TAGS_MAX
 
 
+#: Longest provider-chosen name (model, request id) stored as provenance.
+NAME_MAX = 200
+
+
+def storable_name(value: Any) -> str | None:
+    """A provider-chosen name (model, completion or request id) fit to store — a string (or an
+    integer, as its digits) of at most :data:`NAME_MAX` characters without NUL or unpaired
+    surrogates — else None (the caller falls back to its own): a name is provenance, not a
+    reason to fail a paid answer."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str) and 0 < len(value) <= NAME_MAX and not _UNSTORABLE.search(value):
+        return value
+    return None
+
+
 def _bad_output(message: str) -> PermanentError:
     return PermanentError(f"the agent's context is not storable: {message}", code="agent_bad_output")
 
@@ -102,5 +121,43 @@ def checked_agent_context(context: Any) -> dict[str, Any]:
     facts = context.get("facts", {})
     if not isinstance(facts, Mapping):
         raise _bad_output("'facts' must be an object")
-    out["facts"] = dict(facts)
+    out["facts"] = _plain_facts(facts)
+    return out
+
+
+def _plain_facts(facts: Mapping) -> dict[str, Any]:
+    """``facts`` as plain JSON data jsonb stores, or ``agent_bad_output``: objects with string keys,
+    lists, strings, finite numbers (NumPy's too, as ``int``/``float``), booleans and null; at most
+    :data:`limits.FACTS_DEPTH_MAX` deep and :data:`limits.FACTS_MAX_BYTES` as JSON; no NUL or unpaired
+    surrogate. A NumPy scalar counts as its Python value. Without it facts nested too deep for any encoder raised out of the worker's
+    completion (every claim of its batch left running, a paid one to end ``unknown_execution``),
+    NaN was stored as null and a NumPy number as its ``str()``."""
+    def plain(value: Any, depth: int) -> Any:
+        if getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+            value = value.item()  # a NumPy scalar (np.bool_ is no Integral): its Python value
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            if _UNSTORABLE.search(value):
+                raise _bad_output("'facts' holds NUL or unpaired surrogates")
+            return value
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, numbers.Real):
+            if not math.isfinite(value):
+                raise _bad_output("'facts' holds NaN or an infinity")
+            return float(value)
+        if depth > limits.FACTS_DEPTH_MAX and isinstance(value, Mapping | list | tuple):
+            raise _bad_output(f"'facts' is nested more than {limits.FACTS_DEPTH_MAX} levels deep")
+        if isinstance(value, list | tuple):
+            return [plain(v, depth + 1) for v in value]
+        if isinstance(value, Mapping):
+            if not all(isinstance(k, str) for k in value):
+                raise _bad_output("'facts' keys must be strings")
+            return {plain(k, depth): plain(v, depth + 1) for k, v in value.items()}
+        raise _bad_output(f"'facts' holds a {type(value).__name__}, which is no JSON value")
+
+    out = plain(facts, 1)
+    if len(json.dumps(out, ensure_ascii=False).encode("utf-8")) > limits.FACTS_MAX_BYTES:
+        raise _bad_output(f"'facts' is larger than {limits.FACTS_MAX_BYTES} bytes as JSON")
     return out

@@ -11,7 +11,8 @@ Error classification is what keeps paid calls from being silently repeated (SPEC
 * other HTTP 4xx, any 3xx          -> PermanentError(agent_request_rejected) (redirects are never
   followed: a 307 would re-send the paid call, with the image, wherever the provider points)
 * read timeout / lost after send   -> OutcomeUnknownError(agent_outcome_unknown)
-* 200 but not the JSON context     -> PermanentError(agent_bad_output)
+* 200 but not the JSON context     -> PermanentError(agent_bad_output) (also: a body that does not
+  decode as its Content-Encoding says)
 * answer body over the size cap     -> PermanentError(agent_response_too_large)
 * total deadline passed after send  -> OutcomeUnknownError(agent_deadline_exceeded)
 
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+from urllib3.exceptions import DecodeError
 
-from app.stages.agent.context_text import normalise_tags, single_line
+from app.stages.agent.context_text import normalise_tags, single_line, storable_name
 from app.stages.agent.facts import visual_facts
 from app.stages.agent.records import check_attempt_id
 from app.stages.agent.watched_http import DeadlineAdapter, Watch
@@ -57,7 +59,6 @@ _MAX_LEN = {"title": 200, "description": 4000, "ocr_text": 20000}
 # NUL and UTF-16 surrogates (a JSON "\ud800" escape decodes to one): PostgreSQL stores neither in
 # text or jsonb, and a completion that tried would fail its whole batch (as app.api.schemas.Text)
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_MAX_ID_LEN = 200
 _MAX_TAGS, _MAX_TAG_LEN = 30, 64
 _FENCE = "```"
 READ_CHUNK = 64 * 1024
@@ -142,11 +143,8 @@ def parse_completion(body: Any) -> tuple[dict[str, Any], str | None, str | None]
 
 
 def _storable_id(value: Any) -> str | None:
-    """A provider-chosen name (model, completion or request id) fit to store, else None (the
-    caller falls back to its own): a name is provenance, not a reason to fail a paid answer."""
-    if isinstance(value, str) and 0 < len(value) <= _MAX_ID_LEN and not _UNSTORABLE.search(value):
-        return value
-    return None
+    """A provider-chosen string name fit to store, else None (:func:`storable_name`)."""
+    return storable_name(value) if isinstance(value, str) else None
 
 
 class _NothingSent(Exception):
@@ -293,6 +291,13 @@ class OpenAICompatibleAgent:
                     sock.settimeout(min(remaining, self.timeout[1]))
                 try:
                     chunk = response.raw.read1(READ_CHUNK, decode_content=True)
+                except DecodeError as exc:  # the provider answered: a body not in the encoding it claims
+                    log.warning("agent answer from %s does not decode (HTTP %d, Content-Encoding %r): %s", url,
+                                response.status_code, response.headers.get("Content-Encoding"), exc)
+                    if not 200 <= response.status_code < 300:  # its status and headers decide (a 429's wait)
+                        return _Answer(response.status_code, response.headers, b"".join(chunks))
+                    raise PermanentError("the agent's answer does not decode as its Content-Encoding says",
+                                         code="agent_bad_output") from None
                 except Exception:
                     if deadline - time.monotonic() <= 0:
                         raise _DeadlineExceeded from None

@@ -141,6 +141,15 @@ class FakeServer:
                     self._endless(b" " * 65536)
                 elif mode == "gzipbomb":  # 16 MiB of spaces in ~16 KiB of gzip
                     self._send(200, GZIP_BOMB, {"Content-Encoding": "gzip"})
+                elif mode == "badgzip":  # a complete 200 whose body is not the gzip it claims
+                    self._send(200, b"not gzip at all", {"Content-Encoding": "gzip"})
+                elif mode == "ratelimitedbadgzip":  # a 429 whose body is not the gzip it claims
+                    self._send(429, b"not gzip at all", {"Content-Encoding": "gzip", "Retry-After": "7"})
+                elif mode == "gzipchain":  # a complete 200 gzipped 8 times: past urllib3's 5 layers
+                    raw = json.dumps(completion(json.dumps(GOOD_CONTEXT))).encode()
+                    for _ in range(8):
+                        raw = gzip.compress(raw)
+                    self._send(200, raw, {"Content-Encoding": ", ".join(["gzip"] * 8)})
                 elif mode == "redirect":  # "the model moved": to the good endpoint, re-POSTing the image
                     self._send(307, {"error": "moved"}, {"Location": f"{fake.url}/good/v1/chat/completions"})
                 elif mode == "slow":
@@ -235,8 +244,10 @@ def test_fenced_json_answer_is_accepted(server, image):
     assert _describe(server.agent("fenced"), image).context["title"] == "Sleepy cat"
 
 
-@pytest.mark.parametrize("mode", ["malformed", "wrongtypes"])
+@pytest.mark.parametrize("mode", ["malformed", "wrongtypes", "badgzip", "gzipchain"])
 def test_bad_answer_is_permanent_agent_bad_output(server, image, mode):
+    """A complete 200 that is not the context — its JSON, or (badgzip, gzipchain) the encoding its
+    body claims, undecodable — is the provider's bad answer, not an unknown outcome."""
     with pytest.raises(PermanentError) as info:
         _describe(server.agent(mode), image)
     assert info.value.code == "agent_bad_output"
@@ -274,6 +285,14 @@ def test_429_is_retryable_and_not_executed(server, image):
     assert info.value.code == "agent_rate_limited"
     assert info.value.not_executed is True
     assert info.value.retry_after_s == 7.0
+
+
+def test_a_429_whose_body_does_not_decode_is_still_a_429(server, image):
+    """An error answer's status decides, whatever its body: a 429 with a broken gzip body is rate
+    limited (retried after its Retry-After), not an unknown outcome nor a bad answer."""
+    with pytest.raises(RetryableError) as info:
+        _describe(server.agent("ratelimitedbadgzip"), image)
+    assert (info.value.code, info.value.not_executed, info.value.retry_after_s) == ("agent_rate_limited", True, 7.0)
 
 
 def test_500_is_retryable_but_not_provably_unexecuted(server, image):
