@@ -130,16 +130,18 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
         for r in abandoned:
             open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
             ending.append(_claim_of(r, open_attempt))
-        exhausted = []
+        exhausted, live = [], []
         for r in rows:
-            if _spent(r):
-                open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
+            open_attempt = (attempts.open_attempt_txn(conn, r["id"])
+                            if r["lane"] == Lane.AGENT and _spent(r) else None)
+            if _spent(r) and not _lookup_due(r, open_attempt):
                 exhausted.append(_claim_of(r, open_attempt))
+            else:
+                live.append(r)
     for claim in ending:  # not matched inside: a job took the task meanwhile (its request withdrawn)
         with orch.engine.begin() as conn:
             report.hints += end_abandoned_txn(orch, conn, claim)
     report.counts["cancelled_abandoned"] = len(abandoned)
-    live = [r for r in rows if not _spent(r)]
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
@@ -173,6 +175,14 @@ def _spent(r: RowMapping) -> bool:
     that died in a batch of several is not charged to any of them (SPEC §10): its claim is refunded
     when the task is claimed again, alone (store/tasks.py), so it is re-hinted even at max_attempts."""
     return r["attempt_count"] >= r["max_attempts"] and r["claimed_alone"]
+
+
+def _lookup_due(r: RowMapping, open_attempt: RowMapping | None) -> bool:
+    """The agent task's last attempt died alone with its call's outcome unread: it is re-hinted, not
+    ended — one recovery claim past ``max_attempts`` (``tasks.CLAIM``, the same condition) looks the
+    attempt up first (SPEC §4.5), adopting a result its provider recorded before the death. Once
+    that claim was taken the count is past ``max_attempts`` and a further death ends the task here."""
+    return r["lane"] == Lane.AGENT and r["attempt_count"] == r["max_attempts"] and open_attempt is not None
 
 
 def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:
