@@ -78,9 +78,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
             step(orch, report)
         except Exception as exc:  # noqa: BLE001 - isolate the step; the next sweep retries it
             log.exception("sweep step failed", extra={"code": name})
-            if not any(f["step"] == name for f in report.failed_steps):  # not told already by an item (_item)
-                metrics.SWEEP_STEP_FAILURES.labels(name).inc()
-                report.failed_steps.append({"step": name, "error": step_error(exc)})
+            _tell(report, name, exc)  # once: an item of it may have told it already (_item)
     report.counts["steps_failed"] = len(report.failed_steps)
     # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read).
     # If even this fails the hints above still go out; the missing record shows as a stale sweep.
@@ -109,11 +107,16 @@ def _item(report: SweepReport, step: str, repair: Callable[[], list[Hint]]) -> b
         report.hints += repair()
     except Exception as exc:  # noqa: BLE001 - isolate the item; the next sweep retries it
         log.exception("sweep item failed", extra={"code": step})
-        if not any(f["step"] == step for f in report.failed_steps):
-            metrics.SWEEP_STEP_FAILURES.labels(step).inc()
-            report.failed_steps.append({"step": step, "error": step_error(exc)})
+        _tell(report, step, exc)
         return False
     return True
+
+
+def _tell(report: SweepReport, step: str, exc: BaseException) -> None:
+    """Record that ``step`` failed in this sweep (once: the metric and ``report.failed_steps``)."""
+    if not any(f["step"] == step for f in report.failed_steps):
+        metrics.SWEEP_STEP_FAILURES.labels(step).inc()
+        report.failed_steps.append({"step": step, "error": step_error(exc)})
 
 
 def _rehint(orch: Orchestrator, report: SweepReport) -> None:
@@ -247,9 +250,12 @@ def _advance(orch: Orchestrator, job_id) -> list[Hint]:
 
 def _batches(orch: Orchestrator, report: SweepReport) -> None:
     """5. batches still seeding"""
-    seeded, hints = orch.continue_batches()
+    errors: list[BaseException] = []  # batches whose work raised: logged there, the others went on
+    seeded, hints = orch.continue_batches(errors)
     report.counts["batches_seeded"] = seeded
     report.hints += hints
+    if errors:
+        _tell(report, "batches", errors[0])
 
 
 def _serving(orch: Orchestrator, report: SweepReport) -> None:

@@ -75,3 +75,39 @@ def test_an_exhausted_task_whose_end_raises_does_not_keep_the_others_running(eng
     others = [c.task_id for c in claims if c.task_id != poisoned[0]]
     assert rows(engine, "SELECT status, count(*) FROM tasks WHERE id = ANY(:t) GROUP BY status", t=others) == [
         ("failed", 2)]
+
+
+def test_a_batch_whose_seeding_raises_does_not_keep_other_batches_from_completing_or_seeding(
+        engine, settings, monkeypatch):
+    """The batch step seeded its heads one after the other, then completed the finished batches: a
+    head whose page raised at every sweep (a custom policy raising for its tenant) ended the step
+    first, so no batch of any tenant was seeded behind it or ever completed."""
+    from app.orchestrator import batches as batches_module
+    from tests.db.test_sweep_batches import _processed_image
+
+    clock = FakeClock()
+    orch = Orchestrator(engine, settings.replace(batch_page_size=1), clock=clock)
+    _processed_image(orch, "small", 9500)
+    [small_image] = rows(engine, "SELECT id FROM images WHERE scope_id = 'small'")
+    for seed in (9501, 9502):
+        store_and_ingest(orch, "stuck", png_bytes(seed), process=False)
+        store_and_ingest(orch, "other", png_bytes(seed + 10), process=False)
+    stuck, _ = orch.create_batch("stuck", all=True)
+    clock.advance(0.01)
+    other, _ = orch.create_batch("other", all=True)
+    assert orch.get_batch("stuck", stuck["id"])["status"] == orch.get_batch("other", other["id"])["status"] == "seeding"
+    done, _ = orch.create_batch("small", image_ids=[str(small_image[0])])  # processed: nothing to run
+    assert orch.get_batch("small", done["id"])["status"] == "running"
+    real_seed = batches_module._seed_page
+
+    def seed_page(orch_, batch_id, page_size):
+        if str(batch_id) == str(stuck["id"]):
+            raise RuntimeError("the operation policy raised for this tenant")
+        return real_seed(orch_, batch_id, page_size)
+
+    monkeypatch.setattr(batches_module, "_seed_page", seed_page)
+    clock.advance(settings.sweep_interval_s)
+    report = orch.sweep()
+    assert [f["step"] for f in report.failed_steps] == ["batches"]
+    assert orch.get_batch("small", done["id"])["status"] == "completed"
+    assert orch.get_batch("other", other["id"])["total"] == 2  # its last page was seeded
