@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError
 
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus, ReverseImagePolicy
 from app.ids import parse_uuid
@@ -301,6 +302,12 @@ def continue_batches(orch: Orchestrator, errors: list[BaseException] | None = No
     def isolated(what: str, batch_id: uuid.UUID, fn, *args):
         try:
             return fn(*args)
+        except DBAPIError as exc:
+            if exc.connection_invalidated:  # the database is gone for every batch: end the step
+                raise
+            log.exception("batch step failed", extra={"batch_id": batch_id, "code": what})
+            errors.append(exc)
+            return None
         except Exception as exc:  # noqa: BLE001 - isolate the batch; the next run tries it again
             log.exception("batch step failed", extra={"batch_id": batch_id, "code": what})
             errors.append(exc)

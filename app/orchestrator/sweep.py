@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.db.enums import Lane
@@ -105,6 +105,12 @@ def _item(report: SweepReport, step: str, repair: Callable[[], list[Hint]]) -> b
     every sweep. False: it raised (the next sweep tries it again, where the step finds it again)."""
     try:
         report.hints += repair()
+    except DBAPIError as exc:
+        if exc.connection_invalidated:  # the database is gone for every item: end the step, as before
+            raise
+        log.exception("sweep item failed", extra={"code": step})
+        _tell(report, step, exc)
+        return False
     except Exception as exc:  # noqa: BLE001 - isolate the item; the next sweep retries it
         log.exception("sweep item failed", extra={"code": step})
         _tell(report, step, exc)
