@@ -9,12 +9,14 @@ ever queued) and the sweep continues it, round-robin over scopes. Progress is ex
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError
 
 from app.db.enums import ACTIVE_JOB_STATUSES, BatchStatus, JobMode, JobStatus, ReverseImagePolicy
 from app.ids import parse_uuid
@@ -28,6 +30,8 @@ from app.orchestrator.store import serving_fill as serving_q
 
 if TYPE_CHECKING:
     from app.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
 
 SEEDING, RUNNING, COMPLETED, CANCELLED = BatchStatus.SEEDING, BatchStatus.RUNNING, BatchStatus.COMPLETED, BatchStatus.CANCELLED
 FINISHED = (COMPLETED, CANCELLED)
@@ -271,7 +275,7 @@ def _cancel_active_jobs(orch: Orchestrator, bid: uuid.UUID) -> None:
             break
 
 
-def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
+def continue_batches(orch: Orchestrator, errors: list[BaseException] | None = None) -> tuple[int, list[Hint]]:
     """Sweep step: seed batches still seeding, round-robin over scopes (one page of each scope's
     head batch per round, until every head is done or paused by its scope's back-pressure, or
     ``batch_sweep_pages`` pages were read); then complete running batches whose item jobs are all
@@ -287,7 +291,28 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     Bounded (``SWEEP_BATCHES`` of each kind per run), yet no batch waits on others: a paused head
     and a running batch left unfinished are touched, so the windows rotate; and the batches that
     may complete now are looked for among all running ones (``completable_batches_txn``), so a
-    finished batch completes at the next sweep however many long batches run."""
+    finished batch completes at the next sweep however many long batches run.
+
+    Each batch's work (a page, a completion, a cancel's finishing, a progress event) runs isolated:
+    one that raises is logged and appended to ``errors`` and the others go on — a head whose page
+    raised at every sweep (a custom policy raising for its tenant) otherwise ended the step first,
+    and no batch of any tenant was seeded behind it or completed again."""
+    errors = [] if errors is None else errors
+
+    def isolated(what: str, batch_id: uuid.UUID, fn, *args):
+        try:
+            return fn(*args)
+        except DBAPIError as exc:
+            if exc.connection_invalidated:  # the database is gone for every batch: end the step
+                raise
+            log.exception("batch step failed", extra={"batch_id": batch_id, "code": what})
+            errors.append(exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - isolate the batch; the next run tries it again
+            log.exception("batch step failed", extra={"batch_id": batch_id, "code": what})
+            errors.append(exc)
+            return None
+
     with orch.engine.connect() as conn:
         heads = [b["id"] for b in store.seeding_heads_txn(conn, SWEEP_BATCHES)]
     looked_at = list(heads)
@@ -297,7 +322,11 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
         for batch_id in heads:
             if budget <= 0:
                 break
-            n, page_hints, more, paged = _seed_page(orch, batch_id, orch.settings.batch_page_size)
+            page = isolated("seed", batch_id, _seed_page, orch, batch_id, orch.settings.batch_page_size)
+            if page is None:  # raised: counted as a page read, and not seeded again this run
+                budget -= 1
+                continue
+            n, page_hints, more, paged = page
             seeded, hints, budget = seeded + n, hints + page_hints, budget - int(paged)
             if more:
                 still.append(batch_id)
@@ -305,28 +334,40 @@ def continue_batches(orch: Orchestrator) -> tuple[int, list[Hint]]:
     # a library larger than the backlog threshold stays seeding for most of its run (each page
     # waits for the backlog to drain): its items' jobs end meanwhile, so its progress is told too
     for batch_id in looked_at:
-        emit_batch_progress(orch, batch_id)
+        isolated("progress", batch_id, emit_batch_progress, orch, batch_id)
     with orch.engine.connect() as conn:
         candidates = store.completable_batches_txn(conn, SWEEP_BATCHES)
         running = [b["id"] for b in store.running_batches_txn(conn, SWEEP_BATCHES)]
     for batch_id in dict.fromkeys(candidates + running):
-        with orch.engine.begin() as conn:
-            batch = store.batch_txn(conn, batch_id, lock=True)
-            if batch is None or batch["status"] != RUNNING:
-                continue
-            now = orch.now()
-            if not store.has_active_item_jobs_txn(conn, batch_id):  # its batch.completed event: a trigger
-                store.complete_batch_txn(conn, batch_id, now).expect("the batch is locked running")
-                continue
-            store.touch_batch_txn(conn, batch_id, now).expect("the batch is locked running")
-        emit_batch_progress(orch, batch_id)
+        isolated("complete", batch_id, _complete_or_touch, orch, batch_id)
     # cancelled batches whose items follow jobs their cancel left running: told until final
     with orch.engine.connect() as conn:
         still_open = store.open_cancelled_batches_txn(conn, SWEEP_BATCHES)
     for batch_id in still_open:
-        _cancel_active_jobs(orch, batch_id)  # a cancel whose request died after the mark: finished here
-        emit_batch_progress(orch, batch_id, cancelled=True)
+        isolated("cancel", batch_id, _finish_cancel, orch, batch_id)
     return seeded, hints
+
+
+def _complete_or_touch(orch: Orchestrator, batch_id: uuid.UUID) -> None:
+    """A running batch whose item jobs all ended → completed (its batch.completed event: a trigger);
+    otherwise touched (to the back of the sweep's window) and its progress told."""
+    with orch.engine.begin() as conn:
+        batch = store.batch_txn(conn, batch_id, lock=True)
+        if batch is None or batch["status"] != RUNNING:
+            return
+        now = orch.now()
+        if not store.has_active_item_jobs_txn(conn, batch_id):
+            store.complete_batch_txn(conn, batch_id, now).expect("the batch is locked running")
+            return
+        store.touch_batch_txn(conn, batch_id, now).expect("the batch is locked running")
+    emit_batch_progress(orch, batch_id)
+
+
+def _finish_cancel(orch: Orchestrator, batch_id: uuid.UUID) -> None:
+    """A cancelled batch still open: its active jobs cancelled (a cancel whose request died after the
+    mark is finished here) and its progress told."""
+    _cancel_active_jobs(orch, batch_id)
+    emit_batch_progress(orch, batch_id, cancelled=True)
 
 
 def _batch_uuid(value: uuid.UUID | str) -> uuid.UUID:

@@ -314,8 +314,8 @@ class Orchestrator:
         facade; it should call ``lanes.release_orphan_slots_txn`` directly)."""
         return lanes.release_orphan_slots_txn(self, conn)
 
-    def continue_batches(self) -> tuple[int, list[Hint]]:
-        return batches.continue_batches(self)
+    def continue_batches(self, errors: list[BaseException] | None = None) -> tuple[int, list[Hint]]:
+        return batches.continue_batches(self, errors)
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

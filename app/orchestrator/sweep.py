@@ -8,13 +8,14 @@ completion with the lane gauges (``sweep_state``), deletes old history in bounde
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import RowMapping
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.db.enums import Lane
@@ -77,8 +78,7 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
             step(orch, report)
         except Exception as exc:  # noqa: BLE001 - isolate the step; the next sweep retries it
             log.exception("sweep step failed", extra={"code": name})
-            metrics.SWEEP_STEP_FAILURES.labels(name).inc()
-            report.failed_steps.append({"step": name, "error": step_error(exc)})
+            _tell(report, name, exc)  # once: an item of it may have told it already (_item)
     report.counts["steps_failed"] = len(report.failed_steps)
     # DB-truth gauges, kept with the time of this completed sweep (what /metrics and /readyz read).
     # If even this fails the hints above still go out; the missing record shows as a stale sweep.
@@ -95,6 +95,34 @@ def _run_steps(orch: Orchestrator, report: SweepReport, started: float) -> None:
         report.failed_steps.append({"step": "record", "error": step_error(exc)})
         return
     metrics.set_lane_gauges(gauges)
+
+
+def _item(report: SweepReport, step: str, repair: Callable[[], list[Hint]]) -> bool:
+    """Run one item's repair within a step (its own transaction), isolated like the steps: one
+    that raises is logged and told as the step's failure (once per sweep: the metric and
+    ``report.failed_steps``), and the step goes on with its next item — an item nothing can repair
+    (a custom policy raising for one tenant) must not leave every item behind it unrepaired at
+    every sweep. False: it raised (the next sweep tries it again, where the step finds it again)."""
+    try:
+        report.hints += repair()
+    except DBAPIError as exc:
+        if exc.connection_invalidated:  # the database is gone for every item: end the step, as before
+            raise
+        log.exception("sweep item failed", extra={"code": step})
+        _tell(report, step, exc)
+        return False
+    except Exception as exc:  # noqa: BLE001 - isolate the item; the next sweep retries it
+        log.exception("sweep item failed", extra={"code": step})
+        _tell(report, step, exc)
+        return False
+    return True
+
+
+def _tell(report: SweepReport, step: str, exc: BaseException) -> None:
+    """Record that ``step`` failed in this sweep (once: the metric and ``report.failed_steps``)."""
+    if not any(f["step"] == step for f in report.failed_steps):
+        metrics.SWEEP_STEP_FAILURES.labels(step).inc()
+        report.failed_steps.append({"step": step, "error": step_error(exc)})
 
 
 def _rehint(orch: Orchestrator, report: SweepReport) -> None:
@@ -130,16 +158,17 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
         for r in abandoned:
             open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
             ending.append(_claim_of(r, open_attempt))
-        exhausted = []
+        exhausted, live = [], []
         for r in rows:
-            if _spent(r):
-                open_attempt = attempts.open_attempt_txn(conn, r["id"]) if r["lane"] == Lane.AGENT else None
+            open_attempt = (attempts.open_attempt_txn(conn, r["id"])
+                            if r["lane"] == Lane.AGENT and _spent(r) else None)
+            if _spent(r) and not _lookup_due(r, open_attempt):
                 exhausted.append(_claim_of(r, open_attempt))
+            else:
+                live.append(r)
     for claim in ending:  # not matched inside: a job took the task meanwhile (its request withdrawn)
-        with orch.engine.begin() as conn:
-            report.hints += end_abandoned_txn(orch, conn, claim)
+        _item(report, "expired_leases", functools.partial(_end_abandoned, orch, claim))
     report.counts["cancelled_abandoned"] = len(abandoned)
-    live = [r for r in rows if not _spent(r)]
     report.hints += [Hint(r["lane"], r["id"]) for r in live]
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
@@ -152,8 +181,13 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
             if claim.attempt_id and not claim.recall_safe
             else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
         )
-        report.hints += fail_task(orch, claim, err, lease_expired=True)
-        report.counts["exhausted"] += 1
+        if _item(report, "expired_leases", functools.partial(fail_task, orch, claim, err, lease_expired=True)):
+            report.counts["exhausted"] += 1
+
+
+def _end_abandoned(orch: Orchestrator, claim: Claim) -> list[Hint]:
+    with orch.engine.begin() as conn:
+        return end_abandoned_txn(orch, conn, claim)
 
 
 def _claim_of(r: RowMapping, open_attempt: RowMapping | None) -> Claim:
@@ -175,6 +209,14 @@ def _spent(r: RowMapping) -> bool:
     return r["attempt_count"] >= r["max_attempts"] and r["claimed_alone"]
 
 
+def _lookup_due(r: RowMapping, open_attempt: RowMapping | None) -> bool:
+    """The agent task's last attempt died alone with its call's outcome unread: it is re-hinted, not
+    ended — one recovery claim past ``max_attempts`` (``tasks.CLAIM``, the same condition) looks the
+    attempt up first (SPEC §4.5), adopting a result its provider recorded before the death. Once
+    that claim was taken the count is past ``max_attempts`` and a further death ends the task here."""
+    return r["lane"] == Lane.AGENT and r["attempt_count"] == r["max_attempts"] and open_attempt is not None
+
+
 def _orphan_slots(orch: Orchestrator, report: SweepReport) -> None:
     """3. lane slots whose holder is gone"""
     with orch.engine.begin() as conn:
@@ -194,24 +236,32 @@ def _stuck_jobs(orch: Orchestrator, report: SweepReport) -> None:
     found is not asked for again (an advance that could not move it must not fill the next)."""
     s = orch.settings
     found: list = []
+    advanced = 0
     for _ in range(STUCK_JOB_ROUNDS):
         with orch.engine.begin() as conn:
             stuck = q.stuck_jobs_txn(conn, orch.now(), s.rehint_grace_s, s.sweep_batch_limit, s.sweep_lookback_s,
                                      skip=found)
-        for job_id in stuck:
-            with orch.engine.begin() as conn:
-                report.hints += advance_job_txn(orch, conn, job_id)
+        for job_id in stuck:  # one that raises is still among ``found``: not asked for again this sweep
+            advanced += _item(report, "stuck_jobs", functools.partial(_advance, orch, job_id))
         found += stuck
         if len(stuck) < s.sweep_batch_limit:
             break
-    report.counts["jobs_advanced"] = len(found)
+    report.counts["jobs_advanced"] = advanced
+
+
+def _advance(orch: Orchestrator, job_id) -> list[Hint]:
+    with orch.engine.begin() as conn:
+        return advance_job_txn(orch, conn, job_id)
 
 
 def _batches(orch: Orchestrator, report: SweepReport) -> None:
     """5. batches still seeding"""
-    seeded, hints = orch.continue_batches()
+    errors: list[BaseException] = []  # batches whose work raised: logged there, the others went on
+    seeded, hints = orch.continue_batches(errors)
     report.counts["batches_seeded"] = seeded
     report.hints += hints
+    if errors:
+        _tell(report, "batches", errors[0])
 
 
 def _serving(orch: Orchestrator, report: SweepReport) -> None:

@@ -532,6 +532,13 @@ def _runs_again(claim: Claim) -> bool:
     return claim.lane == Lane.AGENT and claim.recovering and claim.recall_safe
 
 
+def past_last_attempt(claim: Claim) -> bool:
+    """A recovering claim taken after its task's last attempt died alone (``tasks.CLAIM``): it only
+    looks the interrupted attempt up — adopted if the result was recorded, else the task ends —
+    and never calls the agent again."""
+    return claim.recovering and claim.attempt_count > claim.max_attempts
+
+
 def _exclusive() -> contextlib.AbstractContextManager:
     """The gate held exclusively (no other thread of this process computes), in a process of
     several task threads: a died run's death, if it dies again, is then its own (``_ComputeGate``)."""
@@ -540,7 +547,8 @@ def _exclusive() -> contextlib.AbstractContextManager:
 
 def _recover(orch: Orchestrator, claim: Claim, providers: Providers) -> tuple[Claim | None, object]:
     """A recall-safe attempt whose worker died, with the gate held exclusively: its result recorded
-    before the death is adopted (the lookup); otherwise the interrupted attempt ends ``failed``
+    before the death is adopted (the lookup); otherwise — unless the claim is past the last attempt
+    (``past_last_attempt``: it then ends ``max_attempts_exceeded``) — the interrupted attempt ends ``failed``
     (``worker_died``) and the call runs again under a fresh attempt of the same claim, marked as
     running alone — so a poison input that kills the worker every time spends its own attempts
     and ends ``max_attempts_exceeded`` (the sweep), never a crash loop, never a neighbour's charge.
@@ -548,6 +556,9 @@ def _recover(orch: Orchestrator, claim: Claim, providers: Providers) -> tuple[Cl
     result = _outcome(orch, claim, providers)
     if result is not None:
         return claim, result
+    if past_last_attempt(claim):  # the recovery claim after the last attempt's death: a lookup only
+        return claim, PermanentError("every attempt's worker died before finishing; the last one recorded no result",
+                                     code="max_attempts_exceeded")
     fresh = orch.restart_attempt(claim, recall_safe_agent(providers))
     if fresh is None:
         return None, None

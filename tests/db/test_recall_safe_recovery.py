@@ -136,7 +136,8 @@ def test_a_poison_image_that_kills_the_worker_every_time_ends_failed_after_max_a
                 deaths += 1
         _lapse(clock, orch, pub, s)
     assert deaths == max_attempts == agent.calls["died"]
-    assert _task(engine, hint.task_id) == ("failed", max_attempts, "max_attempts_exceeded")
+    # + 1: the recovery claim after the last death looked its attempt up (nothing recorded), no call
+    assert _task(engine, hint.task_id) == ("failed", max_attempts + 1, "max_attempts_exceeded")
     assert rows(engine, "SELECT status, error->>'code' FROM processing_jobs") == [("failed", "max_attempts_exceeded")]
     stages = rows(engine, "SELECT stage, status FROM job_stages ORDER BY position")
     assert stages == [("visual", "succeeded"), ("agent", "failed"), ("text_embedding", "pending")]
@@ -173,7 +174,7 @@ def test_a_death_in_an_agent_batch_charges_none_of_its_batch_mates(engine, setti
     good = next(t for t, w in agent_tasks.items() if w != poison.POISON_WIDTH)
     # the batch's death (charged to neither) and then max_attempts deaths of its own, alone
     assert deaths == max_attempts + 1 == agent.calls["died"]
-    assert _task(engine, bad) == ("failed", max_attempts, "max_attempts_exceeded")
+    assert _task(engine, bad) == ("failed", max_attempts + 1, "max_attempts_exceeded")  # + 1: the lookup claim
     assert _task(engine, good) == ("succeeded", 1, None)
     # its call may have recorded its result before the death (adopted) or not (run again)
     good_attempts = _attempts(engine, good)
@@ -238,3 +239,69 @@ def test_the_task_read_shows_each_attempt_with_its_id_and_recall_safety(engine, 
     assert [(a["attempt_no"], a["state"], (a["error"] or {}).get("code"), a["recall_safe"]) for a in attempts] == [
         (1, "failed", "worker_died", True), (2, "completed", None, True)]
     assert attempts[0]["attempt_id"] == doomed.attempt_id and attempts[1]["attempt_id"] != doomed.attempt_id
+
+
+def test_a_result_recorded_before_the_last_attempts_death_is_adopted(engine, settings):
+    """The run that died held the task's last attempt (alone): the sweep does not end it
+    ``max_attempts_exceeded`` unseen — one recovery claim looks its attempt up first, and the result
+    the agent recorded before the death is adopted (no second call)."""
+    s, clock, _, orch, agent, providers, pub = _setup(engine, settings, max_attempts=1, agent_batch_size=1)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(10))
+    doomed = orch.claim_task(hint.task_id, "doomed-worker", recall_safe=True)
+    from app.worker import executor
+
+    executor.execute_agent(s, providers, doomed)  # the last attempt's call recorded; the commit was lost
+    _lapse(clock, orch, pub, s)
+    step(orch, providers, pub)
+    assert rows(engine, "SELECT status, error FROM processing_jobs") == [("succeeded", None)]
+    assert agent.calls == {"describe": 1, "lookup": 1}
+    assert _attempts(engine, hint.task_id) == [("completed", None, True)]
+
+
+def test_a_paid_result_recorded_before_the_last_attempts_death_is_adopted(engine, settings):
+    """The same for a paid attempt (SPEC §4.5: a claim that finds an attempt still external_started
+    first asks the provider): the sweep does not end it ``unknown_execution`` without a lookup."""
+    s, clock, policy, orch, agent, providers, pub = _setup(engine, settings, max_attempts=1, agent_batch_size=1)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(11))
+    doomed = orch.claim_task(hint.task_id, "paid-worker", recall_safe=False)
+    from app.worker import executor
+
+    executor.execute_agent(s, providers, doomed)  # the provider answered (and billed); the commit was lost
+    _lapse(clock, orch, pub, s)
+    step(orch, providers, pub)
+    assert rows(engine, "SELECT status, error FROM processing_jobs") == [("succeeded", None)]
+    assert agent.calls == {"describe": 1, "lookup": 1}
+    assert _attempts(engine, hint.task_id) == [("completed", None, False)]
+    assert sum(policy.committed.values()) == 1
+
+
+def test_a_last_attempt_whose_lookup_finds_nothing_ends_without_another_call(engine, settings):
+    """The recovery claim past the last attempt only looks up: nothing recorded → a recall-safe
+    attempt ends ``max_attempts_exceeded`` (not run again), a paid one ``unknown_execution``; and
+    that claim dying too leaves the sweep to end the task — no loop."""
+    s, clock, _, orch, agent, providers, pub = _setup(engine, settings, max_attempts=1, agent_batch_size=1)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(12))
+    assert orch.claim_task(hint.task_id, "doomed-worker", recall_safe=True) is not None
+    _lapse(clock, orch, pub, s)
+    step(orch, providers, pub)
+    assert agent.calls == {"lookup": 1}
+    assert _task(engine, hint.task_id) == ("failed", 2, "max_attempts_exceeded")
+    assert _attempts(engine, hint.task_id) == [("failed", "max_attempts_exceeded", True)]
+    assert rows(engine, "SELECT status, error->>'code' FROM processing_jobs") == [("failed", "max_attempts_exceeded")]
+
+
+def test_a_recovery_claim_past_the_last_attempt_that_dies_too_is_ended_by_the_sweep(engine, settings):
+    s, clock, _, orch, agent, providers, pub = _setup(engine, settings, max_attempts=1, agent_batch_size=1)
+    hint = _to_agent_hint(orch, providers, pub, png_bytes(13))
+    assert orch.claim_task(hint.task_id, "doomed-worker", recall_safe=False) is not None
+    _lapse(clock, orch, pub, s)
+    # the recovery claim's worker dies before its lookup: the task is not claimable again
+    again = orch.claim_task(hint.task_id, "doomed-too", recall_safe=False)
+    assert again is not None and again.recovering
+    _lapse(clock, orch, pub, s)
+    assert orch.claim_task(hint.task_id, "third", recall_safe=False) is None
+    step(orch, providers, pub)
+    assert rows(engine, "SELECT status, error->>'code' FROM processing_jobs") == [("unknown_execution",
+                                                                                    "unknown_execution")]
+    assert _attempts(engine, hint.task_id) == [("unknown_execution", "unknown_execution", False)]
+    assert agent.calls == {}

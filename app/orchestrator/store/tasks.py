@@ -38,6 +38,12 @@ from app.orchestrator.store._sql import Outcome, sql, transition
 # refunds the attempt of a run that died in a batch of several (``attempt_count`` + 0, claimable
 # even at ``max_attempts``). A poisoned item thus dies alone next time and is charged for its own
 # deaths only; the sweep ends it ``max_attempts_exceeded`` once they are spent (sweep.py).
+#
+# An agent task whose last attempt's run died alone with its attempt still external_started is
+# claimable once more (attempt_count = max_attempts + 1 after it): a *recovery claim* that only
+# looks the attempt up (SPEC §4.5) — a result recorded before the death is adopted, otherwise it
+# ends (app/worker/run.py); never a new call. If that claim dies too, the count is past
+# max_attempts, no claim matches, and the sweep ends the task (sweep._spent).
 
 INSERT_TASK = sql("""
 INSERT INTO tasks (id, scope_id, job_id, stage, lane, resource_key, payload, input_fingerprint, dedupe_key,
@@ -80,7 +86,9 @@ WITH c AS (
          attempt_count = attempt_count + CASE WHEN status = 'running' AND NOT claimed_alone THEN 0 ELSE 1 END,
          claimed_alone = NOT CAST(:shared AS boolean), started_at = coalesce(started_at, :now), updated_at = :now
   WHERE id = :id AND NOT cancel_requested
-    AND (attempt_count < max_attempts OR (status = 'running' AND NOT claimed_alone))
+    AND (attempt_count < max_attempts OR (status = 'running' AND NOT claimed_alone)
+         OR (status = 'running' AND attempt_count = max_attempts AND lane = 'agent' AND EXISTS (
+               SELECT FROM task_attempts a WHERE a.task_id = tasks.id AND a.state = 'external_started')))
     AND (CAST(:lane AS text) IS NULL OR lane = :lane)
     AND ((status = 'queued' AND available_at <= :now) OR (status = 'running' AND lease_expires_at < :now))
   RETURNING id, scope_id, job_id, image_id, image_sha256, stage, lane, resource_key, claim_generation,
