@@ -193,7 +193,8 @@ def webhook_failed(orch: Orchestrator, claim: WebhookClaim, event_id: int, attem
     the write that records the failure must never be the one that fails."""
     s = orch.settings
     now = orch.now()
-    error = {**error, **stored_error(error.get("code", ""), error.get("message", ""))}
+    code, message = error.get("code", ""), error.get("message", "")  # a delivery's, no job's: docs/events.md
+    error = {**error, **stored_error(code, message)}
     decision = decide_delivery_retry(attempts, max_attempts=s.webhook_max_attempts, now=now,
                                      base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s, rand=orch.rand)
     with orch.engine.begin() as conn:

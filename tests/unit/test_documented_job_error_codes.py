@@ -53,6 +53,7 @@ FORWARDED = {
     ("app/orchestrator/advance.py", "code"): "end_job_txn's parameter; its callers are read",
     ("app/orchestrator/advance.py", "status"): "a job's terminal status used as its tasks' cancel reason",
     ("app/orchestrator/store/tasks.py", "reason"): "cancel_job_tasks_txn's parameter; its callers are read",
+    ("app/orchestrator/webhooks.py", "code"): "a webhook delivery failure's code (docs/events.md), no job's",
 }
 #: Functions whose string returns are codes.
 CODE_FUNCTIONS = {"_stale_reason"}
