@@ -266,9 +266,12 @@ def _batches(orch: Orchestrator, report: SweepReport) -> None:
 
 def _serving(orch: Orchestrator, report: SweepReport) -> None:
     """5b. search serving: new scopes, model changes (backfills), cutovers (app/orchestrator/serving.py)"""
-    counts, hints = orch.reconcile_serving()
+    errors: list[BaseException] = []  # scopes whose reconcile raised: logged there, the others went on
+    counts, hints = orch.reconcile_serving(errors)
     report.counts.update(counts)
     report.hints += hints
+    if errors:
+        _tell(report, "serving", errors[0])
 
 
 def _dead_workers(orch: Orchestrator, report: SweepReport) -> None:
