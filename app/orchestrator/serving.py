@@ -241,21 +241,26 @@ def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any
 
 
 def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any]) -> list[Hint]:
-    """Create the fill batch of a backfill towards ``ref`` and attach it (a concurrent change of the
-    state leaves it unattached: it is cancelled)."""
+    """Create the fill batch of a backfill towards ``ref`` attached in the same transaction (a
+    concurrent change of the state: nothing is created), then seed its first page.
+
+    Attached before any page is seeded: a first page that raised (a custom policy raising for the
+    tenant) left a committed batch unattached, and every sweep created another; now the sweep's
+    batch step seeds it once it can (``batches.continue_batches``)."""
+    now = orch.now()
     with orch.engine.connect() as conn:
         row = q.serving_txn(conn, scope_id, kind)
-    if row is None or not same(ref, slot(row, "target")):
-        return []
-    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
-    with orch.engine.begin() as conn:
-        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"],
-                                   now=orch.now()).matched  # not matched: the backfill ended meanwhile
-        if attached:  # the progress /ops and the CLI overview show until the first cutover check
-            cov = coverage_txn(conn, scope_id, kind, ref)
-            q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
-    if not attached:
-        orch.cancel_batch(scope_id, batch["id"])
+        if row is None or not same(ref, slot(row, "target")):
+            return []
+        batch = batches.create_batch_txn(orch, conn, scope_id, all=True, fill_models=_fill_models(row, kind, ref))
+        if not q.set_batch_txn(conn, scope_id, kind, batch["id"], target=ref["model"], now=now).matched:
+            conn.rollback()  # the backfill ended or was retargeted meanwhile: no batch
+            return []
+        # the progress /ops and the CLI overview show until the first cutover check
+        cov = coverage_txn(conn, scope_id, kind, ref)
+        q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], now)
+        conn.commit()
+    _, hints = batches.seed_batch(orch, batch["id"], max_pages=1, page_size=1)  # a prompt start
     return hints
 
 

@@ -41,3 +41,39 @@ def test_a_scope_whose_reconcile_raises_does_not_keep_the_others_unreconciled(en
 
     report = new.sweep()  # the poisoned scope fails again: told once more, the others unaffected
     assert [f["step"] for f in report.failed_steps] == ["serving"]
+
+
+def test_a_fill_batch_whose_first_page_raises_is_attached_not_created_again_at_every_sweep(
+        engine, settings, monkeypatch):
+    """A backfill's fill batch was committed, then its first page seeded, then attached: a first page
+    that raised (a custom policy raising for the tenant) left the batch unattached, so every sweep
+    created another — one orphan seeding batch per sweep for as long as the policy raised. The batch
+    is attached with its creation now; the batch step seeds it (isolated) once the page can be."""
+    from app.orchestrator import batches as batches_module
+    from tests.support.clock import FakeClock
+
+    clock = FakeClock()
+    old = Orchestrator(engine, settings, clock=clock)
+    store_and_ingest(old, "a-poisoned", png_bytes(9610), process=False)
+    old.sweep()
+    real_seed = batches_module._seed_page
+
+    def seed_page(orch_, batch_id, page_size):
+        if rows(engine, "SELECT scope_id FROM batches WHERE id = :b", b=batch_id) == [("a-poisoned",)]:
+            raise RuntimeError("the operation policy raised for this tenant")
+        return real_seed(orch_, batch_id, page_size)
+
+    monkeypatch.setattr(batches_module, "_seed_page", seed_page)
+    new = Orchestrator(engine, settings.replace(text_provider=SPEC_B), clock=clock)
+    for _ in range(3):
+        clock.advance(settings.sweep_interval_s)
+        new.sweep()
+    [(batch_id, status)] = rows(engine, "SELECT id, status FROM batches WHERE scope_id = 'a-poisoned'")
+    assert status == "seeding"
+    assert rows(engine, "SELECT batch_id FROM search_serving WHERE scope_id = 'a-poisoned' AND kind = 'text'") == [
+        (batch_id,)]
+    monkeypatch.setattr(batches_module, "_seed_page", real_seed)  # the policy answers again
+    clock.advance(settings.sweep_interval_s)
+    assert not new.sweep().failed_steps
+    assert rows(engine, "SELECT status <> 'seeding' FROM batches WHERE id = :b", b=batch_id) == [(True,)]  # seeded
+    assert rows(engine, "SELECT count(*) FROM batches WHERE scope_id = 'a-poisoned'") == [(1,)]
