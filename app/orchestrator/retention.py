@@ -42,7 +42,8 @@ def prune(orch: Orchestrator) -> dict[str, int]:
     took (``retention_ms_<kind>``), kinds left for the next sweep because ``retention_budget_ms`` was
     spent (``retention_deferred``; the least recently walked kind goes first, and at least one kind
     runs every sweep) and steps that failed (``retention_errors``; a lock timeout or deadlock with
-    live work — the next sweep retries)."""
+    live work — the next sweep retries). A kind that failed had its turn too (the others go first
+    next time); an error that is not the database's is raised once every kind had its turn."""
     s = orch.settings
     now = orch.now()
 
@@ -79,6 +80,7 @@ def prune(orch: Orchestrator) -> dict[str, int]:
     deadline = time.monotonic() + s.retention_budget_ms / 1000 if s.retention_budget_ms > 0 else math.inf
     with orch.engine.begin() as conn:
         order = q.walk_order_txn(conn, due)
+    failed: Exception | None = None
     for n, kind in enumerate(order):
         if n and time.monotonic() >= deadline:  # spent (the first kind always runs): first next sweep
             counts["retention_deferred"] += 1
@@ -89,10 +91,21 @@ def prune(orch: Orchestrator) -> dict[str, int]:
                 counts[f"pruned_{kind}"] = _prune_ops_counters(orch, now - timedelta(seconds=ops_age), deadline)
             else:
                 counts[f"pruned_{kind}"] = _walk(orch, kind, walks[kind], deadline)
-        except DBAPIError:
-            log.warning("retention step failed", extra={"kind": kind}, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - isolate the kind; the next sweep retries it
+            if isinstance(exc, DBAPIError):
+                log.warning("retention step failed", extra={"kind": kind}, exc_info=True)
+            else:  # a bug, not a clash with live work: told as the step's failure once the others ran
+                log.exception("retention step failed", extra={"kind": kind})
+                failed = failed or exc
             counts["retention_errors"] += 1
+            # its turn is recorded though it failed: a kind that fails at every sweep (a lock or
+            # statement timeout longer than the budget) stayed the least recently walked, ran first
+            # at every sweep and left every other kind deferred for good
+            with orch.engine.begin() as conn:
+                q.touch_walk_txn(conn, kind)
         counts[f"retention_ms_{kind}"] = round((time.monotonic() - started) * 1000)
+    if failed is not None:
+        raise failed
     return counts
 
 

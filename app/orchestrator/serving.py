@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from app import metrics
 from app.db.engine import read_connection
@@ -123,60 +125,100 @@ def _switched_txn(conn: Connection, row: Any, action: str, coverage: dict, now) 
 
 
 # ---------------------------------------------------------------------------- the sweep step
-def reconcile(orch: Orchestrator) -> tuple[dict[str, int], list[Hint]]:
+def reconcile(orch: Orchestrator, errors: list[BaseException] | None = None) -> tuple[dict[str, int], list[Hint]]:
     """Sweep step, per kind: give new scopes a serving row (served by the configured model), start a
     backfill where the configured model changed, retarget or abort one whose target is no longer
     configured — each once sweeps have disagreed so for ``search_config_grace_s`` — attach fill
-    batches, and try the cutover of scopes whose fill is done."""
+    batches, and try the cutover of scopes whose fill is done.
+
+    Each kind and each scope's work runs isolated: one that raises is logged and appended to
+    ``errors`` and the others go on — a scope whose action raised at every sweep (a custom policy
+    raising for its tenant as its fill batch is seeded) otherwise ended the step first, and the
+    scopes behind it, and the whole visual kind, were never reconciled. A lost database connection
+    still ends the step (it fails every scope alike). ``errors`` None: the first error is raised
+    once every scope was tried."""
+    told = [] if errors is None else errors
     counts = {"serving_bootstrapped": 0, "backfills_started": 0, "cutovers": 0}
     hints: list[Hint] = []
     for kind in KINDS:
-        hints += _reconcile_kind(orch, kind, counts)
+        hints += _isolated(told, kind, None, _reconcile_kind, orch, kind, counts, told) or []
+    if errors is None and told:
+        raise told[0]
     return counts, hints
 
 
-def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int]) -> list[Hint]:
+def _isolated(errors: list[BaseException], kind: str, scope_id: str | None, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None if it raised: logged and appended to ``errors`` (the next sweep tries
+    again). A lost connection is raised: the database is gone for every scope."""
+    try:
+        return fn(*args)
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise
+        log.exception("serving reconcile failed", extra={"scope_id": scope_id, "code": kind})
+        errors.append(exc)
+    except Exception as exc:  # noqa: BLE001 - isolate the scope; the next sweep tries it again
+        log.exception("serving reconcile failed", extra={"scope_id": scope_id, "code": kind})
+        errors.append(exc)
+    return None
+
+
+def _reconcile_kind(orch: Orchestrator, kind: str, counts: dict[str, int], errors: list[BaseException]) -> list[Hint]:
     hints: list[Hint] = []
     ref = configured_ref(orch, kind)
     now = orch.now()
-    with orch.engine.begin() as conn:
-        for scope_id in q.scopes_without_serving_txn(conn, kind, SWEEP_SCOPES):
-            if q.bootstrap_txn(conn, scope_id, kind, ref, now).matched:  # else: a concurrent bootstrap won
-                q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
-                                   to_model=ref["model"], now=now)
-                counts["serving_bootstrapped"] += 1
+    with orch.engine.connect() as conn:
+        new_scopes = q.scopes_without_serving_txn(conn, kind, SWEEP_SCOPES)
+    for scope_id in new_scopes:  # each in its own transaction: one that raises leaves the others bootstrapped
+        _isolated(errors, kind, scope_id, _bootstrap, orch, scope_id, kind, ref, now, counts)
     with orch.engine.begin() as conn:
         # agreeing with a row's direction resets the clock of the sweeps that disagree (a rolling restart)
         attention.clear_disagreement_txn(conn, kind, ref)  # matched or not: nothing else to do
+        # attended now: a row whose action raises goes to the back of the window, not ahead of the others
         rows = sorted(attention.attend_txn(conn, kind, ref, SWEEP_SCOPES, now).rows, key=lambda r: r["scope_id"])
     for row in rows:
-        scope_id = row["scope_id"]
-        if row["state"] == ServingState.SERVING:
-            started = None
-            with orch.engine.begin() as conn:
-                if _disagreement_due_txn(orch, conn, row, ref, now):
-                    begun = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
-                    started = begun.row  # None: pinned or switched meanwhile (a lost race) — nothing to start
-                if started is not None:
-                    q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
-                                       from_model=row["serving_model"], to_model=ref["model"], now=now)
-                    counts["backfills_started"] += 1
-            if started is not None:
-                hints += _start_fill(orch, scope_id, kind, ref)
-            continue
-        # backfill
-        if not same(ref, slot(row, "target")):
-            hints += _target_changed(orch, row, ref)
-            continue
-        if row["batch_id"] is None:
-            hints += _start_fill(orch, scope_id, kind, ref)
-            continue
-        outcome = _check(orch, scope_id, kind)
-        if outcome == SWITCHED:
-            counts["cutovers"] += 1
-        elif outcome == GAP:  # verified just now: the fill, if finished, left images uncovered
-            hints += _maybe_refill(orch, row, ref)
+        hints += _isolated(errors, kind, row["scope_id"], _reconcile_row, orch, row, kind, ref, now, counts) or []
     return hints
+
+
+def _bootstrap(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any], now, counts: dict[str, int]) -> None:
+    """A scope without a serving row of ``kind``: served by the configured model ``ref``."""
+    with orch.engine.begin() as conn:
+        bootstrapped = q.bootstrap_txn(conn, scope_id, kind, ref, now).matched  # else: a concurrent bootstrap won
+        if bootstrapped:
+            q.record_event_txn(conn, scope_id, kind, ServingAction.BOOTSTRAP, 0, from_model=None,
+                               to_model=ref["model"], now=now)
+    counts["serving_bootstrapped"] += int(bootstrapped)
+
+
+def _reconcile_row(orch: Orchestrator, row: Any, kind: str, ref: dict[str, Any], now,
+                   counts: dict[str, int]) -> list[Hint]:
+    """One attended row: start a backfill (serving, the configured model differs), or move its
+    backfill on (retarget/abort, attach a fill, check the cutover, refill)."""
+    scope_id = row["scope_id"]
+    if row["state"] == ServingState.SERVING:
+        started = None
+        with orch.engine.begin() as conn:
+            if _disagreement_due_txn(orch, conn, row, ref, now):
+                begun = q.begin_backfill_txn(conn, scope_id, kind, ref, from_model=row["serving_model"], now=now)
+                started = begun.row  # None: pinned or switched meanwhile (a lost race) — nothing to start
+            if started is not None:
+                q.record_event_txn(conn, scope_id, kind, ServingAction.BACKFILL, started["epoch"],
+                                   from_model=row["serving_model"], to_model=ref["model"], now=now)
+                counts["backfills_started"] += 1
+        # a fill that raises here is attached by a later sweep (a backfill without a batch_id)
+        return _start_fill(orch, scope_id, kind, ref) if started is not None else []
+    # backfill
+    if not same(ref, slot(row, "target")):
+        return _target_changed(orch, row, ref)
+    if row["batch_id"] is None:
+        return _start_fill(orch, scope_id, kind, ref)
+    outcome = _check(orch, scope_id, kind)
+    if outcome == SWITCHED:
+        counts["cutovers"] += 1
+    elif outcome == GAP:  # verified just now: the fill, if finished, left images uncovered
+        return _maybe_refill(orch, row, ref)
+    return []
 
 
 def _disagreement_due_txn(orch: Orchestrator, conn: Connection, row: Any, ref: dict[str, Any], now) -> bool:
@@ -199,21 +241,26 @@ def _fill_models(row: Any, kind: str, ref: dict[str, Any]) -> list[dict[str, Any
 
 
 def _start_fill(orch: Orchestrator, scope_id: str, kind: str, ref: dict[str, Any]) -> list[Hint]:
-    """Create the fill batch of a backfill towards ``ref`` and attach it (a concurrent change of the
-    state leaves it unattached: it is cancelled)."""
+    """Create the fill batch of a backfill towards ``ref`` attached in the same transaction (a
+    concurrent change of the state: nothing is created), then seed its first page.
+
+    Attached before any page is seeded: a first page that raised (a custom policy raising for the
+    tenant) left a committed batch unattached, and every sweep created another; now the sweep's
+    batch step seeds it once it can (``batches.continue_batches``)."""
+    now = orch.now()
     with orch.engine.connect() as conn:
         row = q.serving_txn(conn, scope_id, kind)
-    if row is None or not same(ref, slot(row, "target")):
-        return []
-    batch, hints = orch.create_batch(scope_id, all=True, fill_models=_fill_models(row, kind, ref), first_page_size=1)
-    with orch.engine.begin() as conn:
-        attached = q.set_batch_txn(conn, scope_id, kind, uuid.UUID(batch["id"]), target=ref["model"],
-                                   now=orch.now()).matched  # not matched: the backfill ended meanwhile
-        if attached:  # the progress /ops and the CLI overview show until the first cutover check
-            cov = coverage_txn(conn, scope_id, kind, ref)
-            q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], orch.now())
-    if not attached:
-        orch.cancel_batch(scope_id, batch["id"])
+        if row is None or not same(ref, slot(row, "target")):
+            return []
+        batch = batches.create_batch_txn(orch, conn, scope_id, all=True, fill_models=_fill_models(row, kind, ref))
+        if not q.set_batch_txn(conn, scope_id, kind, batch["id"], target=ref["model"], now=now).matched:
+            conn.rollback()  # the backfill ended or was retargeted meanwhile: no batch
+            return []
+        # the progress /ops and the CLI overview show until the first cutover check
+        cov = coverage_txn(conn, scope_id, kind, ref)
+        q.set_coverage_txn(conn, scope_id, kind, cov["ready"], cov["total"], now)
+        conn.commit()
+    _, hints = batches.seed_batch(orch, batch["id"], max_pages=1, page_size=1)  # a prompt start
     return hints
 
 

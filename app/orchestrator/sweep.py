@@ -266,9 +266,12 @@ def _batches(orch: Orchestrator, report: SweepReport) -> None:
 
 def _serving(orch: Orchestrator, report: SweepReport) -> None:
     """5b. search serving: new scopes, model changes (backfills), cutovers (app/orchestrator/serving.py)"""
-    counts, hints = orch.reconcile_serving()
+    errors: list[BaseException] = []  # scopes whose reconcile raised: logged there, the others went on
+    counts, hints = orch.reconcile_serving(errors)
     report.counts.update(counts)
     report.hints += hints
+    if errors:
+        _tell(report, "serving", errors[0])
 
 
 def _dead_workers(orch: Orchestrator, report: SweepReport) -> None:
@@ -314,22 +317,28 @@ def _statistics(orch: Orchestrator, report: SweepReport) -> None:
     step analyzes such a table at the next sweep instead; autovacuum (10 % of the rows) keeps doing
     the steady-state work. A table autovacuum is busy with is left to the next sweep."""
     s = orch.settings
-    analyzed = skipped = 0
+    analyzed = 0
+    deferred: list[str] = []
     if s.sweep_analyze_min_changes > 0:
         with orch.engine.begin() as conn:
             grown = q.grown_tables_txn(conn, s.sweep_analyze_min_changes, ANALYZE_GROWTH)
-        for table in grown:
-            try:
-                with orch.engine.begin() as conn:
-                    q.analyze_table_txn(conn, table, ANALYZE_LOCK_TIMEOUT_MS)
-            except OperationalError as exc:
-                if getattr(getattr(exc, "orig", None), "sqlstate", None) != "55P03":  # lock_not_available
-                    raise
-                skipped += 1
-                continue
-            analyzed += 1
+        for table in grown:  # each isolated: one whose ANALYZE fails (a timeout) is told, the rest go on
+            if _item(report, "statistics", functools.partial(_analyze, orch, table, deferred)):
+                analyzed += table not in deferred
     report.counts["tables_analyzed"] = analyzed
-    report.counts["tables_analyze_deferred"] = skipped
+    report.counts["tables_analyze_deferred"] = len(deferred)
+
+
+def _analyze(orch: Orchestrator, table: str, deferred: list[str]) -> list[Hint]:
+    """ANALYZE ``table``; appended to ``deferred`` if autovacuum holds it (the next sweep retries)."""
+    try:
+        with orch.engine.begin() as conn:
+            q.analyze_table_txn(conn, table, ANALYZE_LOCK_TIMEOUT_MS)
+    except OperationalError as exc:
+        if getattr(getattr(exc, "orig", None), "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        deferred.append(table)
+    return []
 
 
 #: The sweep's steps in order (name → function); the cheap repairs first, the deletes last.

@@ -362,3 +362,27 @@ def test_retention_statements_are_index_driven(engine, settings):
             assert not re.search(r"Seq Scan on (tasks|processing_jobs|task_attempts|job_stages|ops_counters|"
                                  r"text_embeddings|images|operation_grants|batches|batch_items)",
                                  plan), (statement, plan)
+
+
+def test_a_kind_whose_walk_fails_every_sweep_does_not_keep_the_other_kinds_deferred(engine, settings, monkeypatch):
+    """A kind whose walk step raised (a lock timeout, a statement timeout — longer than the budget)
+    recorded no turn: it stayed the least recently walked, ran first at every sweep, spent the budget
+    and deferred every other kind at every sweep — no other history was pruned any more. Its turn is
+    recorded even when it fails, so the others have theirs."""
+    from sqlalchemy.exc import OperationalError
+
+    orch = Orchestrator(engine, settings.replace(**{**AGES, "retention_budget_ms": 0.001}))
+    real_walk = retention._walk
+
+    def walk(orch_, kind, params, deadline):
+        if kind == "jobs":
+            raise OperationalError("DELETE FROM processing_jobs", {}, Exception("canceling statement due to lock timeout"))
+        return real_walk(orch_, kind, params, deadline)
+
+    monkeypatch.setattr(retention, "_walk", walk)
+    ran = []
+    for _ in range(3):
+        counts = retention.prune(orch)
+        ran += [k for k in KINDS if f"retention_ms_{k}" in counts]
+    assert ran[0] == "jobs" and counts["retention_errors"] <= 1
+    assert set(ran) - {"jobs"}, ran  # the other kinds had turns

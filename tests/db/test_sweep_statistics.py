@@ -82,3 +82,27 @@ def test_only_hot_tables_can_be_analyzed(engine):
             pass
         else:  # pragma: no cover - the guard is the point
             raise AssertionError("a name outside HOT_TABLES reached ANALYZE")
+
+
+def test_a_table_whose_analyze_fails_does_not_keep_the_others_unanalyzed(engine, settings, monkeypatch):
+    """The step analyzed its grown tables one after the other, in name order: one whose ANALYZE
+    raised (a statement timeout, a cancel) ended the step, and while it kept failing no table after
+    it in that order was analyzed by any sweep."""
+    from sqlalchemy.exc import OperationalError
+
+    orch = _grown_setup(engine, settings, min_changes=CHANGES)
+    real_grown, real_analyze = q.grown_tables_txn, q.analyze_table_txn
+
+    def grown(conn, min_changes, ratio):
+        return sorted({"job_stages", *real_grown(conn, min_changes, ratio)})  # job_stages sorts before tasks
+
+    def analyze(conn, table, lock_timeout_ms):
+        if table == "job_stages":
+            raise OperationalError('ANALYZE "job_stages"', {}, Exception("canceling statement due to statement timeout"))
+        return real_analyze(conn, table, lock_timeout_ms)
+
+    monkeypatch.setattr(q, "grown_tables_txn", grown)
+    monkeypatch.setattr(q, "analyze_table_txn", analyze)
+    report = orch.sweep()
+    assert [f["step"] for f in report.failed_steps] == ["statistics"]  # still told
+    assert _last_analyze(engine, "tasks") is not None
