@@ -26,6 +26,14 @@ def pixel_key(image: DecodedImage) -> str:
     return hashlib.sha256(image.image.tobytes()).hexdigest()[:16]
 
 
+def write_gate(path: Path, content: str) -> None:
+    """Write a gate file whole: a test polling for it reads all of its content or no file at all
+    (a plain write_text creates it empty first, and a reader between the two saw '')."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(content)
+    os.replace(tmp, path)
+
+
 def record_call(stage: str, key: str) -> None:
     path = os.environ.get(CALL_LOG_ENV)
     if not path:
@@ -153,7 +161,7 @@ class BlockingAgent(DeterministicAgent):
         record_call("agent", pixel_key(image))
         result = super().describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
         gate = Path(os.environ[GATE_DIR_ENV])
-        (gate / "entered").write_text(attempt_id)
+        write_gate(gate / "entered", attempt_id)
         deadline = time.monotonic() + 120
         while not (gate / "release").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -172,7 +180,7 @@ class BlockingVisual(DeterministicVisualProvider):
         gate = Path(os.environ[GATE_DIR_ENV])
         if (gate / "entered-visual").exists():  # only the first execution parks
             return super().embed(images)
-        (gate / "entered-visual").write_text(str(os.getpid()))
+        write_gate(gate / "entered-visual", str(os.getpid()))
         deadline = time.monotonic() + 120
         while not (gate / "release-visual").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -241,7 +249,7 @@ class ParkingLocalAgent(DeterministicAgent):
         record_call("agent", pixel_key(image))
         gate = Path(os.environ[GATE_DIR_ENV])
         if not (gate / "entered").exists():
-            (gate / "entered").write_text(str(os.getpid()))
+            write_gate(gate / "entered", str(os.getpid()))
             deadline = time.monotonic() + 120
             while not (gate / "release").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
