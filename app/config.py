@@ -50,6 +50,9 @@ COMPLETION_DRAIN_S = 30.0
 #: The openai-compatible agent's connect timeout (s): with no deadline set, a call's bound is the
 #: read timeout plus this (app/stages/agent/openai_compatible.py).
 AGENT_CONNECT_TIMEOUT_S = 5.0
+#: The exit status of a worker process the watchdog ended (a provider call past its run_max_s;
+#: app/worker/watchdog.py): GNU ``timeout``'s.
+STAGE_TIMEOUT_EXIT = 124
 #: How much longer than its own deadline the watchdog lets an openai-compatible call run (s).
 RUN_MAX_GRACE_S = 30.0
 #: The longest backoff a retry's delayed hint may wait (``Settings.delayed_hint_max_s``): half the

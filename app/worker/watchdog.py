@@ -34,10 +34,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from app.config import STAGE_TIMEOUT_EXIT
+
+__all__ = ["STAGE_TIMEOUT_EXIT", "Call", "computing_for", "overrun", "provider_call"]
+
 log = logging.getLogger(__name__)
 
-#: The exit status of a worker process ended by the watchdog (GNU ``timeout``'s).
-STAGE_TIMEOUT_EXIT = 124
 #: How long the overrun's fenced note may take before the process exits anyway (s): the database
 #: may be what hangs.
 NOTE_TIMEOUT_S = 5.0
