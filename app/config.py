@@ -50,6 +50,11 @@ COMPLETION_DRAIN_S = 30.0
 #: The openai-compatible agent's connect timeout (s): with no deadline set, a call's bound is the
 #: read timeout plus this (app/stages/agent/openai_compatible.py).
 AGENT_CONNECT_TIMEOUT_S = 5.0
+#: The exit status of a worker process the watchdog ended (a provider call past its run_max_s;
+#: app/worker/watchdog.py): GNU ``timeout``'s.
+STAGE_TIMEOUT_EXIT = 124
+#: How much longer than its own deadline the watchdog lets an openai-compatible call run (s).
+RUN_MAX_GRACE_S = 30.0
 #: The longest backoff a retry's delayed hint may wait (``Settings.delayed_hint_max_s``): half the
 #: Redis transport's ``visibility_timeout`` (celeryconfig). A worker holds an eta message
 #: unacknowledged until it has run it, and Redis delivers a message again once it has been
@@ -103,6 +108,13 @@ class Settings:
     # At most DELAYED_HINT_MAX_BOUND_S.
     delayed_hint_max_s: float = 600.0
     max_attempts: int = 5
+    # The longest one provider call of each lane may run before its worker process is ended
+    # (app/worker/watchdog.py: a call that never returns holds its task and its worker for ever
+    # otherwise); 0 = no limit. Sized far above the slowest real call on a small box
+    # (docs/operations.md "A provider call that never returns").
+    visual_run_max_s: float = 600.0
+    agent_run_max_s: float = 900.0
+    embedding_run_max_s: float = 600.0
     # DB-wide concurrent agent tasks; unset: 4 for a remote (paid) agent, LOCAL_AGENT_LANE_LIMIT for
     # a local CPU-bound one (each worker is then bounded by its cores, see agent_batch); 0 = unlimited.
     agent_lane_limit: int | None = None
@@ -259,6 +271,16 @@ class Settings:
         never less than one read's timeout. A warm shutdown must wait at least this long."""
         return max(self.agent_timeout_s, self.agent_deadline_s or self.agent_timeout_s + AGENT_CONNECT_TIMEOUT_S)
 
+    def run_max_s(self, lane: str) -> float:
+        """The longest one provider call of ``lane`` may run before the watchdog ends its worker
+        (``<lane>_run_max_s``; 0 = no limit). The openai-compatible agent bounds its own calls
+        (``agent_call_max_s``, ending them ``agent_deadline_exceeded``): the watchdog is its backstop
+        only, never cutting a call its own deadline still allows."""
+        limit = float(getattr(self, f"{lane}_run_max_s", 0.0) or 0.0)
+        if limit > 0 and lane == "agent" and self.agent_provider == "openai-compatible":
+            limit = max(limit, self.agent_call_max_s + RUN_MAX_GRACE_S)
+        return limit
+
     @property
     def agent_is_local(self) -> bool:
         """The agent is a CPU-bound model in the worker (not a paid remote call)."""
@@ -339,6 +361,9 @@ class Settings:
                                 "(half the broker's visibility timeout; 0 = off)")
         if self.max_upload_bytes < 1 or self.max_image_pixels < 1:
             raise SettingsError("MEMEFLOW_MAX_UPLOAD_BYTES and MEMEFLOW_MAX_IMAGE_PIXELS must be >= 1")
+        if min(self.visual_run_max_s, self.agent_run_max_s, self.embedding_run_max_s) < 0:
+            raise SettingsError("MEMEFLOW_VISUAL_RUN_MAX_S, MEMEFLOW_AGENT_RUN_MAX_S and MEMEFLOW_EMBEDDING_RUN_MAX_S "
+                                "must be >= 0 (0 = no limit)")
         if self.agent_timeout_s <= 0 or self.agent_deadline_s < 0:
             raise SettingsError("need MEMEFLOW_AGENT_TIMEOUT_S > 0 and MEMEFLOW_AGENT_DEADLINE_S >= 0 "
                                 "(0: the timeout plus the connect timeout)")

@@ -42,7 +42,7 @@ from app.cli.processes import (
     settings_env,
     worker_cmd,
 )
-from app.config import Settings
+from app.config import STAGE_TIMEOUT_EXIT, Settings
 
 
 def without_password(url: object) -> str:
@@ -322,7 +322,9 @@ class Stack:
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
                 if len(child.restarts) > max_restarts_per_min:
                     raise StackError(f"{child.name} keeps exiting; see {child.log_path}")
-                self._say(f"{child.name} exited ({child.proc.returncode}); restarting")
+                why = (" — a provider call ran past its MEMEFLOW_<LANE>_RUN_MAX_S (the watchdog); see its log"
+                       if child.proc.returncode == STAGE_TIMEOUT_EXIT else "")
+                self._say(f"{child.name} exited ({child.proc.returncode}{why}); restarting")
                 child.spawn()
 
     # ------------------------------------------------------------------ stop

@@ -432,8 +432,10 @@ def restart_attempt(orch: Orchestrator, claim: Claim, recall_safe: bool) -> Clai
         if interrupted is None or interrupted["attempt_id"] != claim.attempt_id:
             # the claim read it open, and only this task's execution (fenced above) closes it
             raise InvariantBroken(f"attempt {claim.attempt_id} of a recovering claim is no longer open")
+        # the watchdog's stage_timeout, when it ended the worker, says more than "died"
         attempts.finish_attempt_txn(conn, claim.attempt_id, claim.task_id, AttemptState.FAILED, now,
-                                    error=err).expect("the attempt was read external_started, row locked")
+                                    error=interrupted["error"] or err).expect(
+            "the attempt was read external_started, row locked")
         [attempt_id] = attempts.start_attempts_txn(conn, [
             {"scope_id": claim.scope_id, "task_id": claim.task_id, "generation": claim.generation,
              "input_digest": interrupted["input_digest"], "target_sha256": interrupted["target_sha256"],
@@ -443,6 +445,23 @@ def restart_attempt(orch: Orchestrator, claim: Claim, recall_safe: bool) -> Clai
         "task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id, "stage": claim.stage,
         "generation": claim.generation, "code": claim.attempt_id})
     return dataclasses.replace(claim, attempt_id=attempt_id, recovering=False, recall_safe=recall_safe)
+
+
+def note_overrun(orch: Orchestrator, claims: list[Claim], error: dict) -> None:
+    """The watchdog's note, before it ends the worker, that ``claims``' provider call ran past its
+    maximum: ``error`` on each task (still running: its lease lapses, the recovery takes it) and on
+    its open agent attempt — in one transaction, fenced; a claim fenced out is counted, not noted."""
+    now = orch.now()
+    with orch.engine.begin() as conn:
+        for claim in claims:
+            if not tasks.note_overrun_txn(conn, claim.task_id, claim.owner, claim.generation, now, error).matched:
+                rejected_txn(orch, conn, claim, "note_overrun")
+                continue
+            # the task's open attempt, not the claim's: a recovery may have started a fresh one since
+            # (``restart_attempt``), and the task's fence above makes whichever is open this execution's
+            open_attempt = attempts.open_attempt_txn(conn, claim.task_id) if claim.lane == Lane.AGENT else None
+            if open_attempt is not None:
+                attempts.note_attempt_error_txn(conn, open_attempt["attempt_id"], claim.task_id, now, error)
 
 
 @retry_on_disconnect

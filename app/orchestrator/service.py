@@ -176,6 +176,9 @@ class Orchestrator:
     def heartbeat(self, claim: Claim) -> bool:
         return execution.heartbeat(self, claim)
 
+    def note_overrun(self, claims: list[Claim], error: dict) -> None:
+        execution.note_overrun(self, claims, error)
+
     def complete_task(self, claim: Claim, artifact: Any) -> list[Hint]:
         return self.complete_tasks([(claim, artifact)])
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from app.config import Settings
+from app.db.enums import Lane
 from app.orchestrator.fingerprints import config_hash, semantic_document
 from app.orchestrator.types import AgentArtifact, Claim, TextArtifact, VisualArtifact
 from app.stages.agent.context_text import checked_agent_context, storable_name
@@ -24,6 +25,7 @@ from app.stages.images import DecodedImage, decode_image
 from app.stages.providers import Providers
 from app.stages.vectors import NOT_COMPARABLE, NOT_STORABLE, vector_problem
 from app.storage import ContentMismatch, FileStore, InvalidStorageKey
+from app.worker import watchdog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,7 +54,8 @@ def embed_isolated(embed: Callable[[list[T]], Sequence[Any]], items: list[T], la
     costs about 2·log2(n) extra calls; a provider that fails for everything, 2n − 1 calls in all.
     """
     try:
-        vectors = list(embed(items))
+        with watchdog.provider_call(lane, embed):  # a call that never returns ends the worker
+            vectors = list(embed(items))
         if len(vectors) != len(items):
             raise RuntimeError(f"the provider returned {len(vectors)} vectors for {len(items)} inputs")
     except Exception as exc:  # noqa: BLE001 - bisected below; a single item's failure is its own
@@ -213,9 +216,10 @@ def execute_agent(settings: Settings, providers: Providers, claim: Claim) -> Age
     check_config(claim, providers.agent)
     assert claim.attempt_id and not claim.recovering
     image = load_image(settings, claim)
-    result = providers.agent.describe(
-        image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
-    )
+    with watchdog.provider_call(Lane.AGENT.value, providers.agent):
+        result = providers.agent.describe(
+            image, attempt_id=claim.attempt_id, reverse_image_policy=claim.payload["reverse_image_policy"]
+        )
     return _agent_artifact(providers, result, claim.attempt_id)
 
 
@@ -230,7 +234,8 @@ def _agent_artifact(providers: Providers, result, attempt_id: str) -> AgentArtif
 def recover_agent(settings: Settings, providers: Providers, claim: Claim) -> AgentArtifact | None:
     """Ask the provider what an interrupted attempt did; None = it cannot be proven (no re-call)."""
     assert claim.attempt_id and claim.recovering
-    found = providers.agent.lookup(claim.attempt_id)
+    with watchdog.provider_call(Lane.AGENT.value, providers.agent):
+        found = providers.agent.lookup(claim.attempt_id)
     if found.status != "complete" or found.result is None:
         return None
     return _agent_artifact(providers, found.result, claim.attempt_id)

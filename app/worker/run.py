@@ -29,7 +29,7 @@ from app.stages.agent import records
 from app.stages.base import is_recall_safe
 from app.stages.errors import PermanentError, StageError
 from app.stages.providers import Providers
-from app.worker import executor
+from app.worker import executor, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class Heartbeat:
         self.claims = claims
         self.stop_requested = threading.Event()
         self.due = 0.0  # time.monotonic() of the next beat (the beater's, under its lock)
+        self.calls: dict[int, watchdog.Call] = {}  # provider calls in flight (the beater's, under its lock)
         self._beating = threading.Lock()  # held while a beat of these claims runs
         self._ended = False
 
@@ -60,6 +61,19 @@ class Heartbeat:
         if got:
             self._beating.release()
 
+    def arm(self, call: watchdog.Call) -> None:
+        """A provider call for these claims started: past its deadline, the watchdog ends the process."""
+        _beater.arm(self, call)
+
+    def disarm(self, call: watchdog.Call) -> None:
+        _beater.disarm(self, call)
+
+    def stop_beating(self) -> None:
+        """No beat of these claims from now on (a provider call overran: their leases must lapse)."""
+        _beater.remove(self)
+        with self._beating:
+            self._ended = True
+
     def beat(self) -> None:
         """One beat of every claim (in the beater thread); nothing once the block ended."""
         with self._beating:
@@ -75,7 +89,9 @@ class Heartbeat:
 
 class _Beater:
     """The process's heartbeat thread: beats each open Heartbeat when it is due, one after the
-    other, and sleeps until the next is due (started on first use; a forked child starts its own)."""
+    other, and sleeps until the next is due (started on first use; a forked child starts its own).
+    It is also the process's watchdog: a provider call armed on an open Heartbeat that is still in
+    flight past its deadline ends the process (``watchdog.overrun``)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -97,18 +113,32 @@ class _Beater:
         with self._cond:
             self._open.discard(hb)
 
+    def arm(self, hb: Heartbeat, call: watchdog.Call) -> None:
+        with self._cond:
+            hb.calls[call.id] = call
+            if hb in self._open and call.deadline < self._wake_at:
+                self._cond.notify()
+
+    def disarm(self, hb: Heartbeat, call: watchdog.Call) -> None:
+        with self._cond:
+            hb.calls.pop(call.id, None)
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 now = time.monotonic()
+                overdue = next(((hb, c) for hb in self._open for c in hb.calls.values() if c.deadline <= now), None)
                 due = [hb for hb in self._open if hb.due <= now]
                 for hb in due:
                     hb.due = now + hb.orch.settings.heartbeat_s
-                if not due:
-                    self._wake_at = min((hb.due for hb in self._open), default=float("inf"))
+                if overdue is None and not due:
+                    self._wake_at = min((t for hb in self._open for t in (hb.due, *(c.deadline for c in hb.calls.values()))),
+                                        default=float("inf"))
                     self._cond.wait(None if self._wake_at == float("inf") else self._wake_at - now)
                     self._wake_at = float("-inf")  # awake: an add needs no notify
                     continue
+            if overdue is not None:  # before any beat: an overrun claim's lease is never extended again
+                watchdog.overrun(*overdue)
             for hb in due:
                 hb.beat()
 
@@ -307,7 +337,7 @@ def execute_claim(orch: Orchestrator, claim: Claim, providers: Providers, publis
     """Run one claimed task to an outcome; returns 'succeeded' | 'failed' | 'unknown' | 'cancelled'
     ('dropped': a recovering claim fenced out before it ran again)."""
     with contextlib.ExitStack() as alone:
-        with Heartbeat(orch, [claim]) as hb:
+        with Heartbeat(orch, [claim]) as hb, watchdog.computing_for(hb):
             if _runs_again(claim):
                 alone.enter_context(_exclusive())  # kept until the terminal write below
                 claim, result = _recover(orch, claim, providers)
@@ -482,12 +512,12 @@ def run_agent_batch(
     if _runs_again(claims[0]):  # a died run is claimed alone (execution.claim_agent_batch)
         return _recover_alone(orch, claims[0], providers, publisher, hb)
     try:
-        with _computing():
+        with _computing(), watchdog.computing_for(hb):
             if len(claims) == 1:
                 results = [_outcome(orch, claims[0], providers)]
             else:
                 group = records.CallGroup(len(claims))  # the batch's result records: one flush
-                results = list(_calls().map(lambda c: _outcome(orch, c, providers, group), claims))
+                results = list(_calls().map(lambda c: _watched(hb, orch, c, providers, group), claims))
     except BaseException:
         hb.__exit__(None, None, None)
         raise
@@ -571,7 +601,8 @@ def _recover_alone(orch: Orchestrator, claim: Claim, providers: Providers, publi
     are made synchronously, before the gate is let go (a death until then is still its own)."""
     with _exclusive():
         try:
-            ran, result = _recover(orch, claim, providers)
+            with watchdog.computing_for(hb):
+                ran, result = _recover(orch, claim, providers)
         except BaseException:
             hb.__exit__(None, None, None)
             raise
@@ -597,6 +628,13 @@ def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,
         return _internal_error(exc)
 
 
+def _watched(hb: Heartbeat, orch: Orchestrator, claim: Claim, providers: Providers,
+             group: records.CallGroup | None) -> object:
+    """``_outcome`` in an agent batch's call thread, its provider calls watched on ``hb``."""
+    with watchdog.computing_for(hb):
+        return _outcome(orch, claim, providers, group)
+
+
 def run_batch(
     orch: Orchestrator, lane: str, owner: str, providers: Providers, publisher: HintPublisher, n: int,
     first_task_id: uuid.UUID | str,
@@ -618,9 +656,10 @@ def run_batch(
                 alone.enter_context(_gate.exclusive())
                 if not orch.run_alone(claims[0]):  # fenced out while it waited: not ours to run
                     return len(claims)
-                results = _compute_isolated(orch, lane, claims, providers)
+                with watchdog.computing_for(hb):
+                    results = _compute_isolated(orch, lane, claims, providers)
             else:
-                with _computing():
+                with _computing(), watchdog.computing_for(hb):
                     results = _compute_isolated(orch, lane, claims, providers)
         finally:
             hb.__exit__(None, None, None)

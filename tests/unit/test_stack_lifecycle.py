@@ -172,3 +172,31 @@ def test_supervise_fails_when_services_it_found_running_stop(tmp_path, monkeypat
         guard.cancel()
         stack.stop()
     assert not fake.stopped_by_us
+
+
+def test_supervise_says_a_worker_the_watchdog_ended_ran_past_its_maximum_and_restarts_it(tmp_path):
+    from app.cli.children import Child
+    from app.config import STAGE_TIMEOUT_EXIT
+
+    said: list[str] = []
+    stop = threading.Event()
+
+    def echo(message, **_):
+        said.append(message)
+        if "restarting" in message:
+            stop.set()
+
+    stack = Stack(Settings(var_dir=tmp_path), components=(), echo=echo)
+    child = Child("agent", _python(f"import os; os._exit({STAGE_TIMEOUT_EXIT})"), _env(), tmp_path / "agent.log")
+    child.spawn()
+    child.proc.wait(timeout=30)
+    stack.children = [child]
+    guard = threading.Timer(20, stop.set)
+    guard.start()
+    try:
+        stack.supervise(stop)
+    finally:
+        guard.cancel()
+        stack.stop()
+    [line] = [m for m in said if "restarting" in m]
+    assert f"exited ({STAGE_TIMEOUT_EXIT}" in line and "RUN_MAX_S" in line

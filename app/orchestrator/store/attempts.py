@@ -95,6 +95,23 @@ def resume_started_txn(
     }).mappings()))
 
 
+NOTE_ATTEMPT_ERROR = sql("""
+UPDATE task_attempts SET error = CAST(:err AS jsonb), updated_at = :now
+WHERE attempt_id = :a AND task_id = :t AND state = 'external_started'
+""")
+
+
+@transition
+def note_attempt_error_txn(conn: Connection, attempt_id: str, task_id: uuid.UUID, now: datetime,
+                           error: dict) -> Outcome[None]:
+    """external_started → external_started, ``error`` set: why its worker is about to end (the
+    watchdog's ``stage_timeout``); the recovery decides its state as after any death. Not matched:
+    the attempt was closed already."""
+    return Outcome.count(conn.execute(NOTE_ATTEMPT_ERROR, {
+        "a": attempt_id, "t": task_id, "now": now, "err": canonical_json(error),
+    }).rowcount)
+
+
 FINISH_ATTEMPT = sql("""
 UPDATE task_attempts SET state = :st, result = CAST(:res AS jsonb), error = CAST(:err AS jsonb),
        provider_request_id = coalesce(:rid, provider_request_id), updated_at = :now

@@ -433,6 +433,24 @@ def heartbeat_txn(
     }).mappings().all())
 
 
+NOTE_OVERRUN = sql("""
+UPDATE tasks SET error = CAST(:err AS jsonb), updated_at = :now
+WHERE id = :id AND lease_owner = :owner AND claim_generation = :gen AND status = 'running'
+RETURNING id
+""")
+
+
+@transition
+def note_overrun_txn(
+    conn: Connection, task_id: uuid.UUID, owner: str, gen: int, now: datetime, error: dict
+) -> Outcome[uuid.UUID]:
+    """running → running, ``error`` set (fenced; the lease untouched): the watchdog's note that this
+    execution's provider call ran past its maximum, before it ends the worker. Not matched: fenced out."""
+    return Outcome.of(conn.execute(NOTE_OVERRUN, {
+        "id": task_id, "owner": owner, "gen": gen, "now": now, "err": canonical_json(error),
+    }).scalars().all())
+
+
 FINISH_FENCED = sql("""
 UPDATE tasks SET status = :st, error = CAST(:err AS jsonb), result = CAST(:res AS jsonb),
        completed_at = :now, updated_at = :now, lease_expires_at = NULL

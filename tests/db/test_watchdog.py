@@ -1,0 +1,80 @@
+"""The watchdog (app/worker/watchdog.py), in process: a provider call still in flight past its lane's
+``run_max_s`` stops its claims' heartbeat, notes ``stage_timeout`` on the task (fenced, the task
+left running for the recovery) and ends the process — here a stand-in that records the exit code;
+a call that returns in time, or an unwatched one, changes nothing. Real workers:
+tests/integration/test_hung_provider_workers.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from app.orchestrator import Orchestrator
+from app.worker import run, watchdog
+from tests.conftest import poll_until
+from tests.support.pipeline import png_bytes, store_and_ingest, visual_task
+
+
+@pytest.fixture()
+def exits(monkeypatch):
+    """The codes ``end_process`` was called with (the process is not ended)."""
+    codes: list[int] = []
+    ended = threading.Event()
+
+    def fake_end(code: int) -> None:
+        codes.append(code)
+        ended.set()
+
+    monkeypatch.setattr(watchdog, "end_process", fake_end)
+    codes_ended = (codes, ended)
+    return codes_ended
+
+
+def _task(engine, task_id):
+    with engine.connect() as c:
+        return c.execute(text("SELECT status, lease_expires_at, error FROM tasks WHERE id = :t"),
+                         {"t": task_id}).mappings().one()
+
+
+def _claim(orch, seed):
+    claim = orch.claim_task(visual_task(store_and_ingest(orch, "local", png_bytes(seed))).task_id, "w1")
+    assert claim is not None
+    return claim
+
+
+def test_a_call_past_its_maximum_stops_the_beats_notes_the_task_and_ends_the_process(engine, settings, exits):
+    codes, ended = exits
+    orch = Orchestrator(engine, settings.replace(heartbeat_s=0.2, lease_s=30, visual_run_max_s=0.5))
+    claim = _claim(orch, 7300)
+    with run.Heartbeat(orch, [claim]) as hb, watchdog.computing_for(hb):
+        with watchdog.provider_call("visual", object()):
+            assert ended.wait(20), "the watchdog never ended the process"
+        after = _task(engine, claim.task_id)
+        threading.Event().wait(0.6)  # three heartbeat periods: no beat extends the lease any more
+        assert _task(engine, claim.task_id)["lease_expires_at"] == after["lease_expires_at"]
+    assert codes == [watchdog.STAGE_TIMEOUT_EXIT]
+    assert after["status"] == "running"  # the recovery's to end, as after any worker death
+    assert after["error"]["code"] == "stage_timeout"
+    assert "0.5 s" in after["error"]["message"]
+
+
+def test_a_call_that_returns_in_time_or_runs_unwatched_changes_nothing(engine, settings, exits):
+    codes, _ = exits
+    orch = Orchestrator(engine, settings.replace(heartbeat_s=0.2, lease_s=30, visual_run_max_s=30,
+                                                 embedding_run_max_s=0))
+    claim = _claim(orch, 7400)
+    first = _task(engine, claim.task_id)["lease_expires_at"]
+    with run.Heartbeat(orch, [claim]) as hb, watchdog.computing_for(hb):
+        with watchdog.provider_call("visual", object()):
+            pass
+        assert hb.calls == {}
+        with watchdog.provider_call("embedding", object()):  # 0: no limit, never armed
+            assert hb.calls == {}
+        poll_until(lambda: _task(engine, claim.task_id)["lease_expires_at"] > first, timeout=20,
+                   what="the lease still extended")
+    with watchdog.provider_call("visual", object()):  # outside a claim's compute: unwatched
+        pass
+    assert codes == []
+    assert _task(engine, claim.task_id)["error"] is None
