@@ -35,6 +35,18 @@ def _all_succeeded(engine, scope: str, n: int):
     return jobs if len(jobs) == n and set(jobs.values()) == {"succeeded"} else None
 
 
+def _pipeline_state(live_stack, scope: str) -> str:
+    """What a stalled job's tasks, the lane slots and the workers' last log lines say (for a failure)."""
+    with live_stack.engine.connect() as conn:
+        tasks = conn.execute(text(
+            "SELECT t.stage, t.status, t.attempt_count, t.claim_generation, t.available_at, t.last_hint_at,"
+            " t.lease_expires_at, t.error->>'code' FROM tasks t WHERE t.scope_id = :s ORDER BY t.created_at"),
+            {"s": scope}).all()
+        slots = conn.execute(text("SELECT * FROM lane_slots WHERE task_id IS NOT NULL")).mappings().all()
+    logs = "\n".join(f"--- {p.log_path.name}\n" + p.log()[-3000:] for p in live_stack.cluster.procs)
+    return f"tasks: {[tuple(t) for t in tasks]}\nheld slots: {[dict(r) for r in slots]}\n{logs}"
+
+
 def test_ingest_status_search_sweep_process_all_gc(live_stack, tmp_path):
     cli, engine, settings = live_stack.cli, live_stack.engine, live_stack.settings
     samples, inbox = tmp_path / "samples", tmp_path / "inbox"
@@ -97,7 +109,10 @@ def test_ingest_status_search_sweep_process_all_gc(live_stack, tmp_path):
 
     out = poll_until(rehinted, timeout=30, interval=0.2, what="the sweep re-hints the lost task")
     assert "hints published 1" in out
-    poll_until(lambda: _all_succeeded(engine, SCOPE, 3), timeout=60, interval=0.3, what="the re-hinted job")
+    try:
+        poll_until(lambda: _all_succeeded(engine, SCOPE, 3), timeout=60, interval=0.3, what="the re-hinted job")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_pipeline_state(live_stack, SCOPE)}") from None
 
     # process-all: a batch over the scope's images, waited for; every stage is still valid, so reused
     r = cli("process-all", "--scope", SCOPE, "--wait", "--timeout", "120")
