@@ -163,7 +163,7 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
             open_attempt = (attempts.open_attempt_txn(conn, r["id"])
                             if r["lane"] == Lane.AGENT and _spent(r) else None)
             if _spent(r) and not _lookup_due(r, open_attempt):
-                exhausted.append(_claim_of(r, open_attempt))
+                exhausted.append((_claim_of(r, open_attempt), r["noted_code"]))
             else:
                 live.append(r)
     for claim in ending:  # not matched inside: a job took the task meanwhile (its request withdrawn)
@@ -173,13 +173,16 @@ def _expired_leases(orch: Orchestrator, report: SweepReport) -> None:
     report.counts["lease_expired"] = len(live)
     metrics.REHINTS.labels("lease_expired").inc(len(live))
     report.counts["exhausted"] = 0
-    for claim in exhausted:
+    for claim, noted in exhausted:
         # a paid call in flight may have happened; a recall-safe one (local compute) repeated
-        # nothing external, so like any stage it has spent its attempts (a poison input)
+        # nothing external, so like any stage it has spent its attempts (a poison input). The last
+        # error noted on the task (the watchdog's stage_timeout, or an earlier run's retry) is kept
+        # in the message: an operator sees why runs died, not only that they did.
+        why = f" (last error noted: {noted})" if noted else ""
         err = (
-            OutcomeUnknownError("the worker died during a paid call", code="unknown_execution")
+            OutcomeUnknownError(f"the worker died during a paid call{why}", code="unknown_execution")
             if claim.attempt_id and not claim.recall_safe
-            else PermanentError("every attempt's worker died before finishing", code="max_attempts_exceeded")
+            else PermanentError(f"every attempt's worker died before finishing{why}", code="max_attempts_exceeded")
         )
         if _item(report, "expired_leases", functools.partial(fail_task, orch, claim, err, lease_expired=True)):
             report.counts["exhausted"] += 1

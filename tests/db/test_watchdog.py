@@ -78,3 +78,18 @@ def test_a_call_that_returns_in_time_or_runs_unwatched_changes_nothing(engine, s
         pass
     assert codes == []
     assert _task(engine, claim.task_id)["error"] is None
+
+
+def test_a_task_ended_after_its_last_run_overran_says_so(engine, settings):
+    """The sweep ends a visual task whose attempts are spent ``max_attempts_exceeded``; the watchdog's
+    ``stage_timeout`` note is kept in its message, so an operator sees why the runs died."""
+    orch = Orchestrator(engine, settings.replace(max_attempts=1))
+    claim = _claim(orch, 7500)
+    orch.note_overrun([claim], {"code": "stage_timeout", "message": "ran past its maximum"})
+    with engine.begin() as c:  # the worker was ended: its lease lapses
+        c.execute(text("UPDATE tasks SET lease_expires_at = now() - interval '1 minute', last_hint_at = NULL"
+                       " WHERE id = :t"), {"t": claim.task_id})
+    orch.sweep()
+    task = _task(engine, claim.task_id)
+    assert task["status"] == "failed" and task["error"]["code"] == "max_attempts_exceeded"
+    assert "stage_timeout" in task["error"]["message"], task["error"]

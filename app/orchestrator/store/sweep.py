@@ -87,7 +87,8 @@ WITH pick AS (SELECT id, cancel_requested AND NOT EXISTS (
               ORDER BY lease_expires_at LIMIT :n FOR UPDATE SKIP LOCKED)
 UPDATE tasks t SET last_hint_at = :now, cancel_requested = pick.abandon FROM pick WHERE t.id = pick.id
 RETURNING t.id, t.lane, t.scope_id, t.job_id, t.stage, t.lease_owner, t.claim_generation,
-          t.attempt_count, t.max_attempts, t.claimed_alone, t.image_id, t.image_sha256, t.payload, pick.abandon
+          t.attempt_count, t.max_attempts, t.claimed_alone, t.image_id, t.image_sha256, t.payload, pick.abandon,
+          t.error->>'code' AS noted_code
 """)
 
 
