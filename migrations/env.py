@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, pool, text
 
 from app.db.models import Base
 
@@ -28,6 +28,12 @@ def _include_object(obj, name, type_, reflected, compare_to):
     return True
 
 
+#: Serialises concurrent ``memeflow db upgrade`` runs (two deploy hosts, an init container per
+#: replica): the second waits for the first to commit, then reads the version it left and has
+#: nothing to do, instead of failing on the first's half-created tables.
+_MIGRATE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('memeflow.migrate', 0))")
+
+
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
@@ -36,6 +42,8 @@ def run_migrations_online() -> None:
             compare_type=True,
         )
         with context.begin_transaction():
+            # taken before Alembic reads the database's revision, held until this run commits
+            connection.execute(_MIGRATE_LOCK)
             context.run_migrations()
     engine.dispose()
 
