@@ -114,3 +114,37 @@ def test_an_empty_database_passes_the_storage_check(settings, tmp_path):
     from app.worker.tasks import check_storage_at_start
 
     check_storage_at_start(settings.replace(storage_dir=tmp_path / "new"), ["visual", "agent"])
+
+
+# ---------------------------------------------------------------------------------- the API
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("cursor_secret", ["", "a-cursor-secret-of-the-operator"])
+def test_the_api_on_an_unmigrated_database_exits_at_once_saying_what_to_run(fresh_db, services, tmp_path,
+                                                                            cursor_secret):
+    """The API started before `memeflow db upgrade` (a replica that raced the migrate job) booted
+    on with a cursor secret set and answered every request 500 internal_error; without one its
+    workers died of an UndefinedTable traceback. It now refuses to start, as a worker does."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "MEMEFLOW_DATABASE_URL": fresh_db(),
+        "MEMEFLOW_BROKER_URL": services.redis_url(),
+        "MEMEFLOW_VAR_DIR": str(tmp_path / "var"),
+        "MEMEFLOW_CURSOR_SECRET": cursor_secret,
+        "MEMEFLOW_LOG_JSON": "0",
+    }
+    try:
+        proc = subprocess.run([sys.executable, "-m", "app.cli", "api", "--port", str(_free_port()), "--workers", "1"],
+                              env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the API kept running on an unmigrated database: {exc.stderr!r}") from None
+    assert proc.returncode != 0
+    assert "memeflow db upgrade" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
