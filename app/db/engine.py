@@ -19,6 +19,13 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
 
 
+#: Every session's settings, whatever the server, database or role defaults say: short lock and
+#: statement timeouts, and UTC, so the timestamps it reads (``timestamptz`` values, rendered with
+#: the session's offset) are UTC in every API response and event (SPEC §3) on a PostgreSQL whose
+#: default TimeZone is another.
+SESSION_OPTIONS = "-c lock_timeout=10000 -c statement_timeout=120000 -c TimeZone=UTC"
+
+
 def make_engine(
     url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False, pre_ping: bool = True
 ) -> Engine:
@@ -42,7 +49,7 @@ def make_engine(
         pool_recycle=1800,
         echo=echo,
         json_deserializer=jsoncodec.loads,  # psycopg's loader of json/jsonb results (app.db.jsoncodec)
-        connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
+        connect_args={"options": SESSION_OPTIONS, "connect_timeout": 10},
     )
     if fastpath.SUPPORTED:  # the store's statements skip SQLAlchemy's execution overhead
         engine._connection_cls = fastpath.FastConnection
