@@ -281,10 +281,38 @@ def alembic_config(url: str):
     return cfg
 
 
-def upgrade_to_head(url: str) -> None:
-    from alembic import command
+class ExtensionUnavailable(RuntimeError):
+    """A migration's ``CREATE EXTENSION`` failed: the role may not create it (pgvector's ``vector``
+    is not a trusted extension: only a superuser may), or the server does not have it installed.
+    The message says what a DBA must run."""
 
-    command.upgrade(alembic_config(url), "head")
+
+_CREATE_EXTENSION = re.compile(r"CREATE EXTENSION IF NOT EXISTS (\w+)", re.IGNORECASE)
+#: Every extension the migrations create, for the DBA to create at once.
+MIGRATION_EXTENSIONS = ("vector", "btree_gin")
+
+
+def upgrade_to_head(url: str) -> None:
+    """``alembic upgrade head``; :class:`ExtensionUnavailable` (what to ask the DBA for) when a
+    migration cannot create an extension."""
+    from alembic import command
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        command.upgrade(alembic_config(url), "head")
+    except DBAPIError as exc:
+        found = _CREATE_EXTENSION.search(exc.statement or "")
+        if found is None:
+            raise
+        name = found.group(1)
+        reason = (str(exc.orig).strip().splitlines() or [""])[0]
+        database = make_url(url).database
+        statements = " ".join(f"CREATE EXTENSION IF NOT EXISTS {e};" for e in MIGRATION_EXTENSIONS)
+        raise ExtensionUnavailable(
+            f"cannot create the PostgreSQL extension {name!r} ({reason}). As a superuser, in database "
+            f"{database!r}, run: {statements} (pgvector must be installed on the server); then run "
+            "`memeflow db upgrade` again") from None
 
 
 def migration_status(conn: Connection) -> tuple[str | None, str]:
