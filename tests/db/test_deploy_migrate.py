@@ -35,3 +35,22 @@ def test_two_concurrent_upgrades_both_succeed(fresh_db, services, tmp_path):
     finally:
         engine.dispose()
     assert current == head
+
+
+def test_upgrade_ignores_a_short_server_statement_timeout(fresh_db, services, tmp_path):
+    """A managed PostgreSQL often sets a statement_timeout on the database or role (30 s is common):
+    a migration that rewrites or indexes a large table outlives it, and the whole upgrade rolled
+    back. The migration session sets its own (none), as the runtime sessions set theirs."""
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    url = fresh_db(None)
+    conn = psycopg2.connect(url.replace("postgresql+psycopg2://", "postgresql://", 1))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        # stands in for "shorter than the slowest migration statement": every one outlives 1 ms here
+        cur.execute(f"ALTER DATABASE {make_url(url).database} SET statement_timeout = '1ms'")
+    conn.close()
+    proc = _upgrade(url, services.redis_url(), tmp_path / "var")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-1500:]
