@@ -301,6 +301,7 @@ def upgrade_to_head(url: str) -> None:
 
     try:
         command.upgrade(alembic_config(url), "head")
+        require_pgvector(url)
     except DBAPIError as exc:
         found = _CREATE_EXTENSION.search(exc.statement or "")
         if found is None:
@@ -313,6 +314,35 @@ def upgrade_to_head(url: str) -> None:
             f"cannot create the PostgreSQL extension {name!r} ({reason}). As a superuser, in database "
             f"{database!r}, run: {statements} (pgvector must be installed on the server); then run "
             "`memeflow db upgrade` again") from None
+
+
+#: The oldest pgvector memeflow runs on: searches set ``hnsw.iterative_scan`` (pgvector 0.8.0), which
+#: an older pgvector refuses as an unknown parameter.
+MIN_PGVECTOR = (0, 8, 0)
+_PGVECTOR_VERSION = text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def require_pgvector(url: str) -> None:
+    """Raise :class:`ExtensionUnavailable` (what to do) when the database's pgvector is older than
+    :data:`MIN_PGVECTOR`: every semantic and look-alike search would fail on it."""
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            version = conn.execute(_PGVECTOR_VERSION).scalar()
+    finally:
+        engine.dispose()
+    if version is not None and _version_tuple(version) < MIN_PGVECTOR:
+        from sqlalchemy.engine import make_url
+
+        need = ".".join(map(str, MIN_PGVECTOR))
+        raise ExtensionUnavailable(
+            f"the database {make_url(url).database!r} has pgvector {version}; memeflow needs {need} or newer "
+            f"(its searches use iterative HNSW scans). Install pgvector >= {need} on the server, then as a "
+            "superuser run: ALTER EXTENSION vector UPDATE; and run `memeflow db upgrade` again")
 
 
 def migration_status(conn: Connection) -> tuple[str | None, str]:

@@ -52,3 +52,19 @@ def test_a_non_superuser_role_is_told_which_extension_to_ask_for_then_migrates(f
     second = _upgrade(url, services.redis_url(), tmp_path / "var")
     assert second.returncode == 0, second.stderr[-2000:]
     assert "database at head" in second.stdout
+
+
+def test_an_older_pgvector_is_refused_at_upgrade_saying_what_to_update(fresh_db, template_db, services, tmp_path):
+    """Searches set ``hnsw.iterative_scan`` (pgvector 0.8); a server with an older pgvector (a
+    distribution's package, a managed PostgreSQL) would fail every semantic search. Only 0.8.x ships
+    with the test's embedded server, so the installed version is rewritten in the catalog."""
+    url = make_url(fresh_db(template_db))
+    dba = psycopg2.connect(url.set(drivername="postgresql").render_as_string(hide_password=False))
+    dba.autocommit = True
+    with dba.cursor() as cur:
+        cur.execute("UPDATE pg_extension SET extversion = '0.7.4' WHERE extname = 'vector'")
+    dba.close()
+    proc = _upgrade(url.render_as_string(hide_password=False), services.redis_url(), tmp_path / "var")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    assert "pgvector 0.7.4" in proc.stderr and "ALTER EXTENSION vector UPDATE" in proc.stderr, proc.stderr
