@@ -18,7 +18,7 @@ from kombu import Exchange, Queue
 
 from app.config import get_settings
 from app.db.enums import Lane
-from app.worker.broker import broker_transport_for, broker_url_for
+from app.worker.broker import broker_ssl_for, broker_transport_for, broker_url_for
 
 _settings = get_settings()
 
@@ -44,6 +44,8 @@ broker_url = broker_url_for(_settings)
 # kombu's Redis transport with one client object per pool for its publishes, acks and QoS updates
 # (app/worker/broker.py: kombu built one per command); the same commands on the wire
 broker_transport = broker_transport_for(broker_url)
+# a rediss:// broker verifies the server's certificate unless its URL says otherwise
+broker_use_ssl = broker_ssl_for(broker_url)
 broker_connection_retry_on_startup = True
 broker_connection_retry = True
 broker_connection_max_retries = None  # a worker waits for its broker forever

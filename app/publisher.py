@@ -54,6 +54,7 @@ def celery_app_for(broker_url: str, name: str = "memeflow-client") -> Celery:
     client.config_from_object(celery_config())
     client.conf.broker_url = broker_url
     client.conf.broker_transport = celery_config().broker_transport_for(broker_url)
+    client.conf.broker_use_ssl = celery_config().broker_ssl_for(broker_url)
     return client
 
 

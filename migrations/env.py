@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, pool, text
 
 from app.db.models import Base
 
@@ -28,14 +28,28 @@ def _include_object(obj, name, type_, reflected, compare_to):
     return True
 
 
+#: Serialises concurrent ``memeflow db upgrade`` runs (two deploy hosts, an init container per
+#: replica): the second waits for the first to commit, then reads the version it left and has
+#: nothing to do, instead of failing on the first's half-created tables.
+_MIGRATE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('memeflow.migrate', 0))")
+
+
+#: A migration may rewrite or index a whole table, and a second run waits on the lock above for
+#: the first: neither may be cut short by a statement_timeout the server, database or role sets
+#: (managed PostgreSQL often does). UTC as in every runtime session (app.db.engine.SESSION_OPTIONS).
+_SESSION_OPTIONS = "-c statement_timeout=0 -c TimeZone=UTC"
+
+
 def run_migrations_online() -> None:
-    engine = create_engine(_url(), poolclass=pool.NullPool)
+    engine = create_engine(_url(), poolclass=pool.NullPool, connect_args={"options": _SESSION_OPTIONS})
     with engine.connect() as connection:
         context.configure(
             connection=connection, target_metadata=target_metadata, include_object=_include_object,
             compare_type=True,
         )
         with context.begin_transaction():
+            # taken before Alembic reads the database's revision, held until this run commits
+            connection.execute(_MIGRATE_LOCK)
             context.run_migrations()
     engine.dispose()
 

@@ -11,7 +11,9 @@
   before they reach a thread.
 * gunicorn's own error responses are JSON like the app's (:mod:`app.api.server`);
 * an unauthenticated instance is never bound beyond loopback (:func:`app.netguard.check_bind`
-  runs in ``on_starting``, before any socket is opened).
+  runs in ``on_starting``, before any socket is opened);
+* an API on a database that lacks its code's migrations refuses to start, saying what to run, as a
+  worker does (:func:`_check_schema`).
 
 Command-line flags (``-b``, ``-w``, ``--threads`` …) override these values as usual.
 """
@@ -48,6 +50,28 @@ def on_starting(server) -> None:
             server.log.error("%s", exc)
             raise SystemExit(1) from None
     _check_threads(server)
+    _check_schema(server)
+
+
+def _check_schema(server) -> None:
+    """Exit 1 when the database is behind this code's migrations (the API started before
+    ``memeflow db upgrade``, a replica that raced the migrate job): it would answer every request
+    500, or its workers would die of an UndefinedTable traceback. A database migrated beyond the
+    code (a rolling upgrade) is allowed with a warning; one not reachable yet is left to /readyz."""
+    from app.db.engine import SchemaBehind, require_schema_not_behind
+    from app.runtime import resolve_urls
+
+    try:
+        state = require_schema_not_behind(resolve_urls(_settings).database_url)
+    except SchemaBehind as exc:
+        server.log.error("refusing to start: %s", exc)
+        raise SystemExit(1) from None
+    except Exception as exc:  # noqa: BLE001 - not reachable yet: /readyz says so until it is
+        server.log.warning("could not check the database's migrations at start: %s", exc)
+        return
+    if state == "ahead":
+        server.log.warning("the database is migrated beyond this code's head: a newer release runs "
+                           "against it; upgrade this API")
 
 
 def _request_threads(cfg) -> int | None:

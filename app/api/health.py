@@ -38,29 +38,49 @@ class Healthz(MethodView):
 
 
 @functools.lru_cache(maxsize=1)
-def _code_head() -> str:
-    """The migration head of the running code (read from the migration scripts once per process)."""
+def _code_revisions() -> tuple[str, frozenset[str]]:
+    """(the migration head, every revision) of the running code, read from the migration scripts
+    once per process."""
     from alembic.script import ScriptDirectory
 
     from app.db.engine import alembic_config
 
-    return ScriptDirectory.from_config(alembic_config("postgresql://")).get_current_head() or ""
+    script = ScriptDirectory.from_config(alembic_config("postgresql://"))
+    return script.get_current_head() or "", frozenset(rev.revision for rev in script.walk_revisions())
+
+
+def _code_head() -> str:
+    return _code_revisions()[0]
+
+
+#: The reason /readyz gives while a newer release's migrations run under this (older) code.
+MIGRATIONS_AHEAD = {"code": "migrations_ahead", "message": (
+    "the database is migrated beyond this process's code (a newer release migrated it, as in a "
+    "rolling upgrade): it keeps serving; upgrade it")}
 
 
 def _check_database() -> tuple[dict[str, Any], dict[str, Any], Liveness | None]:
-    """(database check, migrations check, liveness) over one pooled connection."""
+    """(database check, migrations check, liveness) over one pooled connection.
+
+    Migrations at the code's head, or *ahead* of it (a revision the code does not know: a newer
+    release's ``db upgrade`` ran first, as in a rolling upgrade — the workers and the API's start
+    check allow it too) are ok; behind the code (never migrated, or an older revision of the
+    code's own history) is not: nothing can serve on it."""
     from alembic.runtime.migration import MigrationContext
 
+    head, known = _code_revisions()
     try:
         with services().engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
-            at_head = current == _code_head()
-            liveness = read_liveness_txn(conn, services().settings) if at_head else None
+            ahead = current is not None and current not in known
+            ok = current == head or ahead
+            liveness = read_liveness_txn(conn, services().settings) if ok else None
     except Exception as exc:  # noqa: BLE001 - a failed check is reported, never raised
         log.warning("readyz: database check failed: %s", exc)
         return {"ok": False, "error": type(exc).__name__}, {"ok": False, "error": "database unreachable"}, None
-    migrations = {"ok": at_head} if at_head else {"ok": False, "error": "the database is not at the code's migration head"}
-    return {"ok": True}, migrations, liveness
+    if not ok:
+        return {"ok": True}, {"ok": False, "error": "the database is not at the code's migration head"}, None
+    return {"ok": True}, ({"ok": True, "ahead": True} if ahead else {"ok": True}), liveness
 
 
 _redis_clients: dict[str, Any] = {}
@@ -109,6 +129,8 @@ class Readyz(MethodView):
             checks["workers"] = {"ok": not any(lane.unserved for lane in liveness.lanes.values()),
                                  "lanes": live["lanes"]}
             reasons = liveness.reasons
+        if migrations.get("ahead"):
+            reasons = [MIGRATIONS_AHEAD, *reasons]
         if not all(checks[name]["ok"] for name in ("database", "migrations", "broker")):
             return {"status": "not_ready", "checks": checks, "reasons": reasons}, 503
         return {"status": "degraded" if reasons else "ready", "checks": checks, "reasons": reasons}, 200

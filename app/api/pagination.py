@@ -10,7 +10,9 @@ import binascii
 import hashlib
 import hmac
 import json
+import threading
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -26,14 +28,26 @@ def _unb64(text: str) -> bytes:
 
 
 class CursorCodec:
-    """Encodes a keyset ``(created_at, id)`` into an opaque, tamper-evident cursor."""
+    """Encodes a keyset ``(created_at, id)`` into an opaque, tamper-evident cursor.
 
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
+    ``secret`` is the HMAC key, or a function that returns it, called once, on the first cursor
+    (the key kept in the database: an API started while its database is down still starts)."""
+
+    def __init__(self, secret: bytes | Callable[[], bytes]) -> None:
+        self._secret = secret if isinstance(secret, bytes) else None
+        self._load = None if isinstance(secret, bytes) else secret
+        self._lock = threading.Lock()
+
+    def _key(self) -> bytes:
+        if self._secret is None:
+            with self._lock:
+                if self._secret is None:
+                    self._secret = self._load()
+        return self._secret
 
     def _sig(self, payload: bytes, kind: str, scope: str) -> bytes:
         domain = kind.encode() + b"\0" + scope.encode("utf-8", "surrogatepass") + b"\0"
-        return hmac.new(self._secret, domain + payload, hashlib.sha256).digest()[:16]
+        return hmac.new(self._key(), domain + payload, hashlib.sha256).digest()[:16]
 
     def encode(self, key: Any, kind: str, scope: str) -> str | None:
         """The cursor of keyset ``key`` for ``kind`` lists of ``scope`` (None for no key)."""
@@ -64,11 +78,12 @@ class CursorCodec:
             raise ApiError(422, "invalid_cursor", "cursor is malformed or was not issued by this server") from None
 
 
-def cursor_secret(settings: Any, engine: Any, explicit: str | bytes | None = None) -> bytes:
+def cursor_secret(settings: Any, engine: Any, explicit: str | bytes | None = None) -> bytes | Callable[[], bytes]:
     """The HMAC key: ``explicit``, else ``MEMEFLOW_CURSOR_SECRET``, else the contents of
     ``MEMEFLOW_CURSOR_SECRET_FILE`` (a secret mount; surrounding whitespace stripped), else the
     random key generated once and stored in ``app_secrets`` (never derived from the database URL
-    or other settings)."""
+    or other settings) — that one as a function :class:`CursorCodec` calls on the first cursor,
+    so building the app needs no database."""
     raw = explicit if explicit is not None else getattr(settings, "cursor_secret", None)
     path = getattr(settings, "cursor_secret_file", None)
     if not raw and path:
@@ -83,4 +98,4 @@ def cursor_secret(settings: Any, engine: Any, explicit: str | bytes | None = Non
         return raw.encode() if isinstance(raw, str) else raw
     from app.app_secrets import CURSOR_HMAC, get_or_create_secret
 
-    return get_or_create_secret(engine, CURSOR_HMAC)
+    return lambda: get_or_create_secret(engine, CURSOR_HMAC)

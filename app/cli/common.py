@@ -56,8 +56,12 @@ def friendly_errors(fn):
         except Exception as exc:
             from sqlalchemy.exc import OperationalError
 
+            from app.db.engine import ExtensionUnavailable
             from app.orchestrator.errors import OrchestratorError
 
+            if isinstance(exc, ExtensionUnavailable):
+                click.echo(f"error: {printable(exc)}", err=True)
+                sys.exit(1)
             if isinstance(exc, OperationalError):
                 first_line = (str(exc.orig).strip().splitlines() or [""])[0]
                 click.echo(f"error: cannot reach the database: {printable(first_line)}", err=True)

@@ -19,6 +19,13 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
 
 
+#: Every session's settings, whatever the server, database or role defaults say: short lock and
+#: statement timeouts, and UTC, so the timestamps it reads (``timestamptz`` values, rendered with
+#: the session's offset) are UTC in every API response and event (SPEC §3) on a PostgreSQL whose
+#: default TimeZone is another.
+SESSION_OPTIONS = "-c lock_timeout=10000 -c statement_timeout=120000 -c TimeZone=UTC"
+
+
 def make_engine(
     url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False, pre_ping: bool = True
 ) -> Engine:
@@ -42,7 +49,7 @@ def make_engine(
         pool_recycle=1800,
         echo=echo,
         json_deserializer=jsoncodec.loads,  # psycopg's loader of json/jsonb results (app.db.jsoncodec)
-        connect_args={"options": "-c lock_timeout=10000 -c statement_timeout=120000", "connect_timeout": 10},
+        connect_args={"options": SESSION_OPTIONS, "connect_timeout": 10},
     )
     if fastpath.SUPPORTED:  # the store's statements skip SQLAlchemy's execution overhead
         engine._connection_cls = fastpath.FastConnection
@@ -274,10 +281,68 @@ def alembic_config(url: str):
     return cfg
 
 
-def upgrade_to_head(url: str) -> None:
-    from alembic import command
+class ExtensionUnavailable(RuntimeError):
+    """A migration's ``CREATE EXTENSION`` failed: the role may not create it (pgvector's ``vector``
+    is not a trusted extension: only a superuser may), or the server does not have it installed.
+    The message says what a DBA must run."""
 
-    command.upgrade(alembic_config(url), "head")
+
+_CREATE_EXTENSION = re.compile(r"CREATE EXTENSION IF NOT EXISTS (\w+)", re.IGNORECASE)
+#: Every extension the migrations create, for the DBA to create at once.
+MIGRATION_EXTENSIONS = ("vector", "btree_gin")
+
+
+def upgrade_to_head(url: str) -> None:
+    """``alembic upgrade head``; :class:`ExtensionUnavailable` (what to ask the DBA for) when a
+    migration cannot create an extension."""
+    from alembic import command
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        command.upgrade(alembic_config(url), "head")
+        require_pgvector(url)
+    except DBAPIError as exc:
+        found = _CREATE_EXTENSION.search(exc.statement or "")
+        if found is None:
+            raise
+        name = found.group(1)
+        reason = (str(exc.orig).strip().splitlines() or [""])[0]
+        database = make_url(url).database
+        statements = " ".join(f"CREATE EXTENSION IF NOT EXISTS {e};" for e in MIGRATION_EXTENSIONS)
+        raise ExtensionUnavailable(
+            f"cannot create the PostgreSQL extension {name!r} ({reason}). As a superuser, in database "
+            f"{database!r}, run: {statements} (pgvector must be installed on the server); then run "
+            "`memeflow db upgrade` again") from None
+
+
+#: The oldest pgvector memeflow runs on: searches set ``hnsw.iterative_scan`` (pgvector 0.8.0), which
+#: an older pgvector refuses as an unknown parameter.
+MIN_PGVECTOR = (0, 8, 0)
+_PGVECTOR_VERSION = text("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def require_pgvector(url: str) -> None:
+    """Raise :class:`ExtensionUnavailable` (what to do) when the database's pgvector is older than
+    :data:`MIN_PGVECTOR`: every semantic and look-alike search would fail on it."""
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            version = conn.execute(_PGVECTOR_VERSION).scalar()
+    finally:
+        engine.dispose()
+    if version is not None and _version_tuple(version) < MIN_PGVECTOR:
+        from sqlalchemy.engine import make_url
+
+        need = ".".join(map(str, MIN_PGVECTOR))
+        raise ExtensionUnavailable(
+            f"the database {make_url(url).database!r} has pgvector {version}; memeflow needs {need} or newer "
+            f"(its searches use iterative HNSW scans). Install pgvector >= {need} on the server, then as a "
+            "superuser run: ALTER EXTENSION vector UPDATE; and run `memeflow db upgrade` again")
 
 
 def migration_status(conn: Connection) -> tuple[str | None, str]:

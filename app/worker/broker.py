@@ -59,6 +59,18 @@ def broker_transport_for(url: str | None) -> str | None:
     return REDIS_TRANSPORT if (url or "").startswith("redis://") else None
 
 
+def broker_ssl_for(url: str | None) -> dict | None:
+    """Celery's ``broker_use_ssl`` for ``url``: for a ``rediss://`` broker, verify the server's
+    certificate (``ssl_cert_reqs`` required), as redis-py (the ``/readyz`` probe) does; kombu's own
+    default for such a URL is an unverified connection. ``ssl_*`` options in the URL's query
+    (``ssl_ca_certs``, ``ssl_cert_reqs=none`` …) replace this default as a whole. None otherwise."""
+    if not (url or "").startswith("rediss://"):
+        return None
+    import ssl
+
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+
+
 #: The largest queue message a worker parses (bytes). A hint is an id in a ~1 KiB envelope, a
 #: worker's control reply a few KiB; anything this large is not ours.
 MAX_MESSAGE_BYTES = 1 << 20
