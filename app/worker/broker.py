@@ -54,9 +54,11 @@ REDIS_TRANSPORT = "app.worker.broker:RedisTransport"
 
 
 def broker_transport_for(url: str | None) -> str | None:
-    """The kombu transport for ``url``: :class:`RedisTransport` for a ``redis://`` broker, else
-    kombu's own choice from the URL's scheme (None)."""
-    return REDIS_TRANSPORT if (url or "").startswith("redis://") else None
+    """The kombu transport for ``url``: :class:`RedisTransport` for a ``redis://`` or ``rediss://``
+    broker (TLS then comes from ``broker_use_ssl``, :func:`broker_ssl_for`, which kombu's Redis
+    channel reads whatever the transport's name), else kombu's own choice from the URL's scheme
+    (None)."""
+    return REDIS_TRANSPORT if (url or "").startswith(("redis://", "rediss://")) else None
 
 
 def broker_ssl_for(url: str | None) -> dict | None:

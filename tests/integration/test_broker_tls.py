@@ -115,7 +115,24 @@ def test_the_workers_app_verifies_a_rediss_broker_too(tmp_path):
     env = {**os.environ, "MEMEFLOW_BROKER_URL": "rediss://:pw@127.0.0.1:6390/0",
            "MEMEFLOW_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none", "MEMEFLOW_VAR_DIR": str(tmp_path),
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
-    code = ("from app.worker.celery_app import celery_app as a; import ssl; "
-            "print(a.connection_for_write().ssl == {'ssl_cert_reqs': ssl.CERT_REQUIRED})")
+    code = ("from app.worker.celery_app import celery_app as a; import ssl; c = a.connection_for_write(); "
+            "print(c.ssl == {'ssl_cert_reqs': ssl.CERT_REQUIRED}, type(c.transport).__name__)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stderr[-2000:]
+    # over TLS too, the workers consume through the channel that drops hostile messages
+    # (app.worker.broker.RedisTransport, tests/integration/test_hostile_broker.py)
+    assert out.stdout.strip().splitlines()[-1:] == ["True RedisTransport"], out.stderr[-2000:]
+
+
+def test_a_rediss_broker_is_served_by_the_hardened_transport_over_tls(tls_redis):
+    """The transport that drops malformed messages keeps TLS (``broker_use_ssl``) on a rediss URL:
+    the hint goes through the TLS endpoint, verified against its CA."""
+    endpoint, db, ca = tls_redis
+    app = celery_app_for(f"rediss://{endpoint}{db}?ssl_ca_certs={ca}", "memeflow-tls-test")
+    with app.connection_for_write() as conn:
+        assert type(conn.transport).__name__ == "RedisTransport"
+        assert conn.ssl and conn.ssl.get("ssl_ca_certs") == str(ca)
+        conn.ensure_connection(max_retries=1)
+        import redis
+
+        assert issubclass(conn.default_channel.client.connection_pool.connection_class, redis.SSLConnection)
+    _publish(f"rediss://{endpoint}{db}?ssl_ca_certs={ca}")

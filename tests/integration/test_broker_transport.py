@@ -16,7 +16,9 @@ def test_the_redis_broker_uses_the_memeflow_transport():
     import celeryconfig
 
     assert broker_transport_for("redis://127.0.0.1:6379/0") == "app.worker.broker:RedisTransport"
-    assert broker_transport_for("rediss://h:1/0") is None and broker_transport_for(None) is None
+    # TLS too (its TLS from broker_use_ssl: tests/integration/test_broker_tls.py)
+    assert broker_transport_for("rediss://h:1/0") == "app.worker.broker:RedisTransport"
+    assert broker_transport_for("sentinel://h:1") is None and broker_transport_for(None) is None
     assert celeryconfig.broker_transport == broker_transport_for(celeryconfig.broker_url)
 
 
