@@ -64,7 +64,13 @@ def friendly_errors(fn):
                 sys.exit(1)
             if isinstance(exc, OperationalError):
                 first_line = (str(exc.orig).strip().splitlines() or [""])[0]
-                click.echo(f"error: cannot reach the database: {printable(first_line)}", err=True)
+                state = getattr(exc.orig, "sqlstate", None)
+                if state and not state.startswith("08") and state not in _SERVER_GONE:
+                    # reached, but it cancelled the statement (a statement or lock timeout, …)
+                    click.echo(f"error: the database refused the operation (SQLSTATE {state}): "
+                               f"{printable(first_line)}", err=True)
+                else:
+                    click.echo(f"error: cannot reach the database: {printable(first_line)}", err=True)
                 sys.exit(1)
             if isinstance(exc, OrchestratorError):
                 click.echo(f"error: {getattr(exc, 'code', 'error')}: {printable(exc)}", err=True)
@@ -72,6 +78,11 @@ def friendly_errors(fn):
             raise
 
     return wrapper
+
+
+#: SQLSTATEs of an OperationalError that mean the server went away (admin or crash shutdown, cannot
+#: connect now); class 08 (connection exceptions) too. Any other code came from a server that answered.
+_SERVER_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 def scope_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
