@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
+from app.db.engine import MIGRATE_LOCK_TIMEOUT_MS
 from app.db.models import Base
 
 config = context.config
@@ -50,6 +51,10 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             # taken before Alembic reads the database's revision, held until this run commits
             connection.execute(_MIGRATE_LOCK)
+            # after the advisory lock (a second run waits for the first as long as it takes): a
+            # table lock live traffic holds is waited for only this long, then the run rolls back
+            # and app.db.engine.upgrade_to_head tries again — the traffic queued behind it goes on
+            connection.execute(text(f"SET LOCAL lock_timeout = {int(MIGRATE_LOCK_TIMEOUT_MS)}"))
             context.run_migrations()
     engine.dispose()
 

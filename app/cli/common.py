@@ -56,7 +56,7 @@ def friendly_errors(fn):
         except Exception as exc:
             from sqlalchemy.exc import OperationalError
 
-            from app.db.engine import ExtensionUnavailable
+            from app.db.engine import ExtensionUnavailable, sqlstate
             from app.orchestrator.errors import OrchestratorError
 
             if isinstance(exc, ExtensionUnavailable):
@@ -64,7 +64,7 @@ def friendly_errors(fn):
                 sys.exit(1)
             if isinstance(exc, OperationalError):
                 first_line = (str(exc.orig).strip().splitlines() or [""])[0]
-                state = getattr(exc.orig, "sqlstate", None)
+                state = sqlstate(exc.orig)
                 if state and not state.startswith("08") and state not in _SERVER_GONE:
                     # reached, but it cancelled the statement (a statement or lock timeout, …)
                     click.echo(f"error: the database refused the operation (SQLSTATE {state}): "

@@ -19,7 +19,7 @@ def upgrade() -> None:
     from app.db.engine import upgrade_to_head
 
     url = database_url(start=True)
-    upgrade_to_head(url)
+    upgrade_to_head(url, on_wait=lambda message: click.echo(f"note: {message}", err=True))
     click.echo("database at head")
 
 

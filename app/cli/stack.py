@@ -208,7 +208,7 @@ class Stack:
     def _migrate(self) -> None:
         from app.db.engine import upgrade_to_head
 
-        upgrade_to_head(self.database_url)
+        upgrade_to_head(self.database_url, on_wait=self._say)
 
     def child_env(self, **extra: str) -> dict[str, str]:
         """The environment of a child: this stack's settings as MEMEFLOW_* plus resolved URLs."""

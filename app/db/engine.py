@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import select
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection
 
 from app.db import fastpath, jsoncodec
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 _SAFE_MODEL = re.compile(r"[^a-z0-9]+")
@@ -292,15 +296,47 @@ _CREATE_EXTENSION = re.compile(r"CREATE EXTENSION IF NOT EXISTS (\w+)", re.IGNOR
 MIGRATION_EXTENSIONS = ("vector", "btree_gin")
 
 
-def upgrade_to_head(url: str) -> None:
+#: How long a migration statement waits for a table lock before the upgrade rolls back and tries
+#: again (ms), and how many tries. Live traffic queues behind a waiting ALTER: a rolling upgrade
+#: run behind a long transaction stalled every statement on that table for as long as it ran. So a
+#: wait is cut short; the traffic goes on; the next try comes after a pause (the whole upgrade is
+#: one transaction: nothing is half applied). About MIGRATE_LOCK_TRIES × (5 + 3) s in all.
+MIGRATE_LOCK_TIMEOUT_MS = 5000
+MIGRATE_LOCK_TRIES = 40
+MIGRATE_LOCK_PAUSE_S = 3.0
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+def sqlstate(orig: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver exception: psycopg's ``sqlstate``, psycopg2's ``pgcode`` (the
+    migrations' driver); None when the server said nothing (a connection that failed)."""
+    return getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+
+
+def upgrade_to_head(url: str, on_wait: Callable[[str], None] | None = None) -> None:
     """``alembic upgrade head``; :class:`ExtensionUnavailable` (what to ask the DBA for) when a
-    migration cannot create an extension."""
+    migration cannot create an extension. A migration that waited ``MIGRATE_LOCK_TIMEOUT_MS`` for a
+    table lock (live traffic's long transaction) is rolled back and tried again, up to
+    ``MIGRATE_LOCK_TRIES`` times; ``on_wait`` (and the log) is told each time."""
     from alembic import command
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import DBAPIError
 
     try:
-        command.upgrade(alembic_config(url), "head")
+        for tries_left in range(MIGRATE_LOCK_TRIES - 1, -1, -1):
+            try:
+                command.upgrade(alembic_config(url), "head")
+                break
+            except DBAPIError as exc:
+                if sqlstate(exc.orig) != _LOCK_NOT_AVAILABLE or not tries_left:
+                    raise
+                message = (f"a migration waited {MIGRATE_LOCK_TIMEOUT_MS / 1000:g} s for a table lock held by a "
+                           f"long transaction; rolled back so live traffic is not held up, trying again in "
+                           f"{MIGRATE_LOCK_PAUSE_S:g} s ({tries_left} tries left)")
+                log.warning("%s", message)
+                if on_wait is not None:
+                    on_wait(message)
+                time.sleep(MIGRATE_LOCK_PAUSE_S)
         require_pgvector(url)
     except DBAPIError as exc:
         found = _CREATE_EXTENSION.search(exc.statement or "")

@@ -5,8 +5,11 @@ reach the database" for the latter sent an operator to check the network."""
 from __future__ import annotations
 
 import click
+import pytest
 from click.testing import CliRunner
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from app.cli.common import friendly_errors
 from app.db.engine import make_engine
@@ -23,7 +26,10 @@ def _run(fn) -> str:
     return result.output
 
 
-def test_a_statement_timeout_is_not_reported_as_an_unreachable_database(engine):
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])  # the runtime's, the migrations'
+def test_a_statement_timeout_is_not_reported_as_an_unreachable_database(db_url, driver):
+    engine = create_engine(make_url(db_url).set(drivername=f"postgresql+{driver}"), poolclass=NullPool)
+
     def slow():
         with engine.connect() as conn:
             conn.execute(text("SET statement_timeout = 50"))

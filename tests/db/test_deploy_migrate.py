@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from app.db.engine import make_engine, migration_status
+from tests.conftest import poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +55,55 @@ def test_upgrade_ignores_a_short_server_statement_timeout(fresh_db, services, tm
     proc = _upgrade(url, services.redis_url(), tmp_path / "var")
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-1500:]
+
+
+def test_an_upgrade_behind_live_traffic_never_blocks_it_for_long_and_still_completes(fresh_db, services, tmp_path):
+    """A rolling upgrade runs `db upgrade` while the old release serves. A migration's ALTER waits
+    for the table lock behind a long transaction (a report, a slow search), and every statement of
+    the live traffic on that table queued behind the ALTER: the whole service stalled for as long
+    as the long transaction ran. The migration now gives up its wait after a short lock timeout,
+    rolls back, lets the traffic through and tries again — it completes once the lock is free."""
+    import psycopg2
+    from alembic import command
+
+    from app.db.engine import alembic_config
+
+    url = fresh_db(None)
+    command.upgrade(alembic_config(url), "0029")  # 0030 alters ops_counters
+    dsn = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    blocker = psycopg2.connect(dsn)
+    with blocker.cursor() as cur:  # a long transaction that read the table: ACCESS SHARE held
+        cur.execute("SELECT count(*) FROM ops_counters")
+    proc = _upgrade(url, services.redis_url(), tmp_path / "var")
+    watcher = psycopg2.connect(dsn)
+    watcher.autocommit = True  # pg_stat_activity is read once per transaction: a fresh one per look
+    try:
+        def alter_waits() -> bool:
+            with watcher.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND query ILIKE '%ops_counters%' AND pid <> pg_backend_pid()")
+                return cur.fetchone()[0] > 0
+
+        poll_until(alter_waits, timeout=120, interval=0.05, what="the migration waiting for the table lock")
+        traffic = psycopg2.connect(dsn)
+        try:
+            with traffic.cursor() as cur:
+                # the blocker holds on: without a lock timeout this queues behind the ALTER for good
+                cur.execute("SET statement_timeout = '30s'")
+                cur.execute("SELECT count(*) FROM ops_counters")
+        finally:
+            traffic.close()
+    finally:
+        blocker.rollback()
+        blocker.close()
+        watcher.close()
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-1500:]
+    assert "lock" in out.lower(), out[-1500:]  # it said why it waited and tried again
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            current, head = migration_status(conn)
+    finally:
+        engine.dispose()
+    assert current == head
