@@ -6,8 +6,11 @@ mode) a browser session of this site's own page script, so the library page can 
 with ``EventSource`` while another origin's page, even on another port of this host, cannot hold
 the scope's stream slots with the user's cookie. Waiting streams are bounded per scope (DB-wide
 slots under a lease) and per API process (each holds a server thread): over either bound is 429
-``too_many_streams``. Without authentication, another site's page may not open a stream or a
-long-poll either (:mod:`app.api.hosts`): it could not read it, only hold the slots.
+``too_many_streams`` — but the process's streams are shared fairly among scopes
+(:mod:`app.api.shares`): a scope below its fair share makes the oldest stream of the scope holding
+the most end (after whole events; its client resumes from its cursor) and takes its thread.
+Without authentication, another site's page may not open a stream or a long-poll either
+(:mod:`app.api.hosts`): it could not read it, only hold the slots.
 """
 
 from __future__ import annotations
