@@ -215,7 +215,7 @@ class Settings:
     searches_per_scope: int = 4
     # and of every scope together, fairly shared (app/api/shares.py): with the streams per process
     # they must leave threads for every other request (gunicorn refuses to start otherwise)
-    searches_per_process: int = 4
+    searches_per_process: int = 6
     event_poll_s: float = 0.1  # a waiting stream looks for new events this often
     event_heartbeat_s: float = 15.0  # SSE comment line while idle (also detects a gone client)
     event_stream_max_s: float = 300.0  # an SSE response ends after this; EventSource reconnects

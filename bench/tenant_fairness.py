@@ -10,8 +10,9 @@
 
     PYTHONPATH=. python bench/tenant_fairness.py [--trials 10] [--seconds 20] [--greedy 12]
 
-Measures the code on PYTHONPATH (run it with another checkout's root first on PYTHONPATH to
-compare).
+Measures the checkout it is run from: run it from that checkout's root, with it on PYTHONPATH
+(``python -m gunicorn`` imports ``app`` from the working directory); to compare with another
+checkout, copy this file into it and run it there with ``FAIRNESS_ROOT`` set to its root.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def conf(monkeypatch):
 
 @pytest.mark.parametrize("threads", ["1", "4", "8", "12"])
 def test_no_more_threads_than_event_streams_and_searches_per_process_is_refused_before_binding(conf, threads):
-    """8 streams and 4 searches may hold 12 threads at once: 12 threads would leave none."""
+    """8 streams and 6 searches may hold 14 threads at once: 12 threads would leave none."""
     server = _server("-b", "127.0.0.1:0", "--threads", threads, "-k", "app.api.server.JsonErrorWorker")
     with pytest.raises(SystemExit):
         conf.on_starting(server)
