@@ -209,7 +209,7 @@ class Settings:
     agent_daily_quota: int = 1000
     # events (issue 20): the outbox's live streams and webhook deliveries
     event_streams_per_scope: int = 4  # concurrent long-polls (wait > 0) and SSE streams per scope
-    event_streams_per_process: int = 8  # the same, per API process (each holds a gunicorn thread)
+    event_streams_per_process: int = 8  # the same, per API process (each holds a gunicorn thread), fairly shared
     # concurrent searches (text and look-alike) of one scope per API process: a tenant's searches
     # hold at most this many of a process's threads (gunicorn: 16); over it, 429 too_many_searches
     searches_per_scope: int = 4
