@@ -56,8 +56,8 @@ class Services:
     cursors: Any
     scope_resolver: Any
     # this process's live event streams and searches, fairly shared among scopes (app/api/shares.py)
-    streams: FairShares = field(default_factory=FairShares)
-    searches: FairShares = field(default_factory=FairShares)
+    streams: FairShares = field(default_factory=lambda: FairShares("streams"))
+    searches: FairShares = field(default_factory=lambda: FairShares("searches"))
 
 
 class JsonBodyParser(FlaskParser):

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app.metrics import API_SHARE_REFUSALS, API_SHARE_YIELDS
+
 #: How long a refused scope keeps its claim on the next free share (its client retries after
 #: ``Retry-After: 1``).
 WANT_MEMORY_S = 10.0
@@ -62,7 +64,8 @@ class Share:
 class FairShares:
     """A per-process pool of shares of one kind (streams or searches), shared fairly by scope."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, kind: str = "shares", clock: Callable[[], float] = time.monotonic) -> None:
+        self.kind = kind  # the metrics' label: streams | searches
         self._cond = threading.Condition()
         self._shares: list[Share] = []  # in the order they were granted (the oldest first)
         self._wanting: dict[str, float] = {}  # scope -> when it was last refused for capacity
@@ -84,6 +87,13 @@ class FairShares:
         """A share for ``scope``, or :class:`ShareRefused`. ``preempt``: when the capacity is taken
         and the scope is below its fair share, make the oldest share of the scope holding the most
         yield, and wait up to ``handoff_s`` for it."""
+        try:
+            return self._acquire(scope, capacity, per_scope, preempt, handoff_s)
+        except ShareRefused as exc:
+            API_SHARE_REFUSALS.labels(kind=self.kind, why=exc.why).inc()
+            raise
+
+    def _acquire(self, scope: str, capacity: int, per_scope: int | None, preempt: bool, handoff_s: float) -> Share:
         with self._cond:
             now = self._clock()
             self._wanting = {w: at for w, at in self._wanting.items() if now - at < WANT_MEMORY_S}
@@ -103,6 +113,7 @@ class FairShares:
                 raise ShareRefused("process")
             victim.state = "yielding"
             victim.stop.set()
+            API_SHARE_YIELDS.labels(kind=self.kind).inc()
             share = self._add(scope, "waiting")
             if self._cond.wait_for(lambda: share.state == "running", timeout=handoff_s):
                 return share

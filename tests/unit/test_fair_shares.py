@@ -8,6 +8,7 @@ import pytest
 
 from app.api import shares as shares_mod
 from app.api.shares import FairShares, ShareRefused
+from app.metrics import API_SHARE_REFUSALS, API_SHARE_YIELDS
 
 
 def _yield_on_stop(share, done: threading.Event) -> threading.Thread:
@@ -24,6 +25,7 @@ def _yield_on_stop(share, done: threading.Event) -> threading.Thread:
 
 def test_a_newcomer_below_its_share_takes_the_oldest_share_of_the_scope_holding_most():
     pool = FairShares()
+    yields = API_SHARE_YIELDS.labels(kind="shares")._value.get()
     a1, a2 = pool.acquire("a", 4, preempt=True), pool.acquire("a", 4, preempt=True)
     b1 = pool.acquire("b", 4, preempt=True)
     a3 = pool.acquire("a", 4, preempt=True)  # a: 3, b: 1 — full
@@ -33,6 +35,7 @@ def test_a_newcomer_below_its_share_takes_the_oldest_share_of_the_scope_holding_
     t.join(30)
     assert done.is_set() and not a2.stop.is_set() and not a3.stop.is_set() and not b1.stop.is_set()
     assert pool.by_scope() == {"a": 2, "b": 1, "c": 1} and pool.held() == 4
+    assert API_SHARE_YIELDS.labels(kind="shares")._value.get() == yields + 1
     with pytest.raises(ShareRefused):  # c holds its share (4 // 3 = 1) now: no second one at a's expense
         pool.acquire("c", 4, preempt=True, handoff_s=30)
     assert not a2.stop.is_set() and c1.scope == "c"
@@ -66,7 +69,7 @@ def test_a_victim_that_does_not_give_its_thread_back_in_time_leaves_the_newcomer
 
 def test_a_refused_scope_gets_the_next_free_share_before_a_scope_at_its_share(monkeypatch):
     clock = [100.0]
-    pool = FairShares(clock=lambda: clock[0])
+    pool = FairShares("searches", clock=lambda: clock[0])
     a = [pool.acquire("a", 2, per_scope=2) for _ in range(2)]
     with pytest.raises(ShareRefused) as refused:
         pool.acquire("b", 2, per_scope=2)
@@ -83,9 +86,11 @@ def test_a_refused_scope_gets_the_next_free_share_before_a_scope_at_its_share(mo
 def test_the_per_scope_bound_and_idempotent_release():
     pool = FairShares()
     s1 = pool.acquire("a", 8, per_scope=1)
+    refusals = API_SHARE_REFUSALS.labels(kind="shares", why="scope")._value.get()
     with pytest.raises(ShareRefused) as refused:
         pool.acquire("a", 8, per_scope=1)
     assert refused.value.why == "scope"
+    assert API_SHARE_REFUSALS.labels(kind="shares", why="scope")._value.get() == refusals + 1
     s1.release()
     s1.release()
     assert pool.held() == 0 and pool.by_scope() == {}
