@@ -221,10 +221,13 @@ class Settings:
     agent_daily_quota: int = 1000
     # events (issue 20): the outbox's live streams and webhook deliveries
     event_streams_per_scope: int = 4  # concurrent long-polls (wait > 0) and SSE streams per scope
-    event_streams_per_process: int = 8  # the same, per API process (each holds a gunicorn thread)
+    event_streams_per_process: int = 8  # the same, per API process (each holds a gunicorn thread), fairly shared
     # concurrent searches (text and look-alike) of one scope per API process: a tenant's searches
     # hold at most this many of a process's threads (gunicorn: 16); over it, 429 too_many_searches
     searches_per_scope: int = 4
+    # and of every scope together, fairly shared (app/api/shares.py): with the streams per process
+    # they must leave threads for every other request (gunicorn refuses to start otherwise)
+    searches_per_process: int = 6
     event_poll_s: float = 0.1  # a waiting stream looks for new events this often
     event_heartbeat_s: float = 15.0  # SSE comment line while idle (also detects a gone client)
     event_stream_max_s: float = 300.0  # an SSE response ends after this; EventSource reconnects
@@ -413,8 +416,8 @@ class Settings:
         if self.operation_policy not in ("allow-all", "quota"):
             raise SettingsError("MEMEFLOW_OPERATION_POLICY must be 'allow-all' or 'quota'")
         if min(self.event_streams_per_scope, self.event_streams_per_process, self.webhook_max_attempts,
-               self.webhook_events_per_claim, self.searches_per_scope) < 1:
-            raise SettingsError("event stream limits, MEMEFLOW_SEARCHES_PER_SCOPE, MEMEFLOW_WEBHOOK_MAX_ATTEMPTS and "
+               self.webhook_events_per_claim, self.searches_per_scope, self.searches_per_process) < 1:
+            raise SettingsError("event stream limits, MEMEFLOW_SEARCHES_PER_SCOPE/_PER_PROCESS, MEMEFLOW_WEBHOOK_MAX_ATTEMPTS and "
                                 "MEMEFLOW_WEBHOOK_EVENTS_PER_CLAIM must be >= 1")
         if min(self.event_poll_s, self.event_heartbeat_s, self.event_auth_check_s, self.webhook_timeout_s, self.webhook_lease_s,
                self.webhook_poll_s, self.webhook_claim_budget_s, self.webhook_fair_check_s) <= 0:

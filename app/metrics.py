@@ -42,6 +42,11 @@ SWEEP_DURATION = Histogram("memeflow_sweep_duration_seconds", "Reconcile sweep d
 SCOPE_INDEX_BUILDS = Counter("memeflow_scope_index_builds_total", "Per-scope HNSW index builds", ["outcome"])
 SWEEP_STEP_FAILURES = Counter("memeflow_sweep_step_failures_total", "Sweep steps that raised (the others still ran)",
                               ["step"])
+API_SHARE_YIELDS = Counter("memeflow_api_share_yields_total",
+                           "An API process's shares (live event streams) ended for a scope below its fair share",
+                           ["kind"])
+API_SHARE_REFUSALS = Counter("memeflow_api_share_refusals_total",
+                             "Requests refused a share of an API process's streams or searches (429)", ["kind", "why"])
 QUEUE_DEPTH = Gauge("memeflow_queue_depth", "Queued tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
 RUNNING_TASKS = Gauge("memeflow_running_tasks", "Running tasks per lane (DB truth)", ["lane"], multiprocess_mode="max")
 OLDEST_QUEUED_AGE = Gauge(

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import flask_smorest
 from flask import current_app, g, request
 from webargs.flaskparser import FlaskParser, is_json_request
 
+from app.api.shares import FairShares
 from app.scopes import validate_scope_id
 
 log = logging.getLogger("memeflow.api")
@@ -54,6 +55,9 @@ class Services:
     store: Any
     cursors: Any
     scope_resolver: Any
+    # this process's live event streams and searches, fairly shared among scopes (app/api/shares.py)
+    streams: FairShares = field(default_factory=lambda: FairShares("streams"))
+    searches: FairShares = field(default_factory=lambda: FairShares("searches"))
 
 
 class JsonBodyParser(FlaskParser):

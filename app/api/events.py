@@ -6,14 +6,16 @@ mode) a browser session of this site's own page script, so the library page can 
 with ``EventSource`` while another origin's page, even on another port of this host, cannot hold
 the scope's stream slots with the user's cookie. Waiting streams are bounded per scope (DB-wide
 slots under a lease) and per API process (each holds a server thread): over either bound is 429
-``too_many_streams``. Without authentication, another site's page may not open a stream or a
-long-poll either (:mod:`app.api.hosts`): it could not read it, only hold the slots.
+``too_many_streams`` — but the process's streams are shared fairly among scopes
+(:mod:`app.api.shares`): a scope below its fair share makes the oldest stream of the scope holding
+the most end (after whole events; its client resumes from its cursor) and takes its thread.
+Without authentication, another site's page may not open a stream or a long-poll either
+(:mod:`app.api.hosts`): it could not read it, only hold the slots.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,45 +26,52 @@ from flask.views import MethodView
 from app.api import schemas as S
 from app.api.context import Blueprint, Credential, credential, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
+from app.api.shares import FairShares, ShareRefused
 from app.auth import Unauthorized
 from app.orchestrator.errors import TooManyStreams
 
 blp = protect(Blueprint("events", __name__, url_prefix="/api/v1/events", description="Events (outbox stream)"))
 
-_process_slots: dict[int, threading.BoundedSemaphore] = {}
-_process_slots_lock = threading.Lock()
-
-
-def _process_semaphore(n: int) -> threading.BoundedSemaphore:
-    with _process_slots_lock:
-        if n not in _process_slots:
-            _process_slots[n] = threading.BoundedSemaphore(n)
-        return _process_slots[n]
+#: How long a stream opened at another scope's expense waits for the yielding stream's thread (it
+#: notices within an ``event_poll_s``, or after the write it is blocked in): then 429 after all.
+HANDOFF_S = 5.0
 
 
 class _HeldStream:
-    """This process's and the scope's stream slots, released exactly once (also when a streamed
-    response is closed before its first chunk)."""
+    """The scope's DB-wide stream slot and this process's fair share of stream threads, released
+    exactly once (also when a streamed response is closed before its first chunk).
 
-    def __init__(self, orch: Any, scope: str) -> None:
-        self._sem = _process_semaphore(orch.settings.event_streams_per_process)
-        if not self._sem.acquire(blocking=False):
-            raise TooManyStreams("this API process serves as many live event streams as it may")
+    The scope's slot first: a newcomer that would make another scope's stream yield its share
+    (:mod:`app.api.shares`) does so only once it is sure of its own slot."""
+
+    def __init__(self, orch: Any, shares: FairShares, scope: str) -> None:
+        s = orch.settings
         self._cm = orch.stream_slot(scope)
+        self.slot = self._cm.__enter__()  # TooManyStreams: the scope's own streams are all open
         try:
-            self.slot = self._cm.__enter__()
+            self.share = shares.acquire(scope, s.event_streams_per_process, preempt=True,
+                                        handoff_s=max(HANDOFF_S, 3 * float(s.event_poll_s)))
+        except ShareRefused:
+            self._cm.__exit__(None, None, None)
+            raise TooManyStreams("this API process serves as many live event streams as it may, and this scope"
+                                 " holds its fair share of them") from None
         except BaseException:
-            self._sem.release()
+            self._cm.__exit__(None, None, None)
             raise
         self._released = False
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True (at once) when the stream must yield its share to another
+        scope's: end it at this safe point, its client goes on from its cursor."""
+        return self.share.stop.wait(seconds)
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             try:
-                self._cm.__exit__(None, None, None)
+                self.share.release()  # the thread first: a waiting newcomer may take it at once
             finally:
-                self._sem.release()
+                self._cm.__exit__(None, None, None)
 
 
 class _CredentialCheck:
@@ -121,11 +130,11 @@ class Events(MethodView):
         auth = _CredentialCheck(orch, svc.engine, credential())
         if sse:  # an EventSource reconnects to the same URL with Last-Event-ID: resume from there
             after = max(after, _last_event_id() or 0)
-            return _sse_response(orch, auth, scope, after, args["limit"])
+            return _sse_response(orch, svc.streams, auth, scope, after, args["limit"])
         events, expired = orch.read_events(scope, after, args["limit"])
         wait = min(float(args["wait"]), float(orch.settings.event_max_wait_s))
         if not events and expired is None and wait > 0:
-            held = _HeldStream(orch, scope)
+            held = _HeldStream(orch, svc.streams, scope)
             try:
                 events, expired = _long_poll(orch, held, auth, scope, after, args["limit"], wait)
             finally:
@@ -153,7 +162,8 @@ def _long_poll(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str,
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return [], None
-        time.sleep(min(s.event_poll_s, remaining))
+        if held.pause(min(s.event_poll_s, remaining)):
+            return [], None  # yielded to another scope's stream: an early empty page, the cursor unchanged
         if not auth.still_valid():
             raise Unauthorized(REVOKED)
         events, expired = orch.read_events(scope, after, limit)
@@ -202,6 +212,9 @@ def _sse_chunks(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str
     cursor, told = after, 0
     mark_at = started  # the prune mark is read at once, then every event_auth_check_s (a prune runs once a sweep)
     while time.monotonic() - started < s.event_stream_max_s:
+        if held.share.stop.is_set():  # another scope's stream takes this one's share: end after whole events
+            yield ": yielding to another tenant's stream; reconnect with Last-Event-ID\n\n"
+            return
         if not auth.still_valid():  # EventSource reconnects and gets 401: it stops
             yield ": credential revoked or expired\n\n"
             return
@@ -224,11 +237,12 @@ def _sse_chunks(orch: Any, held: _HeldStream, auth: _CredentialCheck, scope: str
             if not held.slot.renew():
                 return
         if len(events) < limit:
-            time.sleep(s.event_poll_s)
+            held.pause(s.event_poll_s)
 
 
-def _sse_response(orch: Any, auth: _CredentialCheck, scope: str, after: int, limit: int) -> Response:
-    held = _HeldStream(orch, scope)  # 429 before any byte is streamed
+def _sse_response(orch: Any, shares: FairShares, auth: _CredentialCheck, scope: str, after: int, limit: int
+                  ) -> Response:
+    held = _HeldStream(orch, shares, scope)  # 429 before any byte is streamed
     body = _SseBody(_sse_chunks(orch, held, auth, scope, after, limit), held)
     resp = Response(body, mimetype="text/event-stream")
     resp.headers["Cache-Control"] = "no-cache"

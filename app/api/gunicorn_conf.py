@@ -87,14 +87,17 @@ def _request_threads(cfg) -> int | None:
 
 
 def _check_threads(server) -> None:
-    """A live event stream holds one request thread for up to MEMEFLOW_EVENT_STREAM_MAX_S, and a
-    process admits MEMEFLOW_EVENT_STREAMS_PER_PROCESS of them: with no more threads than that, a few
-    open library pages take every thread, and /healthz and every other request wait. Refuse it."""
+    """A live event stream holds one request thread for up to MEMEFLOW_EVENT_STREAM_MAX_S and a
+    search one for its ranking; a process admits MEMEFLOW_EVENT_STREAMS_PER_PROCESS of the first
+    and MEMEFLOW_SEARCHES_PER_PROCESS of the second at once: with no more threads than both
+    together, open library pages and a few tenants' searches take every thread, and /healthz and
+    every other request (uploads, reads) wait. Refuse it."""
     n = _request_threads(server.cfg)
-    streams = _settings.event_streams_per_process
-    if n is not None and n <= streams:
+    streams, searches = _settings.event_streams_per_process, _settings.searches_per_process
+    if n is not None and n <= streams + searches:
         server.log.error(
             "refusing to start: %d request thread(s) per worker process, and up to "
-            "MEMEFLOW_EVENT_STREAMS_PER_PROCESS=%d live event streams may each hold one for minutes: "
-            "use more threads (--threads, compose API_THREADS; default %d) or lower the setting", n, streams, threads)
+            "MEMEFLOW_EVENT_STREAMS_PER_PROCESS=%d live event streams and MEMEFLOW_SEARCHES_PER_PROCESS=%d "
+            "searches may hold one each: use more threads (--threads, compose API_THREADS; default %d) "
+            "or lower the settings", n, streams, searches, threads)
         raise SystemExit(1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +16,7 @@ from app.api import search_queries as Q
 from app.api.context import Blueprint, protect, scope_id, services
 from app.api.errors import ApiError, error_docs
 from app.api.queries import image_file
+from app.api.shares import ShareRefused
 from app.api.stored import read_original
 from app.api.uploads import parse_multipart, validate_bytes
 from app.search import lookalike
@@ -30,32 +30,30 @@ log = logging.getLogger(__name__)
 
 blp = protect(Blueprint("search", __name__, url_prefix="/api/v1/search", description="Search"))
 
-_searching: dict[str, int] = {}  # scope -> searches this process runs for it now
-_searching_lock = threading.Lock()
-
-
 @contextmanager
 def _search_slot(scope: str) -> Iterator[None]:
-    """One of the scope's ``searches_per_scope`` concurrent searches in this API process, or 429
-    ``too_many_searches``: a search holds a gunicorn thread for its embedding, ranking and (look-
-    alike) decodes, so one tenant's burst of costly searches must leave the others threads."""
-    limit = services().settings.searches_per_scope
-    with _searching_lock:
-        held = _searching.get(scope, 0)
-        if held >= limit:
-            raise ApiError(429, "too_many_searches",
-                           f"this scope already runs {limit} searches in this API process (MEMEFLOW_SEARCHES_PER_SCOPE);"
-                           " retry when one has answered", headers={"Retry-After": "1"})
-        _searching[scope] = held + 1
+    """A share of this API process's ``searches_per_process`` concurrent searches, at most
+    ``searches_per_scope`` of them the scope's, or 429 ``too_many_searches``: a search holds a
+    gunicorn thread for its embedding, ranking and (look-alike) decodes, so searches together must
+    leave threads for every other request, and one tenant's burst of costly searches must leave the
+    others their fair share (a scope refused for want of capacity gets the next free one on its
+    retry while it holds less than its share: :mod:`app.api.shares`)."""
+    svc = services()
+    s = svc.settings
+    try:
+        share = svc.searches.acquire(scope, s.searches_per_process, per_scope=s.searches_per_scope)
+    except ShareRefused as exc:
+        if exc.why == "scope":
+            message = (f"this scope already runs {s.searches_per_scope} searches in this API process"
+                       " (MEMEFLOW_SEARCHES_PER_SCOPE); retry when one has answered")
+        else:
+            message = (f"this API process runs as many searches as it may (MEMEFLOW_SEARCHES_PER_PROCESS ="
+                       f" {s.searches_per_process}) and this scope holds its fair share; retry in a second")
+        raise ApiError(429, "too_many_searches", message, headers={"Retry-After": "1"}) from None
     try:
         yield
     finally:
-        with _searching_lock:
-            left = _searching[scope] - 1
-            if left:
-                _searching[scope] = left
-            else:
-                del _searching[scope]
+        share.release()
 
 
 def _text_provider() -> Any:

@@ -10,7 +10,6 @@ import threading
 import pytest
 
 from app.api import create_app
-from app.api import search as search_api
 from app.auth import TokenScopeResolver
 from app.search import service as text_search
 from tests.api.conftest import png_bytes
@@ -58,7 +57,7 @@ def test_a_scope_runs_at_most_its_searches_at_once_and_others_are_served(capped,
         for t in held:
             t.join(60)
     assert answers == [200, 200]
-    assert search_api._searching == {}  # every slot given back
+    assert capped.extensions["memeflow"].searches.held() == 0  # every slot given back
     assert client.get("/api/v1/search/text?q=cat", headers=alpha).status_code == 200
 
 
@@ -68,4 +67,4 @@ def test_a_failing_search_gives_its_slot_back(capped, tokens):
     for _ in range(3):  # more than the cap: each 422 released its slot
         resp = client.get("/api/v1/search/text?q=cat&model=nope", headers=alpha)
         assert resp.status_code == 422
-    assert search_api._searching == {}
+    assert capped.extensions["memeflow"].searches.held() == 0

@@ -26,13 +26,15 @@ def _server(*args: str) -> SimpleNamespace:
 @pytest.fixture()
 def conf(monkeypatch):
     monkeypatch.delenv("MEMEFLOW_EVENT_STREAMS_PER_PROCESS", raising=False)
+    monkeypatch.delenv("MEMEFLOW_SEARCHES_PER_PROCESS", raising=False)
     from app.api import gunicorn_conf
 
     return importlib.reload(gunicorn_conf)
 
 
-@pytest.mark.parametrize("threads", ["1", "4", "8"])
-def test_no_more_threads_than_event_streams_per_process_is_refused_before_binding(conf, threads):
+@pytest.mark.parametrize("threads", ["1", "4", "8", "12"])
+def test_no_more_threads_than_event_streams_and_searches_per_process_is_refused_before_binding(conf, threads):
+    """8 streams and 6 searches may hold 14 threads at once: 12 threads would leave none."""
     server = _server("-b", "127.0.0.1:0", "--threads", threads, "-k", "app.api.server.JsonErrorWorker")
     with pytest.raises(SystemExit):
         conf.on_starting(server)
@@ -43,8 +45,9 @@ def test_the_default_and_compose_default_threads_start(conf):
     conf.on_starting(_server("-b", "127.0.0.1:0", "--threads", str(conf.threads), "-k", conf.worker_class))
 
 
-def test_fewer_streams_per_process_allow_fewer_threads(monkeypatch):
+def test_fewer_streams_and_searches_per_process_allow_fewer_threads(monkeypatch):
     monkeypatch.setenv("MEMEFLOW_EVENT_STREAMS_PER_PROCESS", "2")
+    monkeypatch.setenv("MEMEFLOW_SEARCHES_PER_PROCESS", "1")
     from app.api import gunicorn_conf
 
     conf = importlib.reload(gunicorn_conf)
@@ -52,4 +55,5 @@ def test_fewer_streams_per_process_allow_fewer_threads(monkeypatch):
         conf.on_starting(_server("-b", "127.0.0.1:0", "--threads", "4", "-k", "app.api.server.JsonErrorWorker"))
     finally:
         monkeypatch.delenv("MEMEFLOW_EVENT_STREAMS_PER_PROCESS")
+        monkeypatch.delenv("MEMEFLOW_SEARCHES_PER_PROCESS")
         importlib.reload(gunicorn_conf)
