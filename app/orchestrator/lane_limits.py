@@ -69,6 +69,16 @@ def describe(registered: dict[str, AgentLimits]) -> str:
     return ", ".join(f"{node}={v.lane}/{v.resource}" for node, v in sorted(registered.items()))
 
 
+def given(registered: dict[str, AgentLimits]) -> list[dict[str, int]]:
+    """Pure: each distinct registered (lane, resource) and how many workers were given it, most
+    conservative first — without node names (``/readyz`` and ``/ops`` show it; hosts are not theirs)."""
+    counts: dict[AgentLimits, int] = {}
+    for v in registered.values():
+        counts[v] = counts.get(v, 0) + 1
+    order = sorted(counts, key=lambda v: (v.lane or 2**31, v.resource or 2**31))
+    return [{"lane": v.lane, "resource": v.resource, "workers": counts[v]} for v in order]
+
+
 class LaneLimitCache:
     """One process's view of the limits in force, read from the registry at most once per
     ``settings.worker_registry_interval_s`` (thread-safe: an immutable snapshot is swapped in)."""

@@ -103,7 +103,9 @@ class Liveness:
             force = self.agent_limits_in_force
             out.append({"code": "lane_limits_disagree", "message": (
                 "agent workers were given different agent lane limits (lane/resource, 0 = unlimited: "
-                f"{lane_limits.describe(self.agent_limits)}); all admit under the most conservative, "
+                + ", ".join(f"{g['lane']}/{g['resource']} on {g['workers']}"
+                            for g in lane_limits.given(self.agent_limits))
+                + f"); all admit under the most conservative, "
                 f"{force.lane}/{force.resource}: set MEMEFLOW_AGENT_LANE_LIMIT and MEMEFLOW_AGENT_RESOURCE_LIMIT "
                 "alike on every agent worker")})
         return out
@@ -125,7 +127,7 @@ class Liveness:
             "agent_limits": {
                 "in_force": force._asdict() if (force := self.agent_limits_in_force) else None,
                 "disagree": lane_limits.disagreement(self.agent_limits),
-                "workers": {node: v._asdict() for node, v in self.agent_limits.items()},
+                "given": lane_limits.given(self.agent_limits),
             },
         }
 
