@@ -118,7 +118,8 @@ class Readyz(MethodView):
         """Readiness: database reachable, migrations at head, broker reachable (else 503).
 
         ``degraded`` (still 200: the API itself serves) when the last reconcile sweep is older than
-        3x its interval or a lane has queued work and no live worker; ``reasons`` says which."""
+        3x its interval, a lane has queued work and no live worker, or the live agent workers were
+        given different agent lane limits; ``reasons`` says which."""
         database, migrations, liveness = _check_database()
         checks: dict[str, Any] = {"database": database, "migrations": migrations, "broker": _check_broker()}
         reasons: list[dict[str, str]] = []
@@ -127,7 +128,7 @@ class Readyz(MethodView):
             live = liveness.as_dict()
             checks["sweep"] = {"ok": not liveness.sweep_stale, **live["sweep"]}
             checks["workers"] = {"ok": not any(lane.unserved for lane in liveness.lanes.values()),
-                                 "lanes": live["lanes"]}
+                                 "lanes": live["lanes"], "agent_limits": live["agent_limits"]}
             reasons = liveness.reasons
         if migrations.get("ahead"):
             reasons = [MIGRATIONS_AHEAD, *reasons]

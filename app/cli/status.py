@@ -25,8 +25,10 @@ def overview_tables(engine, scope_id: str, agent_lane_limit: int, settings=None)
 
     with engine.connect() as conn:
         jobs = Q.jobs_by_status(conn, scope_id)
-        lanes = Q.lane_stats(conn, scope_id, {"agent": agent_lane_limit or None})
         liveness = read_liveness_txn(conn, settings) if settings is not None else None
+        # the live agent workers admit under the most conservative limit they registered, not this shell's setting
+        force = liveness.agent_limits_in_force if liveness is not None else None
+        lanes = Q.lane_stats(conn, scope_id, {"agent": (force.lane if force else agent_lane_limit) or None})
     jobs_table = Table(title=cell(f"jobs by status (scope {printable(scope_id)})"))
     jobs_table.add_column("status")
     jobs_table.add_column("jobs", justify="right")

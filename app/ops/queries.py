@@ -213,10 +213,13 @@ def overview(
             lanes = lane_stats(conn, scope_id, slot_limits)
             liveness = scope_liveness_txn(conn, settings, scope_id, lanes) if settings is not None else None
             if liveness is not None:
+                force = liveness.agent_limits_in_force  # what the live agent workers admit under
                 for row in lanes:
                     lane = liveness.lanes.get(row.lane)
                     if lane is not None:
                         row.workers, row.unserved = lane.workers, lane.unserved
+                    if row.lane == "agent" and force is not None:
+                        row.slot_limit = force.lane or None
             return Overview(
                 scope_id=scope_id,
                 now=now,

@@ -2,7 +2,9 @@
 
 Limits are DB-wide (``lane_slots``), so they hold however many worker processes run: a global
 pool (resource key ``*``) of ``agent_lane_limit`` slots and, per resource key (provider:model),
-``agent_resource_limit`` slots; 0 means unlimited. A claim takes its slot(s) in the claim
+``agent_resource_limit`` slots; 0 means unlimited. Every process uses the deployment's values — the
+most conservative among the live agent workers' registered limits and its own
+(``lane_limits.LaneLimitCache``) — never its own settings alone. A claim takes its slot(s) in the claim
 transaction; completion, failure and abandon release them in theirs (fenced by generation).
 
 Fairness is round-robin over scopes by ``lane_fairness.last_dispatch_seq``: a claim is refused
@@ -51,13 +53,15 @@ _SLOTS_READY: set[tuple[str, str, str, int]] = set()
 LIMITED_LANES = SLOT_LANES  # the agent lane
 
 
-def _pools(orch: Orchestrator, resource_key: str) -> list[tuple[str, int]]:
-    s = orch.settings
+def _pools(orch: Orchestrator, conn: Connection, resource_key: str) -> list[tuple[str, int]]:
+    """(resource key, limit) of each slot pool a claim of ``resource_key`` takes a slot of, under
+    the deployment's limits in force (the registry read on ``conn`` at most once per interval)."""
+    limits = orch.lane_limits.limits_txn(conn, orch.settings)
     pools = []
-    if s.agent_slots > 0:
-        pools.append((GLOBAL_KEY, s.agent_slots))
-    if s.agent_resource_limit > 0:
-        pools.append((resource_key, s.agent_resource_limit))
+    if limits.lane > 0:
+        pools.append((GLOBAL_KEY, limits.lane))
+    if limits.resource > 0:
+        pools.append((resource_key, limits.resource))
     return pools
 
 
@@ -77,7 +81,7 @@ def acquire_slot_txn(orch: Orchestrator, conn: Connection, row: RowMapping) -> A
     lane = row["lane"]
     if lane not in LIMITED_LANES:
         return ADMITTED
-    pools = _pools(orch, row["resource_key"])
+    pools = _pools(orch, conn, row["resource_key"])
     if not pools:
         return ADMITTED  # unlimited: nothing to share, so nothing to be fair about
     now = orch.now()
@@ -170,7 +174,7 @@ def claim_group_txn(
     lane = row["lane"]
     now = orch.now()
     expires = now + timedelta(seconds=orch.settings.lease_s)
-    free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, row["resource_key"])}
+    free = {key: slots.lock_free_txn(conn, lane, key, limit, n, now) for key, limit in _pools(orch, conn, row["resource_key"])}
     k = min([n, *(len(v) for v in free.values())])
     claimed = (tasks.claim_group_members_txn(conn, group, lane, k, owner, now, orch.settings.lease_s, shared)
                if k > 0 else None)
@@ -192,7 +196,7 @@ def extend_slot_txn(orch: Orchestrator, conn: Connection, claim: Claim) -> None:
         now = orch.now()
         extended = slots.extend_txn(
             conn, claim.task_id, claim.generation, now + timedelta(seconds=orch.settings.lease_s), now)
-        if not extended.matched and _pools(orch, GLOBAL_KEY):
+        if not extended.matched and _pools(orch, conn, GLOBAL_KEY):
             # the slot's lease ran out before this heartbeat, and the sweep freed it or another claim
             # took it: the task runs on (its own fenced heartbeat decides that) outside the lane limit
             log.warning("lane slot lost", extra={"task_id": str(claim.task_id), "lane": claim.lane,
@@ -249,8 +253,10 @@ def top_up_txn(orch: Orchestrator, conn: Connection, lane: str, resource_key: st
     (``Admission.unhinted``): one slot per free slot left goes to the fairest waiting task — those
     without a live hint are hinted (published after the claim commits). This hints a task refused
     while a fairer one waited (two hints taken in the other order), once that fairer one is claimed."""
-    pools = _pools(orch, resource_key)
-    if lane not in LIMITED_LANES or not pools:
+    if lane not in LIMITED_LANES:
+        return []
+    pools = _pools(orch, conn, resource_key)
+    if not pools:
         return []
     now = orch.now()
     free = slots.free_count_txn(conn, lane, pools, now)
@@ -286,11 +292,13 @@ def hints_after_refusal(orch: Orchestrator, lane: str, resource_key: str) -> lis
     holds nothing else (no lock cycle); a transaction that starts after the clear committed sees
     it, and hints the task itself (its release path, or its ``top_up_txn``). The waits share one
     short budget (``SETTLE_BUDGET_S``): a transaction outlasting it is not waited for further."""
-    pools = _pools(orch, resource_key)
-    if lane not in LIMITED_LANES or not pools:
+    if lane not in LIMITED_LANES:
         return []
-    keys = [k for k, _ in pools]
     with orch.engine.begin() as conn:
+        pools = _pools(orch, conn, resource_key)
+        if not pools:
+            return []
+        keys = [k for k, _ in pools]
         busy = slots.locked_held_txn(conn, lane, keys)
         now = orch.now()
         free = slots.free_count_txn(conn, lane, pools, now)

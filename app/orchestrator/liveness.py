@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.config import Settings
 from app.db.enums import Lane
+from app.orchestrator import lane_limits
 from app.orchestrator.store import sweep as sweep_q
 from app.orchestrator.store import webhooks as webhooks_q
 from app.orchestrator.store import workers as q
@@ -61,6 +62,16 @@ class Liveness:
     sweep_duration_s: float | None = None
     lane_gauges: dict[str, dict[str, float]] = field(default_factory=dict)  # the last sweep's snapshot
     sweep_failed_steps: list[dict[str, str]] = field(default_factory=list)  # steps of the last sweep that raised
+    # node -> the agent lane limits (lane, resource) each live agent worker registered
+    agent_limits: dict[str, lane_limits.AgentLimits] = field(default_factory=dict)
+
+    @property
+    def agent_limits_in_force(self) -> lane_limits.AgentLimits | None:
+        """The limits the live agent workers admit under (the most conservative); None: none registered."""
+        if not self.agent_limits:
+            return None
+        first, *rest = self.agent_limits.values()
+        return lane_limits.in_force(first, rest)
 
     @property
     def sweep_age_s(self) -> float | None:
@@ -88,6 +99,15 @@ class Liveness:
             if lane.unserved:
                 out.append({"code": "lane_unserved",
                             "message": f"lane {lane.lane} has queued work and no live worker"})
+        if lane_limits.disagreement(self.agent_limits):
+            force = self.agent_limits_in_force
+            out.append({"code": "lane_limits_disagree", "message": (
+                "agent workers were given different agent lane limits (lane/resource, 0 = unlimited: "
+                + ", ".join(f"{g['lane']}/{g['resource']} on {g['workers']}"
+                            for g in lane_limits.given(self.agent_limits))
+                + f"); all admit under the most conservative, "
+                f"{force.lane}/{force.resource}: set MEMEFLOW_AGENT_LANE_LIMIT and MEMEFLOW_AGENT_RESOURCE_LIMIT "
+                "alike on every agent worker")})
         return out
 
     @property
@@ -104,12 +124,17 @@ class Liveness:
                       "failed_steps": self.sweep_failed_steps},
             "lanes": {name: {"workers": lane.workers, "queued": lane.queued, "unserved": lane.unserved}
                       for name, lane in self.lanes.items()},
+            "agent_limits": {
+                "in_force": force._asdict() if (force := self.agent_limits_in_force) else None,
+                "disagree": lane_limits.disagreement(self.agent_limits),
+                "given": lane_limits.given(self.agent_limits),
+            },
         }
 
 
 def assess(
     now: datetime, workers_per_lane: dict[str, int], queued_lanes: Iterable[str], sweep_row: Any | None,
-    sweep_interval_s: float,
+    sweep_interval_s: float, agent_limits: dict[str, tuple[int, int]] | None = None,
 ) -> Liveness:
     """Pure: the liveness facts → what ``/readyz`` and ``/ops`` report."""
     queued = set(queued_lanes)
@@ -120,18 +145,20 @@ def assess(
         sweep_duration_s=float(sweep_row["duration_s"]) if sweep_row else None,
         lane_gauges=dict(sweep_row["lane_gauges"] or {}) if sweep_row else {},
         sweep_failed_steps=list(sweep_row.get("failed_steps") or []) if sweep_row else [],
+        agent_limits={node: lane_limits.AgentLimits(*v) for node, v in (agent_limits or {}).items()},
     )
 
 
 def read_liveness_txn(conn: Connection, settings: Settings) -> Liveness:
-    """The current liveness, on the database's clock (five small queries, none counting tasks)."""
+    """The current liveness, on the database's clock (six small queries, none counting tasks)."""
     now = q.db_now(conn)
     queued = q.lanes_with_queued_work(conn, [lane.value for lane in Lane])
     if webhooks_q.has_due_txn(conn):
         queued.add(WEBHOOKS)
+    ttl = worker_ttl_s(settings)
     return assess(
-        now, q.live_workers_per_lane(conn, worker_ttl_s(settings), now), queued, sweep_q.sweep_state(conn),
-        settings.sweep_interval_s,
+        now, q.live_workers_per_lane(conn, ttl, now), queued, sweep_q.sweep_state(conn),
+        settings.sweep_interval_s, q.live_agent_limits(conn, ttl, now),
     )
 
 
@@ -150,13 +177,25 @@ class WorkerIdentity:
     started_at: datetime
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
+    # the agent lane limits this worker was given (lane, resource; 0 = unlimited), registered when
+    # it serves the agent lane: the deployment admits under the most conservative (lane_limits.py)
+    agent_limits: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, settings: Settings, node: str, lanes: Iterable[str], started_at: datetime) -> WorkerIdentity:
+        """A worker serving ``lanes``, with its agent lane limits when the agent lane is one of them."""
+        lanes = tuple(lanes)
+        limits = (int(settings.agent_slots), int(settings.agent_resource_limit)) if Lane.AGENT.value in lanes else None
+        return cls(node=node, lanes=lanes, started_at=started_at, agent_limits=limits)
 
 
 def register_worker(engine: Engine, worker: WorkerIdentity) -> None:
     """Upsert ``worker``'s registration with last_seen = now (its registry heartbeat)."""
     with engine.begin() as conn:
+        lane_limit, resource_limit = worker.agent_limits or (None, None)
         q.upsert_worker_txn(conn, node=worker.node, host=worker.host, pid=worker.pid, lanes=worker.lanes,
-                            started_at=worker.started_at)
+                            started_at=worker.started_at, agent_lane_limit=lane_limit,
+                            agent_resource_limit=resource_limit)
 
 
 def deregister_worker(engine: Engine, worker: WorkerIdentity) -> bool:

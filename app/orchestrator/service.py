@@ -28,6 +28,7 @@ from app.orchestrator import sweep as sweep_mod
 from app.orchestrator.clock import DatabaseClock
 from app.orchestrator.errors import NotFound
 from app.orchestrator.hints import Hint
+from app.orchestrator.lane_limits import LaneLimitCache
 from app.orchestrator.policy import OperationPolicy, policy_from_settings
 from app.orchestrator.stages import by_lane, earlier_lanes
 from app.orchestrator.store import reads
@@ -60,6 +61,8 @@ class Orchestrator:
         self.policy: OperationPolicy = policy if policy is not None else policy_from_settings(settings)
         self.rand = rand or random.Random()
         self._stage_configs = stage_configs
+        # the agent lane limits in force across the deployment, read from the registry once per interval
+        self.lane_limits = LaneLimitCache()
 
     @functools.cached_property
     def _database_key(self) -> str:

@@ -80,7 +80,7 @@ def start_registration(settings: Settings, node: str, lanes: list[str]) -> Worke
     """Start this process's registration (idempotent per process)."""
     global _current
     if _current is None or _current.identity.pid != os.getpid():
-        identity = WorkerIdentity(node=node, lanes=tuple(lanes), started_at=datetime.now(UTC))
+        identity = WorkerIdentity.of(settings, node, lanes, datetime.now(UTC))
         _current = WorkerRegistration(settings, identity).start()
     return _current
 

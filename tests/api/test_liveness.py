@@ -201,3 +201,17 @@ def test_readyz_names_a_failed_sweep_step_without_its_error_text(slow_settings, 
     body = resp.get_data(as_text=True)
     assert resp.get_json()["checks"]["sweep"]["failed_steps"] == [{"step": "serving", "error": "IntegrityError (23505)"}]
     assert "alpha" not in body and "secret" not in body and "DETAIL" not in body
+
+
+def test_readyz_is_degraded_when_agent_workers_were_given_different_lane_limits(live_client, engine, orch, settings):
+    from datetime import UTC, datetime
+
+    orch.sweep()
+    for node, limit in (("agent-a@h1", 4), ("agent-b@h2", 0)):
+        register_worker(engine, WorkerIdentity.of(settings.replace(agent_lane_limit=limit), node, ("agent",),
+                                                  datetime.now(UTC)))
+    r = live_client.get("/readyz")
+    assert r.status_code == 200
+    body = r.get_json()
+    assert body["status"] == "degraded" and [x["code"] for x in body["reasons"]] == ["lane_limits_disagree"]
+    assert body["checks"]["workers"]["agent_limits"]["in_force"] == {"lane": 4, "resource": 0}

@@ -34,7 +34,9 @@ class OpsCounter(Base):
 
 class WorkerRegistration(Base):
     """One live worker process (migration 0012): upserted on its registry heartbeat, pruned by the
-    sweep after the TTL. ``node`` is the Celery node name (unique in a cluster)."""
+    sweep after the TTL. ``node`` is the Celery node name (unique in a cluster). A worker serving the
+    agent lane records the agent lane limits it was given (migration 0031; NULL otherwise): the
+    deployment admits under the most conservative of the live ones (app/orchestrator/lane_limits.py)."""
 
     __tablename__ = "worker_registry"
     node: Mapped[str] = mapped_column(String(255), primary_key=True)
@@ -43,6 +45,11 @@ class WorkerRegistration(Base):
     lanes: Mapped[list[str]] = mapped_column(ARRAY(String(32)), nullable=False)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    agent_lane_limit: Mapped[int | None] = mapped_column(Integer)
+    agent_resource_limit: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (
+        CheckConstraint("agent_lane_limit >= 0 AND agent_resource_limit >= 0", name="agent_limits_valid"),
+    )
 
 class SweepState(Base):
     """The last completed reconcile sweep (single row): when, how long, and its lane gauges."""

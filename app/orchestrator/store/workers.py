@@ -22,17 +22,22 @@ def db_now(conn: Connection) -> datetime:
 
 def upsert_worker_txn(
     conn: Connection, *, node: str, host: str, pid: int, lanes: Iterable[str], started_at: datetime,
-    now: datetime | None = None,
+    now: datetime | None = None, agent_lane_limit: int | None = None, agent_resource_limit: int | None = None,
 ) -> None:
-    """Record that ``node`` is alive now, serving ``lanes`` (a restarted node replaces its row)."""
+    """Record that ``node`` is alive now, serving ``lanes`` (a restarted node replaces its row), and
+    the agent lane limits it was given (None: it does not serve the agent lane)."""
     conn.execute(
         sql(
-            "INSERT INTO worker_registry (node, host, pid, lanes, started_at, last_seen)"
-            " VALUES (:node, :host, :pid, :lanes, :started_at, coalesce(CAST(:now AS timestamptz), now()))"
+            "INSERT INTO worker_registry (node, host, pid, lanes, started_at, last_seen, agent_lane_limit,"
+            " agent_resource_limit)"
+            " VALUES (:node, :host, :pid, :lanes, :started_at, coalesce(CAST(:now AS timestamptz), now()),"
+            " :agent_lane_limit, :agent_resource_limit)"
             " ON CONFLICT (node) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, lanes = EXCLUDED.lanes,"
-            " started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen"
+            " started_at = EXCLUDED.started_at, last_seen = EXCLUDED.last_seen,"
+            " agent_lane_limit = EXCLUDED.agent_lane_limit, agent_resource_limit = EXCLUDED.agent_resource_limit"
         ),
-        {"node": node, "host": host, "pid": pid, "lanes": sorted(set(lanes)), "started_at": started_at, "now": now},
+        {"node": node, "host": host, "pid": pid, "lanes": sorted(set(lanes)), "started_at": started_at, "now": now,
+         "agent_lane_limit": agent_lane_limit, "agent_resource_limit": agent_resource_limit},
     )
 
 
@@ -83,6 +88,21 @@ def live_workers(conn: Connection, ttl_s: float, now: datetime | None = None) ->
             {"now": now, "ttl": ttl_s},
         ).mappings()
     )
+
+
+LIVE_AGENT_LIMITS = sql("""
+SELECT node, agent_lane_limit, agent_resource_limit FROM worker_registry
+WHERE 'agent' = ANY(lanes) AND agent_lane_limit IS NOT NULL AND agent_resource_limit IS NOT NULL
+  AND last_seen >= coalesce(CAST(:now AS timestamptz), now()) - make_interval(secs => :ttl)
+ORDER BY node
+""")
+
+
+def live_agent_limits(conn: Connection, ttl_s: float, now: datetime | None = None) -> dict[str, tuple[int, int]]:
+    """node -> (agent lane limit, agent resource limit) each live agent-lane worker registered
+    (workers of a release before migration 0031 register none and are absent)."""
+    rows = conn.execute(LIVE_AGENT_LIMITS, {"now": now, "ttl": ttl_s})
+    return {r.node: (int(r.agent_lane_limit), int(r.agent_resource_limit)) for r in rows}
 
 
 def lanes_with_queued_work(conn: Connection, lanes: Iterable[str]) -> set[str]:
