@@ -100,11 +100,33 @@ def provider_call(lane: str, provider: Any) -> Iterator[None]:
 
 
 def overrun(hb: Any, call: Call) -> NoReturn:
-    """``call`` ran past its maximum: stop ``hb``'s beats, log and note the overrun (fenced, at most
-    ``NOTE_TIMEOUT_S``), end the process. Runs in the beater thread; never returns."""
+    """``call`` ran past its maximum: stop ``hb``'s beats, note and log the overrun (fenced; both
+    together at most ``NOTE_TIMEOUT_S``), end the process. Runs in the beater thread; never returns.
+
+    The note and the log line each run in a thread of their own, waited for with a deadline: the
+    database may be what hangs, and the hung thread may hold a logging handler's lock (blocked in a
+    write to a stream that no longer drains) — the exit must wait on neither."""
     hb.stop_beating()
     seconds = time.monotonic() - call.started
     stages = sorted({str(c.stage) for c in hb.claims})
+    error = {"code": "stage_timeout",
+             "message": f"a {'/'.join(stages)} provider call ran past its maximum of {call.max_s:g} s; "
+                        "its worker was ended and the task is recovered as after a worker death"}
+    deadline = time.monotonic() + NOTE_TIMEOUT_S
+    waits = [_daemon(_note, "stage-timeout-note", hb, error),
+             _daemon(_log_overrun, "stage-timeout-log", hb, call, seconds)]
+    for thread in waits:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    end_process(STAGE_TIMEOUT_EXIT)
+
+
+def _daemon(target: Any, name: str, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _log_overrun(hb: Any, call: Call, seconds: float) -> None:
     for claim in hb.claims:
         log.error(
             "a %s provider call ran past its maximum of %g s (%.1f s): ending this worker process (exit %d)",
@@ -112,13 +134,6 @@ def overrun(hb: Any, call: Call) -> NoReturn:
             extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
                    "stage": claim.stage, "generation": claim.generation, "code": STAGE_TIMEOUT,
                    "provider": call.provider, "seconds": round(seconds, 1)})
-    error = {"code": "stage_timeout",
-             "message": f"a {'/'.join(stages)} provider call ran past its maximum of {call.max_s:g} s; "
-                        "its worker was ended and the task is recovered as after a worker death"}
-    noting = threading.Thread(target=_note, args=(hb, error), name="stage-timeout-note", daemon=True)
-    noting.start()
-    noting.join(NOTE_TIMEOUT_S)
-    end_process(STAGE_TIMEOUT_EXIT)
 
 
 def _note(hb: Any, error: dict) -> None:
@@ -128,9 +143,19 @@ def _note(hb: Any, error: dict) -> None:
         log.exception("could not record the stage timeout")
 
 
+#: How long the exit waits for stdout and stderr to flush (s): a hung thread blocked in a write to
+#: one that no longer drains holds its buffer's lock.
+FLUSH_TIMEOUT_S = 1.0
+
+
 def end_process(code: int) -> NoReturn:
-    """End this process at once (no cleanup: a hung thread would block an orderly exit)."""
+    """End this process at once (no cleanup: a hung thread would block an orderly exit); what
+    stdout and stderr buffer is flushed if that takes at most ``FLUSH_TIMEOUT_S``."""
+    _daemon(_flush, "stage-timeout-flush").join(FLUSH_TIMEOUT_S)
+    os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):  # not logging.shutdown(): the hung thread may hold a handler's lock
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)
