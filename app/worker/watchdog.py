@@ -113,11 +113,13 @@ def overrun(hb: Any, call: Call) -> NoReturn:
              "message": f"a {'/'.join(stages)} provider call ran past its maximum of {call.max_s:g} s; "
                         "its worker was ended and the task is recovered as after a worker death"}
     deadline = time.monotonic() + NOTE_TIMEOUT_S
-    waits = [_daemon(_note, "stage-timeout-note", hb, error),
-             _daemon(_log_overrun, "stage-timeout-log", hb, call, seconds)]
-    for thread in waits:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    end_process(STAGE_TIMEOUT_EXIT)
+    try:
+        waits = [_daemon(_note, "stage-timeout-note", hb, error),
+                 _daemon(_log_overrun, "stage-timeout-log", hb, call, seconds)]
+        for thread in waits:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    finally:  # even with no thread to be had (a leaking provider took them all): the worker must not stay hung
+        end_process(STAGE_TIMEOUT_EXIT)
 
 
 def _daemon(target: Any, name: str, *args: Any) -> threading.Thread:
@@ -151,8 +153,10 @@ FLUSH_TIMEOUT_S = 1.0
 def end_process(code: int) -> NoReturn:
     """End this process at once (no cleanup: a hung thread would block an orderly exit); what
     stdout and stderr buffer is flushed if that takes at most ``FLUSH_TIMEOUT_S``."""
-    _daemon(_flush, "stage-timeout-flush").join(FLUSH_TIMEOUT_S)
-    os._exit(code)
+    try:
+        _daemon(_flush, "stage-timeout-flush").join(FLUSH_TIMEOUT_S)
+    finally:
+        os._exit(code)
 
 
 def _flush() -> None:

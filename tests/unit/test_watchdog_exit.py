@@ -92,3 +92,33 @@ def test_a_stream_that_no_longer_drains_does_not_keep_the_process_from_exiting(m
     assert exited.wait(20), f"end_process waited for ever on a blocked sys.{name}"
     assert codes == [watchdog.STAGE_TIMEOUT_EXIT]
     stream.gate.set()
+
+
+def test_a_watchdog_that_cannot_start_a_thread_still_ends_the_process(monkeypatch):
+    """A process out of threads (a leaking provider hit the limit): the note and the log line are
+    lost, but the process still ends — the beater thread must not die with the worker left hung."""
+    codes: list[int] = []
+    monkeypatch.setattr(watchdog, "end_process", codes.append)
+    monkeypatch.setattr(watchdog, "NOTE_TIMEOUT_S", 0.5)
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    hb = _Hb()
+    with pytest.raises(RuntimeError):  # told to the beater thread's excepthook once the process is ending
+        watchdog.overrun(hb, watchdog.Call(1, "visual", "HangVisual", 0.1, 0.0))
+    assert codes == [watchdog.STAGE_TIMEOUT_EXIT]
+
+
+def test_end_process_without_a_thread_to_flush_with_still_exits(monkeypatch):
+    codes: list[int] = []
+    monkeypatch.setattr(watchdog, "os", types.SimpleNamespace(_exit=codes.append))
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError):
+        watchdog.end_process(watchdog.STAGE_TIMEOUT_EXIT)
+    assert codes == [watchdog.STAGE_TIMEOUT_EXIT]
