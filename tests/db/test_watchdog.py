@@ -28,6 +28,8 @@ def exits(monkeypatch):
         ended.set()
 
     monkeypatch.setattr(watchdog, "end_process", fake_end)
+    # the note is asserted on: under load it may take longer than a real exit would wait for it
+    monkeypatch.setattr(watchdog, "NOTE_TIMEOUT_S", 60.0)
     codes_ended = (codes, ended)
     return codes_ended
 
