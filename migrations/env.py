@@ -36,9 +36,10 @@ _MIGRATE_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('memeflow.mi
 
 
 #: A migration may rewrite or index a whole table, and a second run waits on the lock above for
-#: the first: neither may be cut short by a statement_timeout the server, database or role sets
-#: (managed PostgreSQL often does). UTC as in every runtime session (app.db.engine.SESSION_OPTIONS).
-_SESSION_OPTIONS = "-c statement_timeout=0 -c TimeZone=UTC"
+#: the first: neither may be cut short by a statement_timeout or lock_timeout the server, database
+#: or role sets (managed PostgreSQL often does; a table lock's wait is bounded below, after the
+#: migrate lock). UTC as in every runtime session (app.db.engine.SESSION_OPTIONS).
+_SESSION_OPTIONS = "-c statement_timeout=0 -c lock_timeout=0 -c TimeZone=UTC"
 
 
 def run_migrations_online() -> None:

@@ -132,6 +132,7 @@ class VisualSearch(MethodView):
         originals (``pixels``, ``lookalike``; app/search/lookalike.py); ``score`` stays the
         visual descriptor's cosine; a hit whose stored file does not hold its bytes keeps that
         score alone. Reads the scope's serving visual model (``serving``)."""
+        _receive_body()  # before the share: a slow client's upload holds its own thread, no search share
         with _search_slot(scope_id()):
             return self._search()
 
@@ -165,6 +166,18 @@ class VisualSearch(MethodView):
         items = items[: args["limit"]]
         coverage = Q.visual_coverage(svc.engine, scope, model=model, preprocess_version=version)
         return {"items": items, "model": model, "coverage": coverage, "serving": source.info}
+
+
+def _receive_body() -> None:
+    """Read the whole request body from the client now (werkzeug keeps it: the form and files, or
+    the raw bytes, for the search to parse): a search share covers the search's own work —
+    embedding, ranking, decodes — never the time a slow client takes to send its upload, or a few
+    trickling uploads would hold every share of the process and refuse every tenant's searches.
+    A body over the upload limit is refused here, as it would be later (413)."""
+    if request.mimetype == "multipart/form-data":
+        request.form  # noqa: B018 - parses (and so receives) the stream; the files are kept with it
+    else:
+        request.get_data(cache=True)
 
 
 def _query_image(svc: Any, scope: str, image_id: Any, source: Any) -> tuple[Any, list[float]]:

@@ -630,8 +630,9 @@ def _outcome(orch: Orchestrator, claim: Claim, providers: Providers,
 
 def _watched(hb: Heartbeat, orch: Orchestrator, claim: Claim, providers: Providers,
              group: records.CallGroup | None) -> object:
-    """``_outcome`` in an agent batch's call thread, its provider calls watched on ``hb``."""
-    with watchdog.computing_for(hb):
+    """``_outcome`` in an agent batch's call thread, its provider calls watched on ``hb`` (an overrun
+    noted on ``claim`` alone: the batch's other calls are their own)."""
+    with watchdog.computing_for(hb, [claim]):
         return _outcome(orch, claim, providers, group)
 
 

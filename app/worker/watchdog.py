@@ -10,8 +10,9 @@ cannot be interrupted, so the watchdog ends the *process*:
   is armed with its lane's ``Settings.run_max_s`` while it runs;
 - the process's beater thread (``app.worker.run._Beater``) finds a call past its deadline and calls
   ``overrun``: the claims' heartbeat stops for good, the overrun is logged (task ids, stage,
-  provider, seconds) and noted on each claim, fenced — the task's error and its open agent attempt's
-  say ``stage_timeout`` — then the process exits with ``STAGE_TIMEOUT_EXIT``.
+  provider, seconds) and noted on each claim the call computed for (all of a visual or text batch;
+  one claim in an agent batch, whose calls are one claim's each), fenced — the task's error and its
+  open agent attempt's say ``stage_timeout`` — then the process exits with ``STAGE_TIMEOUT_EXIT``.
 
 From there the machinery of a worker death takes over (docs/architecture.md "A provider call
 that never returns"): its supervisor (``memeflow up``, compose's restart policy, a prefork pool's
@@ -30,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -59,6 +60,9 @@ class Call:
     provider: str
     max_s: float
     started: float
+    #: the claims the call computes for (an agent batch's calls are one claim's each); () = all of
+    #: its Heartbeat's (a visual or text batch's embed serves them all)
+    claims: tuple = ()
 
     @property
     def deadline(self) -> float:
@@ -66,14 +70,16 @@ class Call:
 
 
 @contextlib.contextmanager
-def computing_for(hb: Any) -> Iterator[None]:
-    """This thread computes for ``hb``'s claims: its provider calls are armed on ``hb``."""
-    previous = getattr(_local, "hb", None)
-    _local.hb = hb
+def computing_for(hb: Any, claims: Iterable[Any] | None = None) -> Iterator[None]:
+    """This thread computes for ``hb``'s claims — or only ``claims`` of them (an agent batch's call
+    thread: one claim's call) —: its provider calls are armed on ``hb`` and, past their maximum,
+    noted on those claims alone."""
+    previous = getattr(_local, "hb", None), getattr(_local, "claims", ())
+    _local.hb, _local.claims = hb, tuple(claims or ())
     try:
         yield
     finally:
-        _local.hb = previous
+        _local.hb, _local.claims = previous
 
 
 def provider_name(provider: Any) -> str:
@@ -91,7 +97,7 @@ def provider_call(lane: str, provider: Any) -> Iterator[None]:
     if max_s <= 0:
         yield
         return
-    call = Call(next(_ids), lane, provider_name(provider), max_s, time.monotonic())
+    call = Call(next(_ids), lane, provider_name(provider), max_s, time.monotonic(), getattr(_local, "claims", ()))
     hb.arm(call)
     try:
         yield
@@ -100,37 +106,67 @@ def provider_call(lane: str, provider: Any) -> Iterator[None]:
 
 
 def overrun(hb: Any, call: Call) -> NoReturn:
-    """``call`` ran past its maximum: stop ``hb``'s beats, log and note the overrun (fenced, at most
-    ``NOTE_TIMEOUT_S``), end the process. Runs in the beater thread; never returns."""
-    hb.stop_beating()
+    """``call`` ran past its maximum: stop ``hb``'s beats, note and log the overrun (fenced; both
+    together at most ``NOTE_TIMEOUT_S``), end the process. Runs in the beater thread; never returns.
+
+    The note and the log line each run in a thread of their own, waited for with a deadline: the
+    database may be what hangs, and the hung thread may hold a logging handler's lock (blocked in a
+    write to a stream that no longer drains) — the exit must wait on neither."""
+    hb.stop_beating()  # every claim's: the process ends
     seconds = time.monotonic() - call.started
-    stages = sorted({str(c.stage) for c in hb.claims})
-    for claim in hb.claims:
+    overran = list(call.claims or hb.claims)  # an agent batch's other calls did not overrun: not noted
+    stages = sorted({str(c.stage) for c in overran})
+    error = {"code": "stage_timeout",
+             "message": f"a {'/'.join(stages)} provider call ran past its maximum of {call.max_s:g} s; "
+                        "its worker was ended and the task is recovered as after a worker death"}
+    deadline = time.monotonic() + NOTE_TIMEOUT_S
+    try:
+        waits = [_daemon(_note, "stage-timeout-note", hb.orch, overran, error),
+                 _daemon(_log_overrun, "stage-timeout-log", overran, call, seconds)]
+        for thread in waits:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    finally:  # even with no thread to be had (a leaking provider took them all): the worker must not stay hung
+        end_process(STAGE_TIMEOUT_EXIT)
+
+
+def _daemon(target: Any, name: str, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _log_overrun(claims: list[Any], call: Call, seconds: float) -> None:
+    for claim in claims:
         log.error(
             "a %s provider call ran past its maximum of %g s (%.1f s): ending this worker process (exit %d)",
             call.lane, call.max_s, seconds, STAGE_TIMEOUT_EXIT,
             extra={"task_id": claim.task_id, "job_id": claim.job_id, "scope_id": claim.scope_id,
                    "stage": claim.stage, "generation": claim.generation, "code": STAGE_TIMEOUT,
                    "provider": call.provider, "seconds": round(seconds, 1)})
-    error = {"code": "stage_timeout",
-             "message": f"a {'/'.join(stages)} provider call ran past its maximum of {call.max_s:g} s; "
-                        "its worker was ended and the task is recovered as after a worker death"}
-    noting = threading.Thread(target=_note, args=(hb, error), name="stage-timeout-note", daemon=True)
-    noting.start()
-    noting.join(NOTE_TIMEOUT_S)
-    end_process(STAGE_TIMEOUT_EXIT)
 
 
-def _note(hb: Any, error: dict) -> None:
+def _note(orch: Any, claims: list[Any], error: dict) -> None:
     try:
-        hb.orch.note_overrun(hb.claims, error)
+        orch.note_overrun(claims, error)
     except Exception:  # noqa: BLE001 - only a note: the exit and the recovery do not depend on it
         log.exception("could not record the stage timeout")
 
 
+#: How long the exit waits for stdout and stderr to flush (s): a hung thread blocked in a write to
+#: one that no longer drains holds its buffer's lock.
+FLUSH_TIMEOUT_S = 1.0
+
+
 def end_process(code: int) -> NoReturn:
-    """End this process at once (no cleanup: a hung thread would block an orderly exit)."""
+    """End this process at once (no cleanup: a hung thread would block an orderly exit); what
+    stdout and stderr buffer is flushed if that takes at most ``FLUSH_TIMEOUT_S``."""
+    try:
+        _daemon(_flush, "stage-timeout-flush").join(FLUSH_TIMEOUT_S)
+    finally:
+        os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):  # not logging.shutdown(): the hung thread may hold a handler's lock
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)

@@ -68,3 +68,57 @@ def test_a_failing_search_gives_its_slot_back(capped, tokens):
         resp = client.get("/api/v1/search/text?q=cat&model=nope", headers=alpha)
         assert resp.status_code == 422
     assert capped.extensions["memeflow"].searches.held() == 0
+
+
+class _Trickle(io.BytesIO):
+    """A request body whose client is slow: the first read waits until the test lets it go."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    def _arriving(self) -> None:
+        if not self.reading.is_set():
+            self.reading.set()
+            assert self.go.wait(60)
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._arriving()
+        return super().read(size)
+
+    def read1(self, size: int = -1) -> bytes:
+        self._arriving()
+        return super().read1(size)
+
+    def readinto(self, buffer) -> int:
+        self._arriving()
+        return super().readinto(buffer)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self._arriving()
+        return super().readline(size)
+
+
+def test_a_look_alike_upload_still_arriving_holds_no_search_share(capped, tokens):
+    """A search share is for the search's work (embedding, ranking, decodes), not for a slow
+    client's upload: with the process's searches fairly capped (MEMEFLOW_SEARCHES_PER_PROCESS), a
+    few trickling uploads held every share and every tenant's searches were refused meanwhile."""
+    client = capped.test_client()
+    alpha = {"Authorization": f"Bearer {tokens['alpha']}"}
+    boundary = "memeflowboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"q.png\"\r\n"
+            f"Content-Type: image/png\r\n\r\n").encode() + png_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    trickle = _Trickle(body)
+    answers: list[int] = []
+    search = threading.Thread(target=lambda: answers.append(client.post(
+        "/api/v1/search/visual", headers=alpha, input_stream=trickle, content_length=len(body),
+        content_type=f"multipart/form-data; boundary={boundary}").status_code))
+    search.start()
+    try:
+        assert trickle.reading.wait(30)  # the view is reading the body: the client is still sending it
+        assert capped.extensions["memeflow"].searches.held() == 0
+    finally:
+        trickle.go.set()
+        search.join(60)
+    assert answers == [200]
+    assert capped.extensions["memeflow"].searches.held() == 0

@@ -107,3 +107,58 @@ def test_an_upgrade_behind_live_traffic_never_blocks_it_for_long_and_still_compl
     finally:
         engine.dispose()
     assert current == head
+
+
+def test_a_second_upgrade_waits_for_the_first_whatever_lock_timeout_the_server_sets(fresh_db, template_db, monkeypatch):
+    """Managed PostgreSQL may set a lock_timeout on the database or role, as it sets a
+    statement_timeout: the second of two concurrent upgrades then gave up its wait for the first's
+    migrate lock after it — told as "a migration waited … for a table lock held by a long
+    transaction", and retried only MIGRATE_LOCK_TRIES times however long the first one's
+    migrations ran. The migrate lock is waited for as long as it takes (only a table lock behind
+    live traffic is cut short)."""
+    import threading
+
+    import psycopg2
+    from sqlalchemy.engine import make_url
+
+    from app.db import engine as engine_mod
+
+    url = fresh_db(template_db)
+    dsn = url.replace("postgresql+psycopg2://", "postgresql://", 1)
+    admin = psycopg2.connect(dsn)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"ALTER DATABASE {make_url(url).database} SET lock_timeout = '100ms'")
+        # the first upgrade, still running: it holds the migrate lock
+        cur.execute("SELECT pg_advisory_lock(hashtextextended('memeflow.migrate', 0))")
+    monkeypatch.setattr(engine_mod, "MIGRATE_LOCK_TRIES", 1)  # a cut wait is then the upgrade's failure
+    failed: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            engine_mod.upgrade_to_head(url)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    runner = threading.Thread(target=second)
+    runner.start()
+    watcher = psycopg2.connect(dsn)
+    watcher.autocommit = True  # pg_stat_activity is read once per transaction: a fresh one per look
+    try:
+        def waited_long_or_ended() -> bool:
+            if not runner.is_alive():
+                return True
+            with watcher.cursor() as cur:  # ten times the server's lock_timeout, and still waiting
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                            " AND now() - state_change > interval '1 s' AND pid <> pg_backend_pid()")
+                return cur.fetchone()[0] > 0
+
+        poll_until(waited_long_or_ended, timeout=120, interval=0.05, what="the second upgrade waiting")
+    finally:
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock_all()")
+        runner.join(120)
+        admin.close()
+        watcher.close()
+    assert not runner.is_alive()
+    assert failed == [], failed

@@ -28,6 +28,8 @@ def exits(monkeypatch):
         ended.set()
 
     monkeypatch.setattr(watchdog, "end_process", fake_end)
+    # the note is asserted on: under load it may take longer than a real exit would wait for it
+    monkeypatch.setattr(watchdog, "NOTE_TIMEOUT_S", 60.0)
     codes_ended = (codes, ended)
     return codes_ended
 
@@ -93,3 +95,63 @@ def test_a_task_ended_after_its_last_run_overran_says_so(engine, settings):
     task = _task(engine, claim.task_id)
     assert task["status"] == "failed" and task["error"]["code"] == "max_attempts_exceeded"
     assert "stage_timeout" in task["error"]["message"], task["error"]
+
+
+class _HangsOnFirstCall:
+    """Wraps an agent: its first describe parks until released (a model hung on one input); every
+    other call answers at once."""
+
+    def __init__(self, agent) -> None:
+        self.agent, self.release, self.hung = agent, threading.Event(), []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.agent, name)
+
+    def describe(self, image, *, attempt_id: str, reverse_image_policy: str):
+        with self._lock:
+            first = not self.hung
+            if first:
+                self.hung.append(attempt_id)
+        if first:
+            assert self.release.wait(120)
+        return self.agent.describe(image, attempt_id=attempt_id, reverse_image_policy=reverse_image_policy)
+
+
+def test_in_an_agent_batch_only_the_call_that_overran_is_noted(engine, settings, exits):
+    """An agent batch's calls run side by side, each its own claim's: when one hangs, the watchdog
+    ends the process for all of them, but only the hung call's task and attempt say
+    ``stage_timeout`` — a batch-mate still computing or done was no timeout of its own (its
+    recovery would otherwise close its attempt ``stage_timeout`` and its task's final message blame
+    it)."""
+    import dataclasses
+
+    from app.orchestrator import RecordingPublisher
+    from app.worker.run import handle_hint
+    from tests.support.agents import CountingAgent, providers_with, step
+
+    codes, ended = exits
+    s = dataclasses.replace(settings, agent_batch_size=2, agent_lane_limit=8, heartbeat_s=0.2, lease_s=30,
+                            agent_run_max_s=0.5)
+    orch = Orchestrator(engine, s)
+    agent = _HangsOnFirstCall(CountingAgent(results_dir=str(s.agent_results_path)))
+    providers, pub = providers_with(s, agent), RecordingPublisher()
+    for seed in (7600, 7601):
+        pub.publish(store_and_ingest(orch, "tenant-w", png_bytes(seed)).hints)
+    hint = step(orch, providers, pub, stop_lane="agent")
+    runner = threading.Thread(target=handle_hint, args=(orch, "agent", hint.task_id, "w1", providers, pub))
+    runner.start()
+    try:
+        assert ended.wait(30), "the watchdog never ended the process"
+        with engine.connect() as c:
+            noted = {r.attempt_id: (r.task_error, r.attempt_error) for r in c.execute(text(
+                "SELECT a.attempt_id, t.error->>'code' AS task_error, a.error->>'code' AS attempt_error"
+                " FROM task_attempts a JOIN tasks t ON t.id = a.task_id")).all()}
+    finally:
+        agent.release.set()
+        runner.join(60)
+    assert codes == [watchdog.STAGE_TIMEOUT_EXIT]
+    assert len(noted) == 2, noted  # one batch of two calls
+    [hung] = agent.hung
+    assert noted[hung] == ("stage_timeout", "stage_timeout")
+    assert [v for k, v in noted.items() if k != hung] == [(None, None)]

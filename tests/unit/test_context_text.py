@@ -84,6 +84,8 @@ def test_an_agent_context_is_stored_as_a_patch_would_store_it():
     {"facts": nested(100_000)}, {"facts": nested(limits.FACTS_DEPTH_MAX + 1)}, {"facts": {"x": float("nan")}},
     {"facts": {"x": [float("-inf")]}}, {"facts": {"x": b"bytes"}}, {"facts": {"x": {1, 2}}}, {"facts": {1: "x"}},
     {"facts": {"a\x00": 1}}, {"facts": {"x": ["a\ud800"]}}, {"facts": {"x": "y" * limits.FACTS_MAX_BYTES}},
+    # more digits than Python turns into a string (4300): json.dumps raised ValueError, an internal_error
+    {"facts": {"x": 10**5000}}, {"facts": {"x": [-(10**4400)]}},
 ])
 def test_an_agent_context_a_patch_would_refuse_is_agent_bad_output(change):
     with pytest.raises(PermanentError) as info:

@@ -158,6 +158,10 @@ def _plain_facts(facts: Mapping) -> dict[str, Any]:
         raise _bad_output(f"'facts' holds a {type(value).__name__}, which is no JSON value")
 
     out = plain(facts, 1)
-    if len(json.dumps(out, ensure_ascii=False).encode("utf-8")) > limits.FACTS_MAX_BYTES:
+    try:
+        encoded = json.dumps(out, ensure_ascii=False)
+    except ValueError:  # an integer of more digits than Python writes (sys.get_int_max_str_digits)
+        raise _bad_output("'facts' holds an integer too long to write as JSON") from None
+    if len(encoded.encode("utf-8")) > limits.FACTS_MAX_BYTES:
         raise _bad_output(f"'facts' is larger than {limits.FACTS_MAX_BYTES} bytes as JSON")
     return out
