@@ -68,8 +68,8 @@ def _check_database() -> tuple[dict[str, Any], dict[str, Any], Liveness | None]:
     code's own history) is not: nothing can serve on it."""
     from alembic.runtime.migration import MigrationContext
 
-    head, known = _code_revisions()
     try:
+        head, known = _code_revisions()  # the scripts unreadable: reported as a failed check too
         with services().engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
             ahead = current is not None and current not in known

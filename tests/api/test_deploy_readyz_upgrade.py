@@ -42,3 +42,17 @@ def test_readyz_is_503_on_a_database_behind_the_code(db_url, settings, engine, o
     r = _readyz(settings, engine, orch, publisher, store)
     assert r.status_code == 503, r.get_json()
     assert r.get_json()["checks"]["migrations"]["ok"] is False
+
+
+def test_readyz_reports_unreadable_migration_scripts_as_a_failed_check(settings, engine, orch, publisher, store,
+                                                                        monkeypatch):
+    """An image missing its migrations/ directory: a 503 with the failed check, never a 500."""
+    from app.api import health
+
+    def unreadable():
+        raise FileNotFoundError("migrations/")
+
+    monkeypatch.setattr(health, "_code_revisions", unreadable)
+    r = _readyz(settings, engine, orch, publisher, store)
+    assert r.status_code == 503, r.get_data(as_text=True)
+    assert r.get_json()["checks"]["migrations"]["ok"] is False
