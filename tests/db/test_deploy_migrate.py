@@ -21,6 +21,16 @@ def _upgrade(url: str, redis_url: str, var_dir: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _assert_at_head(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            current, head = migration_status(conn)
+    finally:
+        engine.dispose()
+    assert current == head
+
+
 def test_two_concurrent_upgrades_both_succeed(fresh_db, services, tmp_path):
     url = fresh_db(None)  # an empty database: every migration still to run
     procs = [_upgrade(url, services.redis_url(), tmp_path / f"var{i}") for i in range(2)]
@@ -29,13 +39,7 @@ def test_two_concurrent_upgrades_both_succeed(fresh_db, services, tmp_path):
         out, _ = proc.communicate(timeout=300)
         outputs.append((proc.returncode, out))
     assert [rc for rc, _ in outputs] == [0, 0], [out[-800:] for _, out in outputs]
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            current, head = migration_status(conn)
-    finally:
-        engine.dispose()
-    assert current == head
+    _assert_at_head(url)
 
 
 def test_upgrade_ignores_a_short_server_statement_timeout(fresh_db, services, tmp_path):
@@ -100,13 +104,7 @@ def test_an_upgrade_behind_live_traffic_never_blocks_it_for_long_and_still_compl
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-1500:]
     assert "lock" in out.lower(), out[-1500:]  # it said why it waited and tried again
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            current, head = migration_status(conn)
-    finally:
-        engine.dispose()
-    assert current == head
+    _assert_at_head(url)
 
 
 def test_a_second_upgrade_waits_for_the_first_whatever_lock_timeout_the_server_sets(fresh_db, template_db, monkeypatch):
